@@ -1,0 +1,83 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_GUEST_ABI_H
+#define KVMDIRTY_GUEST_ABI_H
+
+/*
+ * What the test guest and its host agree on: the guest-physical layout of
+ * the 2 MiB system region at gpa 0, the per-vCPU mailbox, the I/O ports
+ * and the tag every written page carries.  Included by the freestanding
+ * guest and by the host side (examples/vmm/testvm.c).
+ */
+#include <stdint.h>
+
+#define GUEST_PAGE_SIZE 4096ull
+#define GUEST_SYS_SIZE 0x200000ull /* system region: gpa [0, 2 MiB) */
+#define GUEST_GDT_GPA 0x1000ull
+#define GUEST_TSS_GPA 0x2000ull
+#define GUEST_MAILBOX_GPA 0x10000ull /* struct guest_vcpu[GUEST_MAX_VCPUS] */
+#define GUEST_PML4_GPA 0x20000ull
+#define GUEST_PDPT_GPA 0x21000ull
+#define GUEST_PD_GPA 0x80000ull /* GUEST_PD_COUNT page directories */
+#define GUEST_PD_COUNT 128ull	/* identity map of [0, 128 GiB) in 2 MiB pages */
+#define GUEST_MAP_TOP (GUEST_PD_COUNT << 30)
+#define GUEST_CODE_GPA 0x100000ull
+#define GUEST_CODE_MAX 0x40000ull
+#define GUEST_STACK_SIZE 0x2000ull /* stacks grow down from the top of the region */
+#define GUEST_MAX_VCPUS 64
+
+/* Ports the guest writes (32-bit out) to report to the host. */
+#define GUEST_PORT_PASS 0xe0  /* a pass finished (GUEST_F_EXIT_EVERY_PASS); value = pass */
+#define GUEST_PORT_DONE 0xe1  /* the workload finished; value = last pass */
+#define GUEST_PORT_ERROR 0xe2 /* the self-check failed; details in the mailbox */
+#define GUEST_PORT_TICK 0xe3  /* GUEST_EXIT_LOOP: one exit per iteration */
+
+enum guest_pattern {
+	GUEST_SEQUENTIAL = 0, /* pages 0, 1, 2, ... */
+	GUEST_RANDOM = 1,     /* uniformly random pages (xorshift64), pages writes a pass */
+	GUEST_STRIDED = 2,    /* 0, s, 2s, ..., then 1, 1+s, ...: every page once a pass */
+	GUEST_EXIT_LOOP = 3,  /* no writes: out to GUEST_PORT_TICK in a tight loop */
+};
+
+#define GUEST_F_EXIT_EVERY_PASS (1u << 0) /* out to GUEST_PORT_PASS after each pass */
+#define GUEST_F_CHECK (1u << 1) /* before writing a page, its tag must be its own (or zero), from no later pass */
+#define GUEST_F_CHECK_EXACT (1u << 2) /* ... and from exactly the previous pass */
+
+/*
+ * One vCPU's mailbox, 256 bytes at GUEST_MAILBOX_GPA + 256 * index.  The
+ * guest gets its address in rdi.
+ */
+struct guest_vcpu {
+	/* set by the host before the vCPU first runs */
+	uint64_t gpa;	       /* first byte of the working set (page aligned) */
+	uint64_t pages;	       /* working-set size in pages */
+	uint32_t pattern;      /* enum guest_pattern */
+	uint32_t flags;	       /* GUEST_F_* */
+	uint64_t stride;       /* GUEST_STRIDED step, pages */
+	uint64_t until_pass;   /* stop after completing this pass; 0: run until stop */
+	uint64_t tsc_per_page; /* pacing: TSC ticks between page writes; 0: flat out */
+	uint64_t seed;	       /* GUEST_RANDOM */
+	/* host -> guest, any time */
+	volatile uint64_t stop; /* non-zero: finish this pass and report done */
+	/* guest -> host */
+	volatile uint64_t pass;	    /* last completed pass (the host may preset it) */
+	volatile uint64_t writes;   /* pages written (or exits made), all passes */
+	volatile uint64_t err_gpa;  /* GUEST_PORT_ERROR: the page that failed the check */
+	volatile uint64_t err_tag[2]; /* ... and the tag found there */
+	uint64_t reserved[19];
+};
+
+/*
+ * The tag the guest writes at offset 0 of every page it touches: the
+ * page's guest frame number and the pass that wrote it.  A host that finds
+ * (gfn, pass) in a page knows which pass last wrote it.
+ */
+struct guest_tag {
+	uint64_t gfn;
+	uint64_t pass;
+};
+
+#ifndef __cplusplus
+_Static_assert(sizeof(struct guest_vcpu) == 256, "mailbox layout");
+#endif
+
+#endif

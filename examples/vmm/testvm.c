@@ -1,0 +1,429 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A tiny VMM for the test guest.  The guest starts directly in 64-bit mode:
+ * KVM_SET_SREGS loads paging, long mode and the segments, so no real-mode
+ * boot code exists.  The workload runs at CPL 3 with IOPL 3: on this host
+ * ring-0 guest code goes through KVM's instruction emulator and is
+ * thousands of times slower, while ring 3 runs natively and can still use
+ * port I/O to talk to us.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <linux/kvm.h>
+
+#include "testvm.h"
+
+extern const uint8_t guest_image[], guest_image_end[];
+
+#define SEL_KERNEL_CS 0x08
+#define SEL_KERNEL_DS 0x10
+#define SEL_USER_CS (0x18 | 3)
+#define SEL_USER_DS (0x20 | 3)
+#define SEL_TSS 0x28
+
+#define PTE_P (1ull << 0)
+#define PTE_RW (1ull << 1)
+#define PTE_US (1ull << 2)
+#define PTE_PS (1ull << 7)
+
+#define CR0_PE (1ull << 0)
+#define CR0_MP (1ull << 1)
+#define CR0_ET (1ull << 4)
+#define CR0_NE (1ull << 5)
+#define CR0_WP (1ull << 16)
+#define CR0_PG (1ull << 31)
+#define CR4_PAE (1ull << 5)
+#define EFER_LME (1ull << 8)
+#define EFER_LMA (1ull << 10)
+#define RFLAGS_FIXED (1ull << 1)
+#define RFLAGS_IOPL3 (3ull << 12)
+
+static int sys_ioctl(int fd, unsigned long req, void *arg)
+{
+	int ret = ioctl(fd, req, arg);
+
+	return ret < 0 ? -errno : ret;
+}
+
+void *testvm_map(uint64_t size)
+{
+	/* over-allocate and trim so the memory is 2 MiB aligned */
+	const uint64_t align = 2ull << 20;
+	uint8_t *p, *a;
+
+	p = mmap(NULL, size + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+		 -1, 0);
+	if (p == MAP_FAILED)
+		return NULL;
+	a = (uint8_t *)(((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1));
+	if (a > p)
+		munmap(p, a - p);
+	if (p + align > a)
+		munmap(a + size, (p + align) - a);
+	return a;
+}
+
+void testvm_unmap(void *hva, uint64_t size)
+{
+	if (hva)
+		munmap(hva, size);
+}
+
+struct guest_vcpu *testvm_mailbox(struct testvm *tv, unsigned int i)
+{
+	return (struct guest_vcpu *)(tv->sys + GUEST_MAILBOX_GPA) + i;
+}
+
+static uint64_t seg_desc(uint64_t access, uint64_t flags)
+{
+	/* base 0, limit 0xfffff with 4 KiB granularity */
+	return 0xffffull | (access << 40) | (0xfull << 48) | (flags << 52);
+}
+
+static void build_system(struct testvm *tv)
+{
+	uint64_t *gdt = (uint64_t *)(tv->sys + GUEST_GDT_GPA);
+	uint64_t *pml4 = (uint64_t *)(tv->sys + GUEST_PML4_GPA);
+	uint64_t *pdpt = (uint64_t *)(tv->sys + GUEST_PDPT_GPA);
+	uint64_t *pd = (uint64_t *)(tv->sys + GUEST_PD_GPA);
+	uint64_t i, tss = GUEST_TSS_GPA;
+
+	gdt[0] = 0;
+	gdt[1] = seg_desc(0x9b, 0xa); /* kernel code: present, DPL 0, L */
+	gdt[2] = seg_desc(0x93, 0xc); /* kernel data: present, DPL 0, D/B */
+	gdt[3] = seg_desc(0xfb, 0xa); /* user code: DPL 3 */
+	gdt[4] = seg_desc(0xf3, 0xc); /* user data: DPL 3 */
+	/* 64-bit TSS, 16 bytes; only for completeness: nothing switches stacks */
+	gdt[5] = 0x67 | ((tss & 0xffffff) << 16) | (0x89ull << 40) | ((tss >> 24 & 0xff) << 56);
+	gdt[6] = tss >> 32;
+
+	/* identity map with 2 MiB pages (1 GiB pages triple-fault on this host) */
+	pml4[0] = GUEST_PDPT_GPA | PTE_P | PTE_RW | PTE_US;
+	for (i = 0; i < GUEST_PD_COUNT; i++)
+		pdpt[i] = (GUEST_PD_GPA + i * GUEST_PAGE_SIZE) | PTE_P | PTE_RW | PTE_US;
+	for (i = 0; i < GUEST_PD_COUNT * 512; i++)
+		pd[i] = (i << 21) | PTE_P | PTE_RW | PTE_US | PTE_PS;
+
+	memcpy(tv->sys + GUEST_CODE_GPA, guest_image, (size_t)(guest_image_end - guest_image));
+}
+
+static void set_seg(struct kvm_segment *s, uint16_t sel, uint8_t type, bool code, uint8_t dpl)
+{
+	memset(s, 0, sizeof(*s));
+	s->base = 0;
+	s->limit = 0xffffffff;
+	s->selector = sel;
+	s->type = type;
+	s->present = 1;
+	s->dpl = dpl;
+	s->s = 1;
+	s->g = 1;
+	s->l = code;
+	s->db = !code;
+}
+
+static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpuid)
+{
+	struct testvm_vcpu *c = &tv->vcpu[i];
+	int vm_fd = kvmdirty_vm_fd(tv->vm), kvm_fd = kvmdirty_vm_kvm_fd(tv->vm);
+	uint8_t dpl = tv->ring0 ? 0 : 3;
+	struct kvm_sregs sregs;
+	struct kvm_regs regs;
+	int ret;
+
+	ret = sys_ioctl(vm_fd, KVM_CREATE_VCPU, (void *)(uintptr_t)i);
+	if (ret < 0)
+		return ret;
+	c->fd = ret;
+	ret = sys_ioctl(kvm_fd, KVM_GET_VCPU_MMAP_SIZE, NULL);
+	if (ret < 0)
+		return ret;
+	c->run_size = (size_t)ret;
+	c->run = mmap(NULL, c->run_size, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
+	if (c->run == MAP_FAILED) {
+		c->run = NULL;
+		return -errno;
+	}
+	ret = sys_ioctl(c->fd, KVM_SET_CPUID2, cpuid);
+	if (ret < 0)
+		return ret;
+
+	ret = sys_ioctl(c->fd, KVM_GET_SREGS, &sregs);
+	if (ret < 0)
+		return ret;
+	sregs.cr0 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
+	sregs.cr4 = CR4_PAE;
+	sregs.cr3 = GUEST_PML4_GPA;
+	sregs.efer = EFER_LME | EFER_LMA;
+	set_seg(&sregs.cs, dpl ? SEL_USER_CS : SEL_KERNEL_CS, 0xb, true, dpl);
+	set_seg(&sregs.ss, dpl ? SEL_USER_DS : SEL_KERNEL_DS, 0x3, false, dpl);
+	sregs.ds = sregs.es = sregs.fs = sregs.gs = sregs.ss;
+	memset(&sregs.tr, 0, sizeof(sregs.tr));
+	sregs.tr.base = GUEST_TSS_GPA;
+	sregs.tr.limit = 0x67;
+	sregs.tr.selector = SEL_TSS;
+	sregs.tr.type = 0xb; /* busy 64-bit TSS */
+	sregs.tr.present = 1;
+	memset(&sregs.ldt, 0, sizeof(sregs.ldt));
+	sregs.ldt.unusable = 1;
+	sregs.gdt.base = GUEST_GDT_GPA;
+	sregs.gdt.limit = 7 * 8 - 1;
+	sregs.idt.base = 0;
+	sregs.idt.limit = 0; /* no IDT: an exception becomes a triple fault */
+	ret = sys_ioctl(c->fd, KVM_SET_SREGS, &sregs);
+	if (ret < 0)
+		return ret;
+
+	memset(&regs, 0, sizeof(regs));
+	regs.rip = GUEST_CODE_GPA;
+	regs.rsp = GUEST_SYS_SIZE - i * GUEST_STACK_SIZE;
+	regs.rdi = GUEST_MAILBOX_GPA + i * sizeof(struct guest_vcpu);
+	regs.rflags = RFLAGS_FIXED | (tv->ring0 ? 0 : RFLAGS_IOPL3);
+	ret = sys_ioctl(c->fd, KVM_SET_REGS, &regs);
+	if (ret < 0)
+		return ret;
+
+	if (!tv->tsc_khz) {
+		ret = sys_ioctl(c->fd, KVM_GET_TSC_KHZ, NULL);
+		if (ret > 0)
+			tv->tsc_khz = (uint64_t)ret;
+	}
+	return 0;
+}
+
+static struct kvm_cpuid2 *supported_cpuid(int kvm_fd, int *ret_err)
+{
+	struct kvm_cpuid2 *c;
+	uint32_t n;
+
+	for (n = 64; n <= 4096; n *= 2) {
+		c = calloc(1, sizeof(*c) + n * sizeof(c->entries[0]));
+		if (!c) {
+			*ret_err = -ENOMEM;
+			return NULL;
+		}
+		c->nent = n;
+		*ret_err = sys_ioctl(kvm_fd, KVM_GET_SUPPORTED_CPUID, c);
+		if (*ret_err >= 0)
+			return c;
+		free(c);
+		if (*ret_err != -E2BIG)
+			return NULL;
+	}
+	return NULL;
+}
+
+int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
+{
+	struct kvm_cpuid2 *cpuid = NULL;
+	struct testvm *tv;
+	unsigned int i;
+	int ret;
+
+	if (!opts->nr_vcpus || opts->nr_vcpus > GUEST_MAX_VCPUS)
+		return -EINVAL;
+	if ((uint64_t)(guest_image_end - guest_image) > GUEST_CODE_MAX)
+		return -E2BIG;
+	tv = calloc(1, sizeof(*tv));
+	if (!tv)
+		return -ENOMEM;
+	for (i = 0; i < GUEST_MAX_VCPUS; i++)
+		tv->vcpu[i].fd = -1;
+	tv->ring0 = opts->ring0;
+
+	ret = kvmdirty_vm_new(&tv->vm);
+	if (ret < 0)
+		goto err;
+	tv->sys = testvm_map(GUEST_SYS_SIZE);
+	if (!tv->sys) {
+		ret = -ENOMEM;
+		goto err;
+	}
+	build_system(tv);
+	ret = kvmdirty_region_add(tv->vm, 0, GUEST_SYS_SIZE, tv->sys, 0, &tv->sys_region);
+	if (ret < 0)
+		goto err;
+	cpuid = supported_cpuid(kvmdirty_vm_kvm_fd(tv->vm), &ret);
+	if (!cpuid)
+		goto err;
+	for (i = 0; i < opts->nr_vcpus; i++) {
+		ret = setup_vcpu(tv, i, cpuid);
+		tv->nr_vcpus = i + 1;
+		if (ret < 0)
+			goto err;
+	}
+	free(cpuid);
+	*ret_tv = tv;
+	return 0;
+err:
+	free(cpuid);
+	testvm_free(tv);
+	return ret;
+}
+
+void testvm_free(struct testvm *tv)
+{
+	unsigned int i;
+
+	if (!tv)
+		return;
+	for (i = 0; i < GUEST_MAX_VCPUS; i++) {
+		if (tv->vcpu[i].run)
+			munmap(tv->vcpu[i].run, tv->vcpu[i].run_size);
+		if (tv->vcpu[i].fd >= 0)
+			close(tv->vcpu[i].fd);
+	}
+	kvmdirty_vm_free(tv->vm);
+	testvm_unmap(tv->sys, GUEST_SYS_SIZE);
+	free(tv);
+}
+
+int testvm_add_memory(struct testvm *tv, uint64_t gpa, uint64_t size, uint32_t flags,
+		      void **ret_hva, struct kvmdirty_region **ret_region)
+{
+	void *hva;
+	int ret;
+
+	if (gpa < GUEST_SYS_SIZE || gpa + size > GUEST_MAP_TOP || gpa + size < gpa)
+		return -ERANGE;
+	hva = testvm_map(size);
+	if (!hva)
+		return -ENOMEM;
+	ret = kvmdirty_region_add(tv->vm, gpa, size, hva, flags, ret_region);
+	if (ret < 0) {
+		testvm_unmap(hva, size);
+		return ret;
+	}
+	if (ret_hva)
+		*ret_hva = hva;
+	return 0;
+}
+
+uint64_t testvm_tsc_per_page(const struct testvm *tv, uint64_t pages_per_sec)
+{
+	if (!pages_per_sec || !tv->tsc_khz)
+		return 0;
+	return tv->tsc_khz * 1000 / pages_per_sec;
+}
+
+int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret)
+{
+	struct testvm_vcpu *c;
+	struct kvm_run *run;
+	int r;
+
+	if (i >= tv->nr_vcpus)
+		return -EINVAL;
+	c = &tv->vcpu[i];
+	run = c->run;
+	do {
+		r = ioctl(c->fd, KVM_RUN, NULL);
+	} while (r < 0 && errno == EINTR);
+	if (r < 0)
+		return -errno;
+
+	memset(ret, 0, sizeof(*ret));
+	ret->exit_reason = run->exit_reason;
+	switch (run->exit_reason) {
+	case KVM_EXIT_IO:
+		if (run->io.direction == KVM_EXIT_IO_OUT && run->io.size == 4) {
+			memcpy(&ret->value, (uint8_t *)run + run->io.data_offset, 4);
+			switch (run->io.port) {
+			case GUEST_PORT_PASS:
+				ret->event = TESTVM_PASS;
+				return 0;
+			case GUEST_PORT_DONE:
+				ret->event = TESTVM_DONE;
+				return 0;
+			case GUEST_PORT_ERROR:
+				ret->event = TESTVM_ERROR;
+				return 0;
+			case GUEST_PORT_TICK:
+				ret->event = TESTVM_TICK;
+				return 0;
+			}
+		}
+		ret->event = TESTVM_OTHER;
+		return 0;
+	case KVM_EXIT_MMIO:
+		ret->event = TESTVM_MMIO;
+		ret->mmio_gpa = run->mmio.phys_addr;
+		return 0;
+	case KVM_EXIT_SHUTDOWN:
+		ret->event = TESTVM_SHUTDOWN;
+		return 0;
+	default:
+		ret->event = TESTVM_OTHER;
+		return 0;
+	}
+}
+
+struct run_arg {
+	struct testvm *tv;
+	unsigned int i;
+	int ret;
+	struct testvm_exit exit;
+};
+
+static void *run_thread(void *p)
+{
+	struct run_arg *a = p;
+
+	for (;;) {
+		a->ret = testvm_run(a->tv, a->i, &a->exit);
+		if (a->ret < 0)
+			break;
+		if (a->exit.event == TESTVM_PASS || a->exit.event == TESTVM_TICK)
+			continue;
+		if (a->exit.event != TESTVM_DONE)
+			a->ret = -EIO;
+		break;
+	}
+	return NULL;
+}
+
+int testvm_run_all(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exit *ret_exit)
+{
+	struct run_arg args[GUEST_MAX_VCPUS];
+	pthread_t th[GUEST_MAX_VCPUS];
+	unsigned int i, started = 0;
+	int ret = 0;
+
+	for (i = 0; i < tv->nr_vcpus; i++) {
+		args[i] = (struct run_arg){ .tv = tv, .i = i };
+		if (pthread_create(&th[i], NULL, run_thread, &args[i])) {
+			ret = -EAGAIN;
+			break;
+		}
+		started++;
+	}
+	for (i = 0; i < started; i++)
+		pthread_join(th[i], NULL);
+	for (i = 0; i < started && !ret; i++) {
+		if (args[i].ret < 0) {
+			ret = args[i].ret;
+			if (ret_bad_vcpu)
+				*ret_bad_vcpu = i;
+			if (ret_exit)
+				*ret_exit = args[i].exit;
+		}
+	}
+	return ret;
+}
+
+const char *testvm_event_name(enum testvm_event e)
+{
+	static const char *const names[] = {
+		[TESTVM_PASS] = "pass", [TESTVM_DONE] = "done", [TESTVM_ERROR] = "self-check error",
+		[TESTVM_TICK] = "tick", [TESTVM_MMIO] = "mmio", [TESTVM_SHUTDOWN] = "shutdown",
+		[TESTVM_OTHER] = "other exit",
+	};
+
+	return (unsigned int)e < sizeof(names) / sizeof(names[0]) ? names[e] : "?";
+}

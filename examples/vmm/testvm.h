@@ -1,0 +1,97 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_TESTVM_H
+#define KVMDIRTY_TESTVM_H
+
+/*
+ * A tiny x86-64 VMM on libkvmdirty that runs the test guest
+ * (examples/guest).  Used by the example VMM, the tests and the
+ * benchmarks.  Guest memory: the 2 MiB system region at gpa 0 (page
+ * tables, GDT, mailboxes, code, stacks) plus data regions the caller adds
+ * anywhere in [2 MiB, 128 GiB).
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kvmdirty.h>
+
+#include "../guest/guest-abi.h"
+
+struct kvm_run;
+
+struct testvm_vcpu {
+	int fd;
+	struct kvm_run *run;
+	size_t run_size;
+};
+
+struct testvm {
+	struct kvmdirty_vm *vm;
+	uint8_t *sys; /* host view of the system region */
+	struct kvmdirty_region *sys_region;
+	unsigned int nr_vcpus;
+	bool ring0;
+	uint64_t tsc_khz;
+	struct testvm_vcpu vcpu[GUEST_MAX_VCPUS];
+};
+
+struct testvm_opts {
+	unsigned int nr_vcpus; /* 1 .. GUEST_MAX_VCPUS */
+	bool ring0;	       /* run the workload at CPL 0 (KVM's emulator here) */
+};
+
+enum testvm_event {
+	TESTVM_PASS,	 /* the guest finished a pass (GUEST_F_EXIT_EVERY_PASS) */
+	TESTVM_DONE,	 /* the workload finished */
+	TESTVM_ERROR,	 /* the guest's self-check failed: see the mailbox */
+	TESTVM_TICK,	 /* GUEST_EXIT_LOOP */
+	TESTVM_MMIO,	 /* the guest touched a gpa with no region */
+	TESTVM_SHUTDOWN, /* triple fault */
+	TESTVM_OTHER,	 /* any other exit; see run->exit_reason */
+};
+
+struct testvm_exit {
+	enum testvm_event event;
+	uint32_t value;	      /* port value (pass number for PASS/DONE) */
+	uint64_t mmio_gpa;    /* TESTVM_MMIO */
+	uint32_t exit_reason; /* KVM's */
+};
+
+/* Create the VM, its system region, its vCPUs; returns 0 or -errno. */
+int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv);
+void testvm_free(struct testvm *tv);
+
+/* The mailbox of vCPU i (set the workload before its first run). */
+struct guest_vcpu *testvm_mailbox(struct testvm *tv, unsigned int i);
+
+/*
+ * mmap size bytes (2 MiB aligned so the host can back guest huge pages),
+ * add them as a region at gpa; ret_hva gets the memory, which
+ * testvm_free() does not unmap: use testvm_unmap().
+ */
+int testvm_add_memory(struct testvm *tv, uint64_t gpa, uint64_t size, uint32_t flags,
+		      void **ret_hva, struct kvmdirty_region **ret_region);
+void *testvm_map(uint64_t size);
+void testvm_unmap(void *hva, uint64_t size);
+
+/* Pages/second to GUEST's tsc_per_page, from the vCPU's TSC frequency. */
+uint64_t testvm_tsc_per_page(const struct testvm *tv, uint64_t pages_per_sec);
+
+/*
+ * Run vCPU i until it reports something (any port the guest uses, MMIO,
+ * shutdown or another exit).  Returns 0 and fills *ret, or -errno of
+ * KVM_RUN.
+ */
+int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret);
+
+/*
+ * Run every vCPU on its own thread until it reports DONE (PASS and TICK
+ * exits are resumed).  Returns 0 if all finished, -EIO if a vCPU reported
+ * ERROR, MMIO, SHUTDOWN or another exit (its index in *ret_bad_vcpu and the
+ * exit in *ret_exit when not NULL), or -errno.
+ */
+int testvm_run_all(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exit *ret_exit);
+
+const char *testvm_event_name(enum testvm_event e);
+
+#endif

@@ -1,0 +1,353 @@
+// SPDX-License-Identifier: MIT
+/* Hashed range index; see index.h for the scheme. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "index.h"
+
+#define MIN_TAB_BITS 6
+#define MAX_DIST 255u
+
+/* entry: [31:16] id + 1 (0 = empty), [15:8] tag, [7:0] probe distance */
+static inline uint32_t ent_make(uint32_t id, uint32_t tag, uint32_t dist)
+{
+	return ((id + 1) << 16) | (tag << 8) | dist;
+}
+static inline uint32_t ent_id(uint32_t e) { return (e >> 16) - 1; }
+static inline uint32_t ent_tag(uint32_t e) { return (e >> 8) & 0xff; }
+static inline uint32_t ent_dist(uint32_t e) { return e & 0xff; }
+
+static inline unsigned int level_of(uint64_t len)
+{
+	unsigned int l = 63 - __builtin_clzll(len);
+
+	return l - l % KD_INDEX_LEVEL_STEP;
+}
+
+/*
+ * Fibonacci hashing of (level, block); the level is mixed in so that the
+ * same block number at two levels lands apart.  The slot comes from the top
+ * bits, the tag from the bits just below them.
+ */
+static inline uint64_t hash_key(uint64_t block, unsigned int level)
+{
+	return (block ^ ((uint64_t)level << 57) ^ ((uint64_t)level * 0x2545f4914f6cdd1dull)) *
+	       0x9e3779b97f4a7c15ull;
+}
+static inline uint32_t hash_pos(uint64_t h, uint32_t bits) { return (uint32_t)(h >> (64 - bits)); }
+static inline uint32_t hash_tag(uint64_t h, uint32_t bits) { return (uint32_t)(h >> (56 - bits)) & 0xff; }
+
+void kd_index_init(struct kd_index *ix)
+{
+	memset(ix, 0, sizeof(*ix));
+}
+
+void kd_index_fini(struct kd_index *ix)
+{
+	free(ix->tab);
+	free(ix->ranges);
+	kd_index_init(ix);
+}
+
+/* Put one entry; false if its probe distance would not fit the entry. */
+static bool tab_put(uint32_t *tab, uint32_t bits, uint32_t id, uint64_t block, unsigned int level)
+{
+	uint64_t h = hash_key(block, level);
+	uint32_t mask = (1u << bits) - 1, pos = hash_pos(h, bits), dist;
+
+	for (dist = 0; dist <= MAX_DIST; dist++, pos = (pos + 1) & mask) {
+		if (!tab[pos]) {
+			tab[pos] = ent_make(id, hash_tag(h, bits), dist);
+			return true;
+		}
+	}
+	return false;
+}
+
+/* Delete the entry (id, block, level); Knuth's algorithm R for linear probing. */
+static void tab_del(uint32_t *tab, uint32_t bits, uint32_t id, uint64_t block, unsigned int level)
+{
+	uint64_t h = hash_key(block, level);
+	uint32_t mask = (1u << bits) - 1, pos = hash_pos(h, bits), tag = hash_tag(h, bits);
+	uint32_t hole, j;
+
+	for (;; pos = (pos + 1) & mask) {
+		uint32_t e = tab[pos];
+
+		if (!e)
+			return; /* not present: callers never ask for that */
+		if (ent_id(e) == id && ent_tag(e) == tag)
+			break;
+	}
+	/*
+	 * Several blocks of one range may share a tag and a chain; removing
+	 * any one of them is fine since all are removed together.
+	 */
+	hole = pos;
+	for (j = (hole + 1) & mask; tab[j]; j = (j + 1) & mask) {
+		uint32_t e = tab[j];
+		uint32_t home = (j - ent_dist(e)) & mask;
+		bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
+
+		if (stays)
+			continue;
+		tab[hole] = ent_make(ent_id(e), ent_tag(e), (hole - home) & mask);
+		hole = j;
+	}
+	tab[hole] = 0;
+}
+
+static uint32_t range_blocks(const struct kd_index_range *r)
+{
+	return (uint32_t)(((r->end - 1) >> r->level) - (r->start >> r->level) + 1);
+}
+
+static bool range_put(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r,
+		      uint32_t *ret_done)
+{
+	uint64_t b = r->start >> r->level;
+	uint32_t i, n = range_blocks(r);
+
+	for (i = 0; i < n; i++) {
+		if (!tab_put(tab, bits, id, b + i, r->level)) {
+			*ret_done = i;
+			return false;
+		}
+	}
+	*ret_done = n;
+	return true;
+}
+
+static void range_del(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r,
+		      uint32_t n)
+{
+	uint64_t b = r->start >> r->level;
+	uint32_t i;
+
+	for (i = 0; i < n; i++)
+		tab_del(tab, bits, id, b + i, r->level);
+}
+
+/* Build a table of 2^bits from the used ranges; replaces ix->tab on success. */
+static int rebuild(struct kd_index *ix, uint32_t bits)
+{
+	for (; bits < 31; bits++) {
+		uint32_t *tab = calloc((size_t)1 << bits, sizeof(*tab));
+		uint32_t id, done;
+		bool ok = true;
+
+		if (!tab)
+			return -ENOMEM;
+		for (id = 0; id < ix->ranges_cap && ok; id++)
+			if (ix->ranges[id].used)
+				ok = range_put(tab, bits, id, &ix->ranges[id], &done);
+		if (ok) {
+			free(ix->tab);
+			ix->tab = tab;
+			ix->tab_bits = bits;
+			return 0;
+		}
+		free(tab);
+	}
+	return -ENOMEM;
+}
+
+static void update_order(struct kd_index *ix)
+{
+	unsigned int l, i, n = 0;
+
+	for (l = 0; l < 64; l++) {
+		if (!ix->level_count[l])
+			continue;
+		for (i = n; i > 0 && ix->level_count[ix->order[i - 1]] < ix->level_count[l]; i--)
+			ix->order[i] = ix->order[i - 1];
+		ix->order[i] = (uint8_t)l;
+		n++;
+	}
+	ix->nr_levels = (uint8_t)n;
+}
+
+static int grow_ranges(struct kd_index *ix, uint32_t id)
+{
+	uint32_t cap = ix->ranges_cap ? ix->ranges_cap : 16;
+	struct kd_index_range *r;
+
+	while (cap <= id)
+		cap *= 2;
+	if (cap > KD_INDEX_MAX_ID + 1)
+		cap = KD_INDEX_MAX_ID + 1;
+	r = realloc(ix->ranges, cap * sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	memset(r + ix->ranges_cap, 0, (cap - ix->ranges_cap) * sizeof(*r));
+	ix->ranges = r;
+	ix->ranges_cap = cap;
+	return 0;
+}
+
+int kd_index_insert(struct kd_index *ix, uint32_t id, uint64_t start, uint64_t len)
+{
+	struct kd_index_range nr;
+	uint32_t need, bits, done;
+	int ret;
+
+	if (!len || start + len < start || start + len == 0 || id > KD_INDEX_MAX_ID)
+		return -EINVAL;
+	if (id < ix->ranges_cap && ix->ranges[id].used)
+		return -EEXIST;
+	if (id >= ix->ranges_cap) {
+		ret = grow_ranges(ix, id);
+		if (ret)
+			return ret;
+	}
+	nr = (struct kd_index_range){ .start = start, .end = start + len, .level = level_of(len), .used = true };
+	need = ix->nr_entries + range_blocks(&nr);
+
+	/* keep the load factor at or below 1/2 */
+	for (bits = ix->tab ? ix->tab_bits : MIN_TAB_BITS; ((uint64_t)need << 1) > (1ull << bits); bits++)
+		;
+	if (!ix->tab || bits != ix->tab_bits) {
+		ret = rebuild(ix, bits);
+		if (ret)
+			return ret;
+	}
+	ix->ranges[id] = nr;
+	if (!range_put(ix->tab, ix->tab_bits, id, &nr, &done)) {
+		/* a probe chain too long for the entry: rebuild twice as large */
+		range_del(ix->tab, ix->tab_bits, id, &nr, done);
+		ret = rebuild(ix, ix->tab_bits + 1);
+		if (ret) {
+			ix->ranges[id].used = false;
+			return ret;
+		}
+	}
+	ix->nr_entries = need;
+	ix->nr_ranges++;
+	ix->level_count[nr.level]++;
+	update_order(ix);
+	return 0;
+}
+
+int kd_index_remove(struct kd_index *ix, uint32_t id)
+{
+	struct kd_index_range *r;
+
+	if (id >= ix->ranges_cap || !ix->ranges[id].used)
+		return -ENOENT;
+	r = &ix->ranges[id];
+	range_del(ix->tab, ix->tab_bits, id, r, range_blocks(r));
+	ix->nr_entries -= range_blocks(r);
+	ix->nr_ranges--;
+	ix->level_count[r->level]--;
+	r->used = false;
+	update_order(ix);
+	return 0;
+}
+
+uint32_t kd_index_lookup(const struct kd_index *ix, uint64_t addr)
+{
+	uint32_t bits = ix->tab_bits, mask = (1u << bits) - 1;
+	unsigned int i;
+
+	for (i = 0; i < ix->nr_levels; i++) {
+		unsigned int level = ix->order[i];
+		uint64_t h = hash_key(addr >> level, level);
+		uint32_t pos = hash_pos(h, bits), tag = hash_tag(h, bits), e;
+
+		for (; (e = ix->tab[pos]) != 0; pos = (pos + 1) & mask) {
+			const struct kd_index_range *r;
+
+			if (ent_tag(e) != tag)
+				continue;
+			r = &ix->ranges[ent_id(e)];
+			if (addr - r->start < r->end - r->start)
+				return ent_id(e);
+		}
+	}
+	return KD_INDEX_NO_ID;
+}
+
+static bool range_overlaps(const struct kd_index_range *r, uint64_t first, uint64_t last)
+{
+	return r->used && r->start <= last && r->end - 1 >= first;
+}
+
+bool kd_index_overlaps(const struct kd_index *ix, uint64_t start, uint64_t len, uint32_t skip_id)
+{
+	uint32_t bits = ix->tab_bits, mask = (1u << bits) - 1, id;
+	uint64_t first = start, last = start + len - 1, probes = 0;
+	unsigned int i;
+
+	if (!len || !ix->nr_ranges)
+		return false;
+	if (last < first)
+		last = UINT64_MAX;
+	/*
+	 * Probing every block of the query at every level costs the query's
+	 * length over the level's block size; when that exceeds the number
+	 * of ranges, comparing against each range is cheaper.
+	 */
+	for (i = 0; i < ix->nr_levels; i++) {
+		unsigned int level = ix->order[i];
+		uint64_t n = (last >> level) - (first >> level);
+
+		if (n >= ix->nr_ranges || (probes += n + 1) > ix->nr_ranges) {
+			for (id = 0; id < ix->ranges_cap; id++)
+				if (id != skip_id && range_overlaps(&ix->ranges[id], first, last))
+					return true;
+			return false;
+		}
+	}
+	for (i = 0; i < ix->nr_levels; i++) {
+		unsigned int level = ix->order[i];
+		uint64_t b;
+
+		for (b = first >> level; b <= last >> level; b++) {
+			uint64_t h = hash_key(b, level);
+			uint32_t pos = hash_pos(h, bits), tag = hash_tag(h, bits), e;
+
+			for (; (e = ix->tab[pos]) != 0; pos = (pos + 1) & mask)
+				if (ent_tag(e) == tag && ent_id(e) != skip_id &&
+				    range_overlaps(&ix->ranges[ent_id(e)], first, last))
+					return true;
+			if (b == UINT64_MAX >> level)
+				break;
+		}
+	}
+	return false;
+}
+
+int kd_index_for_each_at(const struct kd_index *ix, uint64_t addr,
+			 int (*fn)(uint32_t id, void *ctx), void *ctx)
+{
+	uint32_t bits = ix->tab_bits, mask = (1u << bits) - 1;
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < ix->nr_levels; i++) {
+		unsigned int level = ix->order[i];
+		uint64_t h = hash_key(addr >> level, level);
+		uint32_t home = hash_pos(h, bits), tag = hash_tag(h, bits), pos, p, e;
+
+		for (pos = home; (e = ix->tab[pos]) != 0; pos = (pos + 1) & mask) {
+			const struct kd_index_range *r;
+			bool seen = false;
+
+			if (ent_tag(e) != tag)
+				continue;
+			r = &ix->ranges[ent_id(e)];
+			if (addr - r->start >= r->end - r->start)
+				continue;
+			/* another block of the same range may share this chain and tag */
+			for (p = home; p != pos && !seen; p = (p + 1) & mask)
+				seen = ix->tab[p] && ent_id(ix->tab[p]) == ent_id(e) && ent_tag(ix->tab[p]) == tag;
+			if (seen)
+				continue;
+			ret = fn(ent_id(e), ctx);
+			if (ret)
+				return ret;
+		}
+	}
+	return 0;
+}
