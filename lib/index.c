@@ -7,16 +7,22 @@
 #include "index.h"
 
 #define MIN_TAB_BITS 6
-#define MAX_DIST 255u
+#define TOMB 1u
 
-/* entry: [31:16] id + 1 (0 = empty), [15:8] tag, [7:0] probe distance */
-static inline uint32_t ent_make(uint32_t id, uint32_t tag, uint32_t dist)
+/*
+ * entry: [31:16] id + 1, [15:0] tag; 0 is empty, TOMB a deleted entry.
+ * Deletion leaves a tombstone instead of shifting the chain: entries carry
+ * no key to rehash, many identical ranges (aliased host memory) make
+ * chains of any length, and removal must never allocate or fail.
+ * Tombstones go when the table is rebuilt from the range array.
+ */
+static inline uint32_t ent_make(uint32_t id, uint32_t tag)
 {
-	return ((id + 1) << 16) | (tag << 8) | dist;
+	return ((id + 1) << 16) | tag;
 }
+static inline bool ent_live(uint32_t e) { return e >> 16; }
 static inline uint32_t ent_id(uint32_t e) { return (e >> 16) - 1; }
-static inline uint32_t ent_tag(uint32_t e) { return (e >> 8) & 0xff; }
-static inline uint32_t ent_dist(uint32_t e) { return e & 0xff; }
+static inline uint32_t ent_tag(uint32_t e) { return e & 0xffff; }
 
 static inline unsigned int level_of(uint64_t len)
 {
@@ -36,7 +42,7 @@ static inline uint64_t hash_key(uint64_t block, unsigned int level)
 	       0x9e3779b97f4a7c15ull;
 }
 static inline uint32_t hash_pos(uint64_t h, uint32_t bits) { return (uint32_t)(h >> (64 - bits)); }
-static inline uint32_t hash_tag(uint64_t h, uint32_t bits) { return (uint32_t)(h >> (56 - bits)) & 0xff; }
+static inline uint32_t hash_tag(uint64_t h, uint32_t bits) { return (uint32_t)(h >> (48 - bits)) & 0xffff; }
 
 void kd_index_init(struct kd_index *ix)
 {
@@ -50,52 +56,31 @@ void kd_index_fini(struct kd_index *ix)
 	kd_index_init(ix);
 }
 
-/* Put one entry; false if its probe distance would not fit the entry. */
-static bool tab_put(uint32_t *tab, uint32_t bits, uint32_t id, uint64_t block, unsigned int level)
+static void tab_put(uint32_t *tab, uint32_t bits, uint32_t id, uint64_t block, unsigned int level)
 {
 	uint64_t h = hash_key(block, level);
-	uint32_t mask = (1u << bits) - 1, pos = hash_pos(h, bits), dist;
+	uint32_t mask = (1u << bits) - 1, pos = hash_pos(h, bits);
 
-	for (dist = 0; dist <= MAX_DIST; dist++, pos = (pos + 1) & mask) {
-		if (!tab[pos]) {
-			tab[pos] = ent_make(id, hash_tag(h, bits), dist);
-			return true;
-		}
-	}
-	return false;
+	while (tab[pos])
+		pos = (pos + 1) & mask;
+	tab[pos] = ent_make(id, hash_tag(h, bits));
 }
 
-/* Delete the entry (id, block, level); Knuth's algorithm R for linear probing. */
 static void tab_del(uint32_t *tab, uint32_t bits, uint32_t id, uint64_t block, unsigned int level)
 {
 	uint64_t h = hash_key(block, level);
-	uint32_t mask = (1u << bits) - 1, pos = hash_pos(h, bits), tag = hash_tag(h, bits);
-	uint32_t hole, j;
+	uint32_t mask = (1u << bits) - 1, pos = hash_pos(h, bits), tag = hash_tag(h, bits), e;
 
-	for (;; pos = (pos + 1) & mask) {
-		uint32_t e = tab[pos];
-
-		if (!e)
-			return; /* not present: callers never ask for that */
-		if (ent_id(e) == id && ent_tag(e) == tag)
-			break;
-	}
 	/*
-	 * Several blocks of one range may share a tag and a chain; removing
-	 * any one of them is fine since all are removed together.
+	 * Several blocks of one range may share a tag and a chain; deleting
+	 * any of them first is fine since all of them are deleted together.
 	 */
-	hole = pos;
-	for (j = (hole + 1) & mask; tab[j]; j = (j + 1) & mask) {
-		uint32_t e = tab[j];
-		uint32_t home = (j - ent_dist(e)) & mask;
-		bool stays = hole <= j ? (hole < home && home <= j) : (hole < home || home <= j);
-
-		if (stays)
-			continue;
-		tab[hole] = ent_make(ent_id(e), ent_tag(e), (hole - home) & mask);
-		hole = j;
+	for (; (e = tab[pos]) != 0; pos = (pos + 1) & mask) {
+		if (ent_live(e) && ent_id(e) == id && ent_tag(e) == tag) {
+			tab[pos] = TOMB;
+			return;
+		}
 	}
-	tab[hole] = 0;
 }
 
 static uint32_t range_blocks(const struct kd_index_range *r)
@@ -103,54 +88,55 @@ static uint32_t range_blocks(const struct kd_index_range *r)
 	return (uint32_t)(((r->end - 1) >> r->level) - (r->start >> r->level) + 1);
 }
 
-static bool range_put(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r,
-		      uint32_t *ret_done)
+static void range_put(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r)
 {
 	uint64_t b = r->start >> r->level;
 	uint32_t i, n = range_blocks(r);
 
-	for (i = 0; i < n; i++) {
-		if (!tab_put(tab, bits, id, b + i, r->level)) {
-			*ret_done = i;
-			return false;
-		}
-	}
-	*ret_done = n;
-	return true;
+	for (i = 0; i < n; i++)
+		tab_put(tab, bits, id, b + i, r->level);
 }
 
-static void range_del(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r,
-		      uint32_t n)
+static void range_del(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r)
 {
 	uint64_t b = r->start >> r->level;
-	uint32_t i;
+	uint32_t i, n = range_blocks(r);
 
 	for (i = 0; i < n; i++)
 		tab_del(tab, bits, id, b + i, r->level);
 }
 
-/* Build a table of 2^bits from the used ranges; replaces ix->tab on success. */
+/* Rebuild the table from the used ranges, without tombstones. */
 static int rebuild(struct kd_index *ix, uint32_t bits)
 {
-	for (; bits < 31; bits++) {
-		uint32_t *tab = calloc((size_t)1 << bits, sizeof(*tab));
-		uint32_t id, done;
-		bool ok = true;
+	uint32_t *tab = calloc((size_t)1 << bits, sizeof(*tab));
+	uint32_t id;
 
-		if (!tab)
-			return -ENOMEM;
-		for (id = 0; id < ix->ranges_cap && ok; id++)
-			if (ix->ranges[id].used)
-				ok = range_put(tab, bits, id, &ix->ranges[id], &done);
-		if (ok) {
-			free(ix->tab);
-			ix->tab = tab;
-			ix->tab_bits = bits;
-			return 0;
-		}
-		free(tab);
-	}
-	return -ENOMEM;
+	if (!tab)
+		return -ENOMEM;
+	for (id = 0; id < ix->ranges_cap; id++)
+		if (ix->ranges[id].used)
+			range_put(tab, bits, id, &ix->ranges[id]);
+	free(ix->tab);
+	ix->tab = tab;
+	ix->tab_bits = bits;
+	ix->nr_tombs = 0;
+	return 0;
+}
+
+int kd_index_reserve(struct kd_index *ix, uint32_t extra)
+{
+	uint64_t used = (uint64_t)ix->nr_entries + ix->nr_tombs + extra;
+	uint32_t bits = MIN_TAB_BITS;
+
+	/* keep live entries and tombstones at or below half the table */
+	if (ix->tab && (used << 1) <= (1ull << ix->tab_bits))
+		return 0;
+	while (((uint64_t)ix->nr_entries + extra) << 1 > (1ull << bits))
+		bits++;
+	if (bits > 30)
+		return -ENOMEM;
+	return rebuild(ix, bits);
 }
 
 static void update_order(struct kd_index *ix)
@@ -186,13 +172,24 @@ static int grow_ranges(struct kd_index *ix, uint32_t id)
 	return 0;
 }
 
+uint32_t kd_index_blocks(uint64_t start, uint64_t len)
+{
+	struct kd_index_range r = { .start = start, .end = start + len, .level = level_of(len) };
+
+	return range_blocks(&r);
+}
+
+static int check_range(uint64_t start, uint64_t len)
+{
+	return !len || start + len < start || start + len == 0 ? -EINVAL : 0;
+}
+
 int kd_index_insert(struct kd_index *ix, uint32_t id, uint64_t start, uint64_t len)
 {
-	struct kd_index_range nr;
-	uint32_t need, bits, done;
+	struct kd_index_range *r;
 	int ret;
 
-	if (!len || start + len < start || start + len == 0 || id > KD_INDEX_MAX_ID)
+	if (check_range(start, len) || id > KD_INDEX_MAX_ID)
 		return -EINVAL;
 	if (id < ix->ranges_cap && ix->ranges[id].used)
 		return -EEXIST;
@@ -201,30 +198,15 @@ int kd_index_insert(struct kd_index *ix, uint32_t id, uint64_t start, uint64_t l
 		if (ret)
 			return ret;
 	}
-	nr = (struct kd_index_range){ .start = start, .end = start + len, .level = level_of(len), .used = true };
-	need = ix->nr_entries + range_blocks(&nr);
-
-	/* keep the load factor at or below 1/2 */
-	for (bits = ix->tab ? ix->tab_bits : MIN_TAB_BITS; ((uint64_t)need << 1) > (1ull << bits); bits++)
-		;
-	if (!ix->tab || bits != ix->tab_bits) {
-		ret = rebuild(ix, bits);
-		if (ret)
-			return ret;
-	}
-	ix->ranges[id] = nr;
-	if (!range_put(ix->tab, ix->tab_bits, id, &nr, &done)) {
-		/* a probe chain too long for the entry: rebuild twice as large */
-		range_del(ix->tab, ix->tab_bits, id, &nr, done);
-		ret = rebuild(ix, ix->tab_bits + 1);
-		if (ret) {
-			ix->ranges[id].used = false;
-			return ret;
-		}
-	}
-	ix->nr_entries = need;
+	ret = kd_index_reserve(ix, kd_index_blocks(start, len));
+	if (ret)
+		return ret;
+	r = &ix->ranges[id];
+	*r = (struct kd_index_range){ .start = start, .end = start + len, .level = level_of(len), .used = true };
+	range_put(ix->tab, ix->tab_bits, id, r);
+	ix->nr_entries += range_blocks(r);
 	ix->nr_ranges++;
-	ix->level_count[nr.level]++;
+	ix->level_count[r->level]++;
 	update_order(ix);
 	return 0;
 }
@@ -236,8 +218,9 @@ int kd_index_remove(struct kd_index *ix, uint32_t id)
 	if (id >= ix->ranges_cap || !ix->ranges[id].used)
 		return -ENOENT;
 	r = &ix->ranges[id];
-	range_del(ix->tab, ix->tab_bits, id, r, range_blocks(r));
+	range_del(ix->tab, ix->tab_bits, id, r);
 	ix->nr_entries -= range_blocks(r);
+	ix->nr_tombs += range_blocks(r);
 	ix->nr_ranges--;
 	ix->level_count[r->level]--;
 	r->used = false;
@@ -258,7 +241,7 @@ uint32_t kd_index_lookup(const struct kd_index *ix, uint64_t addr)
 		for (; (e = ix->tab[pos]) != 0; pos = (pos + 1) & mask) {
 			const struct kd_index_range *r;
 
-			if (ent_tag(e) != tag)
+			if (!ent_live(e) || ent_tag(e) != tag)
 				continue;
 			r = &ix->ranges[ent_id(e)];
 			if (addr - r->start < r->end - r->start)
@@ -308,7 +291,7 @@ bool kd_index_overlaps(const struct kd_index *ix, uint64_t start, uint64_t len, 
 			uint32_t pos = hash_pos(h, bits), tag = hash_tag(h, bits), e;
 
 			for (; (e = ix->tab[pos]) != 0; pos = (pos + 1) & mask)
-				if (ent_tag(e) == tag && ent_id(e) != skip_id &&
+				if (ent_live(e) && ent_tag(e) == tag && ent_id(e) != skip_id &&
 				    range_overlaps(&ix->ranges[ent_id(e)], first, last))
 					return true;
 			if (b == UINT64_MAX >> level)
@@ -334,14 +317,15 @@ int kd_index_for_each_at(const struct kd_index *ix, uint64_t addr,
 			const struct kd_index_range *r;
 			bool seen = false;
 
-			if (ent_tag(e) != tag)
+			if (!ent_live(e) || ent_tag(e) != tag)
 				continue;
 			r = &ix->ranges[ent_id(e)];
 			if (addr - r->start >= r->end - r->start)
 				continue;
 			/* another block of the same range may share this chain and tag */
 			for (p = home; p != pos && !seen; p = (p + 1) & mask)
-				seen = ix->tab[p] && ent_id(ix->tab[p]) == ent_id(e) && ent_tag(ix->tab[p]) == tag;
+				seen = ent_live(ix->tab[p]) && ent_id(ix->tab[p]) == ent_id(e) &&
+				       ent_tag(ix->tab[p]) == tag;
 			if (seen)
 				continue;
 			ret = fn(ent_id(e), ctx);

@@ -14,10 +14,10 @@
  * use (a handful in a real VM, independent of the range count), most
  * populated class first, and checks the candidates' bounds.
  *
- * Table entries are 32 bits (id, 8-bit tag of the key, probe distance), so
- * the table for 32,764 ranges stays within the L2 cache.  The table is
+ * Table entries are 32 bits (id and a 16-bit tag of the key), so the table
+ * for 32,764 ranges stays small enough for the L2 cache.  The table is
  * derived state: it can always be rebuilt from the range array, which is
- * what growth does.
+ * what growth and tombstone clean-up do.
  *
  * Ranges may overlap (host addresses of two memslots may alias); a lookup
  * then returns one of them and kd_index_for_each_at() visits all.
@@ -40,7 +40,8 @@ struct kd_index_range {
 struct kd_index {
 	uint32_t *tab;
 	uint32_t tab_bits;
-	uint32_t nr_entries;
+	uint32_t nr_entries; /* live */
+	uint32_t nr_tombs;
 	uint32_t nr_ranges;
 	struct kd_index_range *ranges; /* indexed by id */
 	uint32_t ranges_cap;
@@ -62,6 +63,15 @@ int kd_index_insert(struct kd_index *ix, uint32_t id, uint64_t start, uint64_t l
 
 /* Remove id; returns 0 or -ENOENT.  Never allocates, never fails otherwise. */
 int kd_index_remove(struct kd_index *ix, uint32_t id);
+
+/*
+ * Make room so that inserts and removes adding up to extra table entries
+ * (kd_index_blocks() of each range inserted or removed) cannot allocate:
+ * a caller that must undo a change reserves for the undo first.  0 or
+ * -ENOMEM (index unchanged).
+ */
+int kd_index_reserve(struct kd_index *ix, uint32_t extra);
+uint32_t kd_index_blocks(uint64_t start, uint64_t len);
 
 /* Id of a range containing addr, or KD_INDEX_NO_ID. */
 uint32_t kd_index_lookup(const struct kd_index *ix, uint64_t addr);

@@ -181,8 +181,8 @@ KD_EXPORT int kvmdirty_region_remove(struct kvmdirty_vm *vm, struct kvmdirty_reg
 
 KD_EXPORT int kvmdirty_region_move(struct kvmdirty_vm *vm, struct kvmdirty_region *r, uint64_t new_gpa)
 {
-	uint64_t old_gpa;
-	int ret, undo;
+	uint32_t blocks;
+	int ret;
 
 	if (!vm || !is_ours(vm, r) || !aligned(vm, new_gpa) || new_gpa + r->size < new_gpa ||
 	    new_gpa + r->size == 0)
@@ -191,26 +191,21 @@ KD_EXPORT int kvmdirty_region_move(struct kvmdirty_vm *vm, struct kvmdirty_regio
 		return 0;
 	if (kd_index_overlaps(&vm->gpa_index, new_gpa, r->size, r->slot))
 		return -EEXIST;
-	old_gpa = r->gpa;
-	/*
-	 * Index first: removing the old range frees at least as many table
-	 * entries as the new one needs in all but the rarest case, and if
-	 * the insert fails the old range goes back into the room it left.
-	 */
-	kd_index_remove(&vm->gpa_index, r->slot);
-	ret = kd_index_insert(&vm->gpa_index, r->slot, new_gpa, r->size);
+	/* room for the move and for its undo, so that neither can fail */
+	blocks = kd_index_blocks(r->gpa, r->size) + kd_index_blocks(new_gpa, r->size);
+	ret = kd_index_reserve(&vm->gpa_index, 2 * blocks);
 	if (ret)
-		goto restore;
+		return ret;
+	kd_index_remove(&vm->gpa_index, r->slot);
+	kd_index_insert(&vm->gpa_index, r->slot, new_gpa, r->size);
 	ret = set_slot(vm, r->slot, r->flags, new_gpa, r->size, r->hva);
 	if (ret < 0) {
 		kd_index_remove(&vm->gpa_index, r->slot);
-		goto restore;
+		kd_index_insert(&vm->gpa_index, r->slot, r->gpa, r->size);
+		return ret;
 	}
 	r->gpa = new_gpa;
 	return 0;
-restore:
-	undo = kd_index_insert(&vm->gpa_index, r->slot, old_gpa, r->size);
-	return undo ? undo : ret;
 }
 
 KD_EXPORT int kvmdirty_region_set_logging(struct kvmdirty_vm *vm, struct kvmdirty_region *r, bool enable)

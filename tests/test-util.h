@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_TEST_UTIL_H
+#define KVMDIRTY_TEST_UTIL_H
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/*
+ * KVM tests skip (exit 77, one line why) only where /dev/kvm is missing or
+ * cannot be opened; everything else is a failure.
+ */
+static inline int require_kvm(const char *test)
+{
+	int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+
+	if (fd < 0) {
+		printf("%s: skipped: cannot open /dev/kvm: %s\n", test, strerror(errno));
+		return 77;
+	}
+	close(fd);
+	return 0;
+}
+
+/* Run one suite; the exit status meson reads. */
+static inline int run_suite(Suite *s)
+{
+	SRunner *sr = srunner_create(s);
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
+
+#define ck_assert_ok(expr)                                                                    \
+	do {                                                                                  \
+		int __r = (expr);                                                             \
+		ck_assert_msg(__r >= 0, "%s = %d (%s)", #expr, __r, strerror(-__r));          \
+	} while (0)
+
+#define ck_assert_errno(expr, err)                                                            \
+	do {                                                                                  \
+		int __r = (expr);                                                             \
+		ck_assert_msg(__r == -(err), "%s = %d (%s), expected -%s", #expr, __r,        \
+			      __r < 0 ? strerror(-__r) : "success", #err);                     \
+	} while (0)
+
+#endif
