@@ -83,27 +83,36 @@ static void tab_del(uint32_t *tab, uint32_t bits, uint32_t id, uint64_t block, u
 	}
 }
 
+static inline unsigned int range_level(const struct kd_index_range *r)
+{
+	return level_of(r->end - r->start);
+}
+
 static uint32_t range_blocks(const struct kd_index_range *r)
 {
-	return (uint32_t)(((r->end - 1) >> r->level) - (r->start >> r->level) + 1);
+	unsigned int level = range_level(r);
+
+	return (uint32_t)(((r->end - 1) >> level) - (r->start >> level) + 1);
 }
 
 static void range_put(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r)
 {
-	uint64_t b = r->start >> r->level;
+	unsigned int level = range_level(r);
+	uint64_t b = r->start >> level;
 	uint32_t i, n = range_blocks(r);
 
 	for (i = 0; i < n; i++)
-		tab_put(tab, bits, id, b + i, r->level);
+		tab_put(tab, bits, id, b + i, level);
 }
 
 static void range_del(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r)
 {
-	uint64_t b = r->start >> r->level;
+	unsigned int level = range_level(r);
+	uint64_t b = r->start >> level;
 	uint32_t i, n = range_blocks(r);
 
 	for (i = 0; i < n; i++)
-		tab_del(tab, bits, id, b + i, r->level);
+		tab_del(tab, bits, id, b + i, level);
 }
 
 /* Rebuild the table from the used ranges, without tombstones. */
@@ -115,7 +124,7 @@ static int rebuild(struct kd_index *ix, uint32_t bits)
 	if (!tab)
 		return -ENOMEM;
 	for (id = 0; id < ix->ranges_cap; id++)
-		if (ix->ranges[id].used)
+		if (ix->ranges[id].end)
 			range_put(tab, bits, id, &ix->ranges[id]);
 	free(ix->tab);
 	ix->tab = tab;
@@ -129,10 +138,13 @@ int kd_index_reserve(struct kd_index *ix, uint32_t extra)
 	uint64_t used = (uint64_t)ix->nr_entries + ix->nr_tombs + extra;
 	uint32_t bits = MIN_TAB_BITS;
 
-	/* keep live entries and tombstones at or below half the table */
-	if (ix->tab && (used << 1) <= (1ull << ix->tab_bits))
+	/*
+	 * Live entries and tombstones fill at most half the table: misses
+	 * probe to an empty entry, and at 3/4 they cost twice as much.
+	 */
+	if (ix->tab && used * 2 <= 1ull << ix->tab_bits)
 		return 0;
-	while (((uint64_t)ix->nr_entries + extra) << 1 > (1ull << bits))
+	while (((uint64_t)ix->nr_entries + extra) * 2 > (1ull << bits))
 		bits++;
 	if (bits > 30)
 		return -ENOMEM;
@@ -174,7 +186,7 @@ static int grow_ranges(struct kd_index *ix, uint32_t id)
 
 uint32_t kd_index_blocks(uint64_t start, uint64_t len)
 {
-	struct kd_index_range r = { .start = start, .end = start + len, .level = level_of(len) };
+	struct kd_index_range r = { .start = start, .end = start + len };
 
 	return range_blocks(&r);
 }
@@ -191,7 +203,7 @@ int kd_index_insert(struct kd_index *ix, uint32_t id, uint64_t start, uint64_t l
 
 	if (check_range(start, len) || id > KD_INDEX_MAX_ID)
 		return -EINVAL;
-	if (id < ix->ranges_cap && ix->ranges[id].used)
+	if (id < ix->ranges_cap && ix->ranges[id].end)
 		return -EEXIST;
 	if (id >= ix->ranges_cap) {
 		ret = grow_ranges(ix, id);
@@ -202,11 +214,11 @@ int kd_index_insert(struct kd_index *ix, uint32_t id, uint64_t start, uint64_t l
 	if (ret)
 		return ret;
 	r = &ix->ranges[id];
-	*r = (struct kd_index_range){ .start = start, .end = start + len, .level = level_of(len), .used = true };
+	*r = (struct kd_index_range){ .start = start, .end = start + len };
 	range_put(ix->tab, ix->tab_bits, id, r);
 	ix->nr_entries += range_blocks(r);
 	ix->nr_ranges++;
-	ix->level_count[r->level]++;
+	ix->level_count[range_level(r)]++;
 	update_order(ix);
 	return 0;
 }
@@ -215,15 +227,15 @@ int kd_index_remove(struct kd_index *ix, uint32_t id)
 {
 	struct kd_index_range *r;
 
-	if (id >= ix->ranges_cap || !ix->ranges[id].used)
+	if (id >= ix->ranges_cap || !ix->ranges[id].end)
 		return -ENOENT;
 	r = &ix->ranges[id];
 	range_del(ix->tab, ix->tab_bits, id, r);
 	ix->nr_entries -= range_blocks(r);
 	ix->nr_tombs += range_blocks(r);
 	ix->nr_ranges--;
-	ix->level_count[r->level]--;
-	r->used = false;
+	ix->level_count[range_level(r)]--;
+	r->end = 0;
 	update_order(ix);
 	return 0;
 }
@@ -253,7 +265,7 @@ uint32_t kd_index_lookup(const struct kd_index *ix, uint64_t addr)
 
 static bool range_overlaps(const struct kd_index_range *r, uint64_t first, uint64_t last)
 {
-	return r->used && r->start <= last && r->end - 1 >= first;
+	return r->end && r->start <= last && r->end - 1 >= first;
 }
 
 bool kd_index_overlaps(const struct kd_index *ix, uint64_t start, uint64_t len, uint32_t skip_id)

@@ -30,11 +30,14 @@
 #define KD_INDEX_MAX_ID 65534u
 #define KD_INDEX_NO_ID UINT32_MAX
 
+/*
+ * 16 bytes, so that a lookup's bounds check touches one cache line: the
+ * size class is recomputed from the length, and end == 0 marks a free id
+ * (a range never ends at 0: it cannot wrap).
+ */
 struct kd_index_range {
 	uint64_t start;
-	uint64_t end; /* exclusive; 0 means "to the top of the address space" is not allowed */
-	uint8_t level;
-	bool used;
+	uint64_t end; /* exclusive */
 };
 
 struct kd_index {
@@ -89,7 +92,7 @@ int kd_index_for_each_at(const struct kd_index *ix, uint64_t addr,
 static inline const struct kd_index_range *
 kd_index_range(const struct kd_index *ix, uint32_t id)
 {
-	if (id >= ix->ranges_cap || !ix->ranges[id].used)
+	if (id >= ix->ranges_cap || !ix->ranges[id].end)
 		return 0;
 	return &ix->ranges[id];
 }

@@ -25,8 +25,12 @@ struct kvmdirty_vm {
 	uint64_t page_size;
 	int64_t caps[KVMDIRTY_CAP_COUNT];
 
-	/* slot id -> region; nr_slots entries, allocated on first add */
-	struct kvmdirty_region **slots;
+	/*
+	 * Regions live in an array indexed by slot id, allocated on the
+	 * first add: a lookup's result is an address computed from the id,
+	 * not one more pointer to load.  slot_used says which are live.
+	 */
+	struct kvmdirty_region *regions;
 	uint64_t *slot_used; /* bitmap over slot ids */
 	uint32_t nr_slots;
 	uint32_t nr_regions;

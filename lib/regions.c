@@ -51,12 +51,12 @@ static int slots_init(struct kvmdirty_vm *vm)
 {
 	uint32_t n = (uint32_t)vm->caps[KVMDIRTY_CAP_NR_MEMSLOTS];
 
-	vm->slots = calloc(n, sizeof(*vm->slots));
+	vm->regions = calloc(n, sizeof(*vm->regions));
 	vm->slot_used = calloc((n + 63) / 64, sizeof(uint64_t));
-	if (!vm->slots || !vm->slot_used) {
-		free(vm->slots);
+	if (!vm->regions || !vm->slot_used) {
+		free(vm->regions);
 		free(vm->slot_used);
-		vm->slots = NULL;
+		vm->regions = NULL;
 		vm->slot_used = NULL;
 		return -ENOMEM;
 	}
@@ -79,13 +79,19 @@ static int slot_find_free(const struct kvmdirty_vm *vm)
 	return -ENOSPC;
 }
 
-static void slot_set(struct kvmdirty_vm *vm, uint32_t id, struct kvmdirty_region *r)
+static void slot_set(struct kvmdirty_vm *vm, uint32_t id, bool used)
 {
-	vm->slots[id] = r;
-	if (r)
+	if (used)
 		vm->slot_used[id / 64] |= 1ull << (id % 64);
 	else
 		vm->slot_used[id / 64] &= ~(1ull << (id % 64));
+}
+
+static struct kvmdirty_region *slot_region(const struct kvmdirty_vm *vm, uint32_t id)
+{
+	if (id >= vm->nr_slots || !(vm->slot_used[id / 64] & (1ull << (id % 64))))
+		return NULL;
+	return &vm->regions[id];
 }
 
 static bool aligned(const struct kvmdirty_vm *vm, uint64_t v)
@@ -95,7 +101,7 @@ static bool aligned(const struct kvmdirty_vm *vm, uint64_t v)
 
 static bool is_ours(const struct kvmdirty_vm *vm, const struct kvmdirty_region *r)
 {
-	return r && r->vm == vm && r->slot < vm->nr_slots && vm->slots[r->slot] == r;
+	return r && r->vm == vm && slot_region(vm, r->slot) == r;
 }
 
 KD_EXPORT int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t size, void *hva,
@@ -123,7 +129,7 @@ KD_EXPORT int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t
 		return -EFAULT;
 	if (kd_index_overlaps(&vm->gpa_index, gpa, size, KD_INDEX_NO_ID))
 		return -EEXIST;
-	if (!vm->slots) {
+	if (!vm->regions) {
 		ret = slots_init(vm);
 		if (ret)
 			return ret;
@@ -132,14 +138,12 @@ KD_EXPORT int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t
 	if (slot < 0)
 		return slot;
 
-	r = calloc(1, sizeof(*r));
-	if (!r)
-		return -ENOMEM;
+	r = &vm->regions[slot];
 	*r = (struct kvmdirty_region){ .vm = vm, .gpa = gpa, .size = size, .hva = hva,
 				       .slot = (uint32_t)slot, .flags = flags };
 	ret = kd_index_insert(&vm->gpa_index, r->slot, gpa, size);
 	if (ret)
-		goto err_free;
+		return ret;
 	ret = kd_index_insert(&vm->hva_index, r->slot, h, size);
 	if (ret)
 		goto err_gpa;
@@ -147,7 +151,7 @@ KD_EXPORT int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t
 	if (ret < 0)
 		goto err_hva;
 
-	slot_set(vm, r->slot, r);
+	slot_set(vm, r->slot, true);
 	vm->nr_regions++;
 	if (ret_region)
 		*ret_region = r;
@@ -157,8 +161,6 @@ err_hva:
 	kd_index_remove(&vm->hva_index, r->slot);
 err_gpa:
 	kd_index_remove(&vm->gpa_index, r->slot);
-err_free:
-	free(r);
 	return ret;
 }
 
@@ -173,9 +175,8 @@ KD_EXPORT int kvmdirty_region_remove(struct kvmdirty_vm *vm, struct kvmdirty_reg
 		return ret;
 	kd_index_remove(&vm->gpa_index, r->slot);
 	kd_index_remove(&vm->hva_index, r->slot);
-	slot_set(vm, r->slot, NULL);
+	slot_set(vm, r->slot, false);
 	vm->nr_regions--;
-	free(r);
 	return 0;
 }
 
@@ -239,7 +240,7 @@ KD_EXPORT int kvmdirty_vm_set_logging(struct kvmdirty_vm *vm, bool enable)
 	if (!changed)
 		return -ENOMEM;
 	for (id = 0; id < vm->nr_slots && ret >= 0; id++) {
-		struct kvmdirty_region *r = vm->slots[id];
+		struct kvmdirty_region *r = slot_region(vm, id);
 		uint32_t before;
 
 		if (!r)
@@ -252,7 +253,7 @@ KD_EXPORT int kvmdirty_vm_set_logging(struct kvmdirty_vm *vm, bool enable)
 	if (ret < 0) {
 		for (undo = 0; undo < vm->nr_slots; undo++)
 			if (changed[undo / 64] & (1ull << (undo % 64)))
-				kvmdirty_region_set_logging(vm, vm->slots[undo], !enable);
+				kvmdirty_region_set_logging(vm, slot_region(vm, undo), !enable);
 	}
 	free(changed);
 	return ret < 0 ? ret : 0;
@@ -260,13 +261,9 @@ KD_EXPORT int kvmdirty_vm_set_logging(struct kvmdirty_vm *vm, bool enable)
 
 void kd_regions_fini(struct kvmdirty_vm *vm)
 {
-	uint32_t id;
-
-	for (id = 0; id < vm->nr_slots; id++)
-		free(vm->slots[id]);
-	free(vm->slots);
+	free(vm->regions);
 	free(vm->slot_used);
-	vm->slots = NULL;
+	vm->regions = NULL;
 	vm->slot_used = NULL;
 	vm->nr_slots = 0;
 	vm->nr_regions = 0;
@@ -274,21 +271,21 @@ void kd_regions_fini(struct kvmdirty_vm *vm)
 
 KD_EXPORT struct kvmdirty_region *kvmdirty_region_from_slot(const struct kvmdirty_vm *vm, uint32_t slot)
 {
-	return slot < vm->nr_slots ? vm->slots[slot] : NULL;
+	return slot_region(vm, slot);
 }
 
 KD_EXPORT struct kvmdirty_region *kvmdirty_region_from_gpa(const struct kvmdirty_vm *vm, uint64_t gpa)
 {
 	uint32_t id = kd_index_lookup(&vm->gpa_index, gpa);
 
-	return id == KD_INDEX_NO_ID ? NULL : vm->slots[id];
+	return id == KD_INDEX_NO_ID ? NULL : &vm->regions[id];
 }
 
 KD_EXPORT struct kvmdirty_region *kvmdirty_region_from_hva(const struct kvmdirty_vm *vm, const void *hva)
 {
 	uint32_t id = kd_index_lookup(&vm->hva_index, (uintptr_t)hva);
 
-	return id == KD_INDEX_NO_ID ? NULL : vm->slots[id];
+	return id == KD_INDEX_NO_ID ? NULL : &vm->regions[id];
 }
 
 KD_EXPORT void *kvmdirty_vm_gpa_to_hva(const struct kvmdirty_vm *vm, uint64_t gpa)
@@ -304,8 +301,8 @@ KD_EXPORT struct kvmdirty_region *kvmdirty_region_next(const struct kvmdirty_vm 
 	uint32_t id = prev ? prev->slot + 1 : 0;
 
 	for (; id < vm->nr_slots; id++)
-		if (vm->slots[id])
-			return vm->slots[id];
+		if (slot_region(vm, id))
+			return &vm->regions[id];
 	return NULL;
 }
 
