@@ -116,7 +116,8 @@ uint64_t kvmdirty_vm_page_size(const struct kvmdirty_vm *vm);
  * gpa, size and hva must be multiples of the page size; the host range
  * must be mapped when the call is made (the caller keeps it mapped until
  * the region is removed; it may alias another region's host range).
- * ret_region may be NULL.  Cost: the KVM ioctl plus O(1) index updates.
+ * ret_region may be NULL; the region pointer stays valid until the region
+ * is removed or the VM freed.  Cost: the KVM ioctl plus O(1) index updates.
  *
  * Errors: -EINVAL zero size, unaligned gpa/size/hva, a gpa range that
  * wraps, unknown flags; -E2BIG more pages than one memslot holds;
@@ -129,7 +130,9 @@ int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t size, voi
 			uint32_t flags, struct kvmdirty_region **ret_region);
 
 /*
- * Delete the memslot and free region.  The host memory stays the caller's.
+ * Delete the memslot and free region (the pointer is dead afterwards; the
+ * next region given the same slot id may reuse its storage).  The host
+ * memory stays the caller's.
  * Errors: -EINVAL region is NULL or not of this VM; errno of the ioctl (the
  * region then stays as it was).
  */

@@ -36,7 +36,12 @@ struct kvmdirty_vm {
 	uint32_t nr_regions;
 	struct kd_index gpa_index;
 	struct kd_index hva_index;
+
+	/* time spent inside memslot ioctls, for the benchmarks' kernel/library split */
+	uint64_t memslot_ioctl_ns;
 };
+
+uint64_t kd_now_ns(void);
 
 /* ioctl returning its result, or -errno: the one place errno is read */
 int kd_ioctl(int fd, unsigned long req, void *arg);

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <sys/ioctl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -17,6 +18,14 @@ int kd_ioctl(int fd, unsigned long req, void *arg)
 		ret = ioctl(fd, req, arg);
 	} while (ret < 0 && errno == EINTR);
 	return ret < 0 ? -errno : ret;
+}
+
+uint64_t kd_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 int64_t kd_check_extension(int fd, long cap)

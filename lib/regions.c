@@ -22,9 +22,8 @@ static uint32_t kvm_flags(uint32_t flags)
 	       ((flags & KVMDIRTY_REGION_READONLY) ? KVM_MEM_READONLY : 0);
 }
 
-/* One memslot update; size 0 deletes the slot. */
-static int set_slot(struct kvmdirty_vm *vm, uint32_t slot, uint32_t flags, uint64_t gpa,
-		    uint64_t size, void *hva)
+static int set_slot_ioctl(struct kvmdirty_vm *vm, uint32_t slot, uint32_t flags, uint64_t gpa,
+			  uint64_t size, void *hva)
 {
 	if (vm->caps[KVMDIRTY_CAP_USER_MEMORY2]) {
 		struct kvm_userspace_memory_region2 r = {
@@ -45,6 +44,17 @@ static int set_slot(struct kvmdirty_vm *vm, uint32_t slot, uint32_t flags, uint6
 		};
 		return kd_ioctl(vm->vm_fd, KVM_SET_USER_MEMORY_REGION, &r);
 	}
+}
+
+/* One memslot update; size 0 deletes the slot. */
+static int set_slot(struct kvmdirty_vm *vm, uint32_t slot, uint32_t flags, uint64_t gpa,
+		    uint64_t size, void *hva)
+{
+	uint64_t t0 = kd_now_ns();
+	int ret = set_slot_ioctl(vm, slot, flags, gpa, size, hva);
+
+	vm->memslot_ioctl_ns += kd_now_ns() - t0;
+	return ret;
 }
 
 static int slots_init(struct kvmdirty_vm *vm)
