@@ -189,6 +189,99 @@ void *kvmdirty_region_hva(const struct kvmdirty_region *region);
 uint32_t kvmdirty_region_slot(const struct kvmdirty_region *region);
 uint32_t kvmdirty_region_flags(const struct kvmdirty_region *region);
 
+/* ---- Bitmap scanner --------------------------------------------------- */
+
+/*
+ * A bitmap is an array of uint64_t with bit i in bit i % 64 of word i / 64
+ * (little-endian words: the layout of KVM's dirty bitmaps), allocated by
+ * the caller with KVMDIRTY_BITMAP_WORDS(nbits) words; 32-byte alignment
+ * makes the scan fastest, any 8-byte alignment works.  Ranges are
+ * [start, end) in bits, any start and end (not only multiples of 64);
+ * end <= start is an empty range.  Bits outside the range are never
+ * reported nor changed, so a bitmap's tail bits need not be clear.
+ *
+ * These functions need no VM, never allocate and never fail.  Clean
+ * stretches are skipped with wide loads (AVX2 where the CPU has it; set
+ * KVMDIRTY_SCAN=portable in the environment before the first call to use
+ * the portable code, which gives the same answers).
+ *
+ * Threading: any number of readers at once.  Writers that run concurrently
+ * with other users of the same words must use the _atomic functions or
+ * kvmdirty_bitmap_take(); the plain set/clear are for bitmaps one thread
+ * owns.
+ */
+#define KVMDIRTY_BITMAP_WORDS(nbits) (((nbits) + 63) / 64)
+
+/* A maximal stretch of set bits: [first, first + count). */
+struct kvmdirty_run {
+	uint64_t first;
+	uint64_t count;
+};
+
+/* "avx2" or "portable": the kernels in use. */
+const char *kvmdirty_bitmap_impl(void);
+
+/* First set bit in [from, end), or end if there is none. */
+uint64_t kvmdirty_bitmap_next_set(const uint64_t *map, uint64_t from, uint64_t end);
+
+/* Number of set bits in [start, end). */
+uint64_t kvmdirty_bitmap_count(const uint64_t *map, uint64_t start, uint64_t end);
+
+/* True if no bit of [start, end) is set. */
+bool kvmdirty_bitmap_is_clear(const uint64_t *map, uint64_t start, uint64_t end);
+
+/*
+ * Runs of set bits in [*pos, end), in order, into runs[0 .. max_runs).
+ * Returns how many were written; 0 means none are left.  *pos advances
+ * past what was reported, so calling again continues; a run is never
+ * split between calls (it is cut only at end).  The usual loop:
+ *
+ *	uint64_t pos = 0;
+ *	while ((n = kvmdirty_bitmap_runs(map, &pos, nbits, runs, 64)) > 0)
+ *		for (i = 0; i < n; i++)
+ *			send(runs[i].first, runs[i].count);
+ */
+size_t kvmdirty_bitmap_runs(const uint64_t *map, uint64_t *pos, uint64_t end,
+			    struct kvmdirty_run *runs, size_t max_runs);
+
+/*
+ * fn(first, count, opaque) for each run in [start, end), in order.  A
+ * non-zero return from fn stops the walk and is returned; otherwise 0.
+ */
+int kvmdirty_bitmap_for_each_run(const uint64_t *map, uint64_t start, uint64_t end,
+				 int (*fn)(uint64_t first, uint64_t count, void *opaque), void *opaque);
+
+/*
+ * Chunks are the aligned blocks [k * chunk_bits, (k + 1) * chunk_bits).
+ * Returns the first bit of the first chunk holding a set bit of
+ * [from, end) (which is below from when from is inside that chunk), or
+ * end if none does, or if chunk_bits is 0.  Walk with
+ * from = chunk + chunk_bits.
+ */
+uint64_t kvmdirty_bitmap_next_dirty_chunk(const uint64_t *map, uint64_t from, uint64_t end,
+					  uint64_t chunk_bits);
+
+/* Set or clear every bit of [start, end); plain stores. */
+void kvmdirty_bitmap_set(uint64_t *map, uint64_t start, uint64_t end);
+void kvmdirty_bitmap_clear(uint64_t *map, uint64_t start, uint64_t end);
+
+/*
+ * The same with atomic read-modify-writes (release order: what the caller
+ * wrote before setting a bit is visible to whoever takes it).
+ */
+void kvmdirty_bitmap_set_atomic(uint64_t *map, uint64_t start, uint64_t end);
+void kvmdirty_bitmap_clear_atomic(uint64_t *map, uint64_t start, uint64_t end);
+
+/*
+ * Fetch-and-clear the bits of [start, end) in src atomically (word-wise
+ * exchange with zero, acquire-release) and OR them into dst at the same
+ * positions.  Returns how many of them were not already set in dst.
+ * Producers may keep setting bits of src with kvmdirty_bitmap_set_atomic()
+ * meanwhile: each set bit is taken by exactly one take.  dst must not be
+ * written by anyone else during the call.
+ */
+uint64_t kvmdirty_bitmap_take(uint64_t *dst, uint64_t *src, uint64_t start, uint64_t end);
+
 #ifdef __cplusplus
 }
 #endif

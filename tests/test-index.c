@@ -67,7 +67,7 @@ static void check_all(const struct kd_index *ix, const struct model *m, uint64_t
 		for (k = 0; k < 4; k++) {
 			uint32_t got = kd_index_lookup(ix, probes[k]), want = model_lookup(m, probes[k]);
 
-			ck_assert_msg(got == want, "lookup(0x%" PRIx64 ") = %u, model %u (range %u [0x%" PRIx64
+			expect(got == want, "lookup(0x%" PRIx64 ") = %u, model %u (range %u [0x%" PRIx64
 				      ", +0x%" PRIx64 "))", probes[k], got, want, id, m->start[id], m->len[id]);
 		}
 	}
@@ -75,7 +75,7 @@ static void check_all(const struct kd_index *ix, const struct model *m, uint64_t
 		uint64_t a = rnd() % span;
 		uint32_t got = kd_index_lookup(ix, a), want = model_lookup(m, a);
 
-		ck_assert_msg(got == want, "lookup(0x%" PRIx64 ") = %u, model %u", a, got, want);
+		expect(got == want, "lookup(0x%" PRIx64 ") = %u, model %u", a, got, want);
 	}
 }
 
@@ -124,7 +124,7 @@ static void random_ops(uint32_t target, uint64_t span, int rounds)
 			id = MAX_IDS - 1;
 		if (m.used[id] && op < 3) { /* remove */
 			ret = kd_index_remove(&ix, id);
-			ck_assert_msg(ret == 0, "remove %u: %d", id, ret);
+			expect(ret == 0, "remove %u: %d", id, ret);
 			m.used[id] = false;
 			m.count--;
 		} else if (m.used[id] && op < 5) { /* move: remove + insert elsewhere */
@@ -133,26 +133,26 @@ static void random_ops(uint32_t target, uint64_t span, int rounds)
 			if (start + len > span)
 				start = span - len;
 			if (model_overlaps(&m, start, len, id)) {
-				ck_assert_msg(kd_index_overlaps(&ix, start, len, id),
+				expect(kd_index_overlaps(&ix, start, len, id),
 					      "overlap of [0x%" PRIx64 ", +0x%" PRIx64 ") missed", start, len);
 				continue;
 			}
 			ck_assert(!kd_index_overlaps(&ix, start, len, id));
 			ck_assert_int_eq(kd_index_remove(&ix, id), 0);
 			ret = kd_index_insert(&ix, id, start, len);
-			ck_assert_msg(ret == 0, "reinsert %u: %d", id, ret);
+			expect(ret == 0, "reinsert %u: %d", id, ret);
 			m.start[id] = start;
 		} else if (!m.used[id]) { /* add */
 			random_range(span, &start, &len);
 			if (model_overlaps(&m, start, len, KD_INDEX_NO_ID)) {
-				ck_assert_msg(kd_index_overlaps(&ix, start, len, KD_INDEX_NO_ID),
+				expect(kd_index_overlaps(&ix, start, len, KD_INDEX_NO_ID),
 					      "overlap of [0x%" PRIx64 ", +0x%" PRIx64 ") missed", start, len);
 				continue;
 			}
-			ck_assert_msg(!kd_index_overlaps(&ix, start, len, KD_INDEX_NO_ID),
+			expect(!kd_index_overlaps(&ix, start, len, KD_INDEX_NO_ID),
 				      "false overlap for [0x%" PRIx64 ", +0x%" PRIx64 ")", start, len);
 			ret = kd_index_insert(&ix, id, start, len);
-			ck_assert_msg(ret == 0, "insert %u [0x%" PRIx64 ", +0x%" PRIx64 "): %d", id, start, len, ret);
+			expect(ret == 0, "insert %u [0x%" PRIx64 ", +0x%" PRIx64 "): %d", id, start, len, ret);
 			m.used[id] = true;
 			if (id >= m.hi)
 				m.hi = id + 1;
@@ -254,10 +254,10 @@ START_TEST(aliases)
 		seen_4 += c.ids[i] == 4;
 		seen_5 += c.ids[i] == 5;
 	}
-	ck_assert_msg(c.n == 3 && seen_3 == 1 && seen_4 == 1 && seen_5 == 1, "visited %d ids", c.n);
+	expect(c.n == 3 && seen_3 == 1 && seen_4 == 1 && seen_5 == 1, "visited %d ids", c.n);
 	c.n = 0;
 	kd_index_for_each_at(&ix, 0x9000, collect_id, &c);
-	ck_assert_msg(c.n == 1 && c.ids[0] == 5, "visited %d ids", c.n);
+	expect(c.n == 1 && c.ids[0] == 5, "visited %d ids", c.n);
 	ck_assert_uint_ne(kd_index_lookup(&ix, 0x13fff), KD_INDEX_NO_ID);
 	kd_index_fini(&ix);
 }
@@ -285,7 +285,7 @@ START_TEST(identical_ranges)
 		memset(seen, 0, sizeof(seen));
 		kd_index_for_each_at(&ix, 0x7f0000001800ull, count_id, seen);
 		for (id = 0; id < 4096; id++)
-			ck_assert_msg(seen[id] == 1, "id %u visited %u times", id, seen[id]);
+			expect(seen[id] == 1, "id %u visited %u times", id, seen[id]);
 		ck_assert_uint_lt(kd_index_lookup(&ix, 0x7f0000001fffull), 4096);
 		ck_assert_uint_eq(kd_index_lookup(&ix, 0x7f0000002000ull), KD_INDEX_NO_ID);
 		for (id = 0; id < 4096; id += 1 + round)
