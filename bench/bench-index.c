@@ -22,6 +22,7 @@
 #include <kvmdirty.h>
 
 #include "internal.h"
+#include "rng.h"
 #include "kvm-uapi.h"
 
 #define PAGE 4096ull
@@ -37,10 +38,7 @@ static uint64_t rng = 0x2545f4914f6cdd1dull;
 
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return xorshift64(&rng);
 }
 
 static double now_ns(void)

@@ -100,6 +100,20 @@ static uint64_t scan_count(const uint64_t *map, uint64_t start, uint64_t end)
 	return c + (uint64_t)__builtin_popcountll(map[we] & mask_below((unsigned int)((end - 1) % 64 + 1)));
 }
 
+/* Append run [first, end); when out is full, park *pos at first instead. */
+static inline bool emit(struct kvmdirty_run *out, size_t *n, size_t max, uint64_t first, uint64_t end,
+			uint64_t *pos)
+{
+	if (*n == max) {
+		*pos = first;
+		return false;
+	}
+	out[*n].first = first;
+	out[*n].count = end - first;
+	(*n)++;
+	return true;
+}
+
 static size_t scan_runs(const uint64_t *map, uint64_t *pos, uint64_t end, struct kvmdirty_run *out,
 			size_t max)
 {
@@ -127,15 +141,8 @@ static size_t scan_runs(const uint64_t *map, uint64_t *pos, uint64_t end, struct
 			if (open && base + s == open_end) {
 				open_end += len; /* the run goes on from the last word */
 			} else {
-				if (open) {
-					if (n == max) {
-						*pos = open_first;
-						return n;
-					}
-					out[n].first = open_first;
-					out[n].count = open_end - open_first;
-					n++;
-				}
+				if (open && !emit(out, &n, max, open_first, open_end, pos))
+					return n;
 				open = true;
 				open_first = base + s;
 				open_end = base + s + len;
@@ -150,15 +157,8 @@ static size_t scan_runs(const uint64_t *map, uint64_t *pos, uint64_t end, struct
 		else
 			wi = find_nonzero(map, wi + 1, wlast + 1);
 	}
-	if (open) {
-		if (n == max) {
-			*pos = open_first;
-			return n;
-		}
-		out[n].first = open_first;
-		out[n].count = open_end - open_first;
-		n++;
-	}
+	if (open && !emit(out, &n, max, open_first, open_end, pos))
+		return n;
 	*pos = end;
 	return n;
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "index.h"
+#include "rng.h"
 #include "test-util.h"
 
 #define MAX_IDS 32764u
@@ -22,10 +23,7 @@ static uint64_t rng_state = 88172645463325252ull;
 
 static uint64_t rnd(void)
 {
-	rng_state ^= rng_state << 13;
-	rng_state ^= rng_state >> 7;
-	rng_state ^= rng_state << 17;
-	return rng_state;
+	return xorshift64(&rng_state);
 }
 
 static uint32_t model_lookup(const struct model *m, uint64_t addr)

@@ -11,6 +11,7 @@
 #include <kvmdirty.h>
 
 #include "scan.h"
+#include "rng.h"
 #include "test-util.h"
 
 static const char *const impls[] = { "portable", "avx2" };
@@ -19,10 +20,7 @@ static uint64_t rng = 0x853c49e6748fea9bull;
 
 static uint64_t rnd(void)
 {
-	rng ^= rng << 13;
-	rng ^= rng >> 7;
-	rng ^= rng << 17;
-	return rng;
+	return xorshift64(&rng);
 }
 
 static bool ref_bit(const uint64_t *m, uint64_t b)
