@@ -100,66 +100,192 @@ static uint64_t scan_count(const uint64_t *map, uint64_t start, uint64_t end)
 	return c + (uint64_t)__builtin_popcountll(map[we] & mask_below((unsigned int)((end - 1) % 64 + 1)));
 }
 
-/* Append run [first, end); when out is full, park *pos at first instead. */
-static inline bool emit(struct kvmdirty_run *out, size_t *n, size_t max, uint64_t first, uint64_t end,
-			uint64_t *pos)
+#define RUN_BLOCK 32 /* words whose masks are computed at once */
+
+/*
+ * Which words of [w, w + n) (n <= RUN_BLOCK) the run assembly must look at:
+ * the non-zero ones, except all-ones words between two all-ones words
+ * (inside a long run they start and end nothing).  The first and last
+ * word of a block are always looked at, so neighbours outside the block
+ * need not be known.
+ */
+static inline uint64_t words_to_visit(const uint64_t *w, size_t n)
 {
-	if (*n == max) {
-		*pos = first;
-		return false;
+	uint64_t nz = 0, ones = 0;
+	size_t k = 0;
+
+#ifdef SCAN_AVX2
+	if (n == RUN_BLOCK) {
+		const __m256i zero = _mm256_setzero_si256();
+		__m256i v[8], o;
+
+#pragma GCC unroll 8
+		for (k = 0; k < 8; k++)
+			v[k] = _mm256_loadu_si256((const __m256i *)(w + 4 * k));
+		o = _mm256_or_si256(_mm256_or_si256(_mm256_or_si256(v[0], v[1]), _mm256_or_si256(v[2], v[3])),
+				    _mm256_or_si256(_mm256_or_si256(v[4], v[5]), _mm256_or_si256(v[6], v[7])));
+		if (_mm256_testz_si256(o, o))
+			return 0;
+#pragma GCC unroll 8
+		for (k = 0; k < 8; k++)
+			nz |= (uint64_t)_mm256_movemask_pd(_mm256_castsi256_pd(_mm256_cmpeq_epi64(v[k], zero))) << (4 * k);
+		nz = ~nz & 0xffffffffull;
+		/* all-ones words only matter where most words are set */
+		if (__builtin_popcountll(nz) < RUN_BLOCK / 2)
+			return nz;
+#pragma GCC unroll 8
+		for (k = 0; k < 8; k++)
+			ones |= (uint64_t)_mm256_movemask_pd(_mm256_castsi256_pd(
+					_mm256_cmpeq_epi64(v[k], _mm256_set1_epi64x(-1)))) << (4 * k);
+		return nz & ~(ones & (ones << 1) & (ones >> 1));
 	}
-	out[*n].first = first;
-	out[*n].count = end - first;
-	(*n)++;
-	return true;
+#endif
+	for (k = 0; k < n; k++) {
+		nz |= (uint64_t)(w[k] != 0) << k;
+		ones |= (uint64_t)(w[k] == ~0ull) << k;
+	}
+	return nz & ~(ones & (ones << 1) & (ones >> 1));
+}
+
+/*
+ * Runs from per-word start and end masks: a run starts at a set bit whose
+ * lower neighbour is clear and ends at a set bit whose upper neighbour is
+ * clear, the neighbours coming from the adjacent words.  Starts and ends
+ * alternate, so the k-th end closes the k-th start: starts are written to
+ * out[].first as they come, ends (exclusive) to out[].count, and counts
+ * are fixed up at the end.
+ *
+ * The first start and end of a word are written without a branch (a word
+ * with none writes a slot that is overwritten later), so a sparse bitmap
+ * costs no mispredicted branch per run; further ones loop.  wp points at
+ * the word, with its neighbours at wp[-1] and wp[1].  The counters travel
+ * by value: out[].first has the type of a size_t, so counters behind a
+ * pointer would be reloaded after every store.
+ */
+struct counters {
+	size_t ns, ne;
+};
+
+static inline struct counters visit_word(const uint64_t *wp, uint64_t base, struct kvmdirty_run *out,
+					 struct counters c)
+{
+	uint64_t w = wp[0];
+	uint64_t sm = w & ~((w << 1) | (wp[-1] >> 63)), em = w & ~((w >> 1) | (wp[1] << 63));
+
+	out[c.ns].first = base + (uint64_t)__builtin_ctzll(sm | (1ull << 63));
+	c.ns += sm != 0;
+	out[c.ne].count = base + (uint64_t)__builtin_ctzll(em | (1ull << 63)) + 1;
+	c.ne += em != 0;
+	for (sm &= sm - 1; sm; sm &= sm - 1)
+		out[c.ns++].first = base + (uint64_t)__builtin_ctzll(sm);
+	for (em &= em - 1; em; em &= em - 1)
+		out[c.ne++].count = base + (uint64_t)__builtin_ctzll(em) + 1;
+	return c;
+}
+
+/* An edge word of the range: masked, with its out-of-range neighbours zero. */
+static inline struct counters visit_edge(const uint64_t *map, size_t j, size_t wfirst, size_t wlast,
+					 uint64_t mfirst, uint64_t mlast, struct kvmdirty_run *out,
+					 struct counters c)
+{
+	uint64_t win[3] = { j > wfirst ? map[j - 1] : 0, map[j], j < wlast ? map[j + 1] : 0 };
+
+	if (j == wfirst)
+		win[1] &= mfirst;
+	if (j == wlast)
+		win[1] &= mlast;
+	return visit_word(win + 1, (uint64_t)j * 64, out, c);
+}
+
+/* Needs max > 32: a word holds up to 32 starts. */
+static size_t runs_wide(const uint64_t *map, uint64_t *pos, uint64_t end, struct kvmdirty_run *out,
+			size_t max)
+{
+	static const uint64_t zeros[3];
+	uint64_t start = *pos, mfirst = mask_from(start % 64), mlast = mask_below((unsigned int)((end - 1) % 64 + 1));
+	size_t wfirst = start / 64, wlast = (end - 1) / 64, wi, k;
+	struct counters c = { 0, 0 };
+	uint64_t stop = end;
+
+	c = visit_edge(map, wfirst, wfirst, wlast, mfirst, mlast, out, c);
+	/*
+	 * Interior words need no mask, and their neighbours' bits 63 and 0
+	 * are inside [start, end).
+	 */
+	for (wi = wfirst + 1; wi < wlast;) {
+		size_t n = wlast - wi < RUN_BLOCK ? wlast - wi : RUN_BLOCK;
+		uint64_t visit = words_to_visit(map + wi, n);
+
+		if (!visit) {
+			wi = find_nonzero(map, wi + n, wlast);
+			continue;
+		}
+		if (c.ns + 33 * (size_t)__builtin_popcountll(visit) <= max) {
+			/* three visits without a branch cover most sparse blocks */
+#pragma GCC unroll 3
+			for (k = 0; k < 3; k++) {
+				size_t i = (size_t)__builtin_ctzll(visit | (1ull << RUN_BLOCK));
+				const uint64_t *wp = i < n ? map + wi + i : zeros + 1;
+
+				c = visit_word(wp, (uint64_t)(wi + i) * 64, out, c);
+				visit &= visit - 1;
+			}
+			for (; visit; visit &= visit - 1) {
+				size_t i = (size_t)__builtin_ctzll(visit);
+
+				c = visit_word(map + wi + i, (uint64_t)(wi + i) * 64, out, c);
+			}
+		} else {
+			for (; visit; visit &= visit - 1) {
+				size_t i = (size_t)__builtin_ctzll(visit);
+
+				if (c.ns + 33 > max) {
+					stop = (uint64_t)(wi + i) * 64;
+					goto out;
+				}
+				c = visit_word(map + wi + i, (uint64_t)(wi + i) * 64, out, c);
+			}
+		}
+		wi += n;
+	}
+	if (wlast > wfirst) {
+		if (c.ns + 33 > max) {
+			stop = (uint64_t)wlast * 64;
+			goto out;
+		}
+		c = visit_edge(map, wlast, wfirst, wlast, mfirst, mlast, out, c);
+	}
+out:
+	for (k = 0; k < c.ne; k++)
+		out[k].count -= out[k].first;
+	/* a run whose end was not reached is reported by the next call */
+	*pos = c.ns > c.ne ? out[c.ne].first : stop;
+	return c.ne;
 }
 
 static size_t scan_runs(const uint64_t *map, uint64_t *pos, uint64_t end, struct kvmdirty_run *out,
 			size_t max)
 {
-	uint64_t start = *pos, open_first = 0, open_end = 0;
-	size_t n = 0, wi, wfirst, wlast;
-	bool open = false;
+	struct kvmdirty_run tmp[64];
+	uint64_t p = *pos;
+	size_t n;
 
-	if (start >= end || !max)
+	if (*pos >= end || !max)
 		return 0;
-	wfirst = start / 64;
-	wlast = (end - 1) / 64;
-	wi = find_nonzero(map, wfirst, wlast + 1);
-	while (wi <= wlast) {
-		uint64_t w = map[wi], base = (uint64_t)wi * 64;
-
-		if (wi == wfirst)
-			w &= mask_from(start % 64);
-		if (wi == wlast)
-			w &= mask_below((unsigned int)((end - 1) % 64 + 1));
-		while (w) {
-			unsigned int s = (unsigned int)__builtin_ctzll(w);
-			uint64_t x = ~(w >> s);
-			unsigned int len = x ? (unsigned int)__builtin_ctzll(x) : 64;
-
-			if (open && base + s == open_end) {
-				open_end += len; /* the run goes on from the last word */
-			} else {
-				if (open && !emit(out, &n, max, open_first, open_end, pos))
-					return n;
-				open = true;
-				open_first = base + s;
-				open_end = base + s + len;
-			}
-			if (s + len >= 64)
-				break;
-			w &= mask_from(s + len);
-		}
-		/* dense stretches go word by word, sparse ones through the zero skip */
-		if (wi < wlast && map[wi + 1])
-			wi++;
-		else
-			wi = find_nonzero(map, wi + 1, wlast + 1);
+	if (max > 32)
+		return runs_wide(map, pos, end, out, max);
+	/*
+	 * Small batches: collect into a larger one and hand out the first
+	 * max runs; runs are maximal and ordered, so the next call can
+	 * start from the first run not handed out.
+	 */
+	n = runs_wide(map, &p, end, tmp, 64);
+	if (n > max) {
+		p = tmp[max].first;
+		n = max;
 	}
-	if (open && !emit(out, &n, max, open_first, open_end, pos))
-		return n;
-	*pos = end;
+	memcpy(out, tmp, n * sizeof(*tmp));
+	*pos = p;
 	return n;
 }
 
