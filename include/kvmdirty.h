@@ -31,6 +31,9 @@ extern "C" {
 
 struct kvmdirty_vm;
 struct kvmdirty_region;
+struct kvmdirty_tracker;
+struct kvmdirty_vcpu;
+struct kvm_run;
 
 /* ---- VM handle and capability probe --------------------------------- */
 
@@ -188,6 +191,184 @@ uint64_t kvmdirty_region_size(const struct kvmdirty_region *region);
 void *kvmdirty_region_hva(const struct kvmdirty_region *region);
 uint32_t kvmdirty_region_slot(const struct kvmdirty_region *region);
 uint32_t kvmdirty_region_flags(const struct kvmdirty_region *region);
+
+/* ---- Dirty tracking -------------------------------------------------- */
+
+/*
+ * How KVM reports dirty pages.  The names in quotes are those of the
+ * kernel's dirty_log_test and dirty_log_perf_test.
+ */
+enum kvmdirty_mode {
+	/* CLEAR_LOG where the kernel has it, else DIRTY_LOG */
+	KVMDIRTY_MODE_AUTO = 0,
+	/* "dirty-log": KVM_GET_DIRTY_LOG alone, which re-protects the slot */
+	KVMDIRTY_MODE_DIRTY_LOG,
+	/*
+	 * "clear-log": manual protect (KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2,
+	 * with INITIALLY_SET where offered): KVM_GET_DIRTY_LOG, then
+	 * KVM_CLEAR_DIRTY_LOG per dirty chunk just before its pages are
+	 * handed out
+	 */
+	KVMDIRTY_MODE_CLEAR_LOG,
+	/* "dirty-ring": per-vCPU rings (KVM_CAP_DIRTY_LOG_RING[_ACQ_REL]) */
+	KVMDIRTY_MODE_DIRTY_RING,
+};
+
+struct kvmdirty_tracker_opts {
+	enum kvmdirty_mode mode;
+	/* DIRTY_RING: entries per vCPU, a power of two; 0: 4096 */
+	uint32_t ring_entries;
+	/*
+	 * CLEAR_LOG: pages per KVM_CLEAR_DIRTY_LOG, a multiple of 64; 0:
+	 * 262144 (1 GiB of 4 KiB pages).  Smaller chunks hold KVM's mmu
+	 * lock for less time and re-protect fewer pages early.
+	 */
+	uint64_t clear_chunk_pages;
+};
+
+/*
+ * Create the VM's tracker (one per VM) and set KVM up for its mode: this
+ * enables manual protect, or the dirty ring, on the VM.  The ring can only
+ * be enabled before the first vCPU exists, so create the tracker before
+ * kvmdirty_vcpu_create()/_add() in every mode.  opts NULL means AUTO.
+ *
+ * Errors: -EOPNOTSUPP the kernel lacks the mode; -EINVAL bad options
+ * (ring size not a power of two or above the kernel's maximum, chunk not a
+ * multiple of 64); -EBUSY the VM already has a tracker, or (DIRTY_RING)
+ * vCPUs; -ENOMEM; errno of KVM_ENABLE_CAP.  Nothing changes on error.
+ */
+int kvmdirty_tracker_new(struct kvmdirty_vm *vm, const struct kvmdirty_tracker_opts *opts,
+			 struct kvmdirty_tracker **ret_tracker);
+
+/* Stop tracking everything and free the tracker.  NULL is a no-op. */
+void kvmdirty_tracker_free(struct kvmdirty_tracker *tracker);
+
+/* The mode in use (AUTO resolved). */
+enum kvmdirty_mode kvmdirty_tracker_mode(const struct kvmdirty_tracker *tracker);
+
+/*
+ * Start tracking one region (or every region, with region NULL): turns
+ * KVM's dirty logging on for it and marks every page of it pending, so
+ * that the first pass after start reports all of memory.  Starting a
+ * tracked region again is a no-op.  Regions added later are not tracked
+ * until started.  Errors: -EINVAL; -ENOMEM; errno of the memslot update
+ * (with NULL, regions already started stay started).
+ */
+int kvmdirty_tracker_start(struct kvmdirty_tracker *tracker, struct kvmdirty_region *region);
+
+/*
+ * Stop tracking one region (or all): dirty logging off, its pending pages
+ * dropped.  Removing a tracked region stops its tracking first.
+ */
+int kvmdirty_tracker_stop(struct kvmdirty_tracker *tracker, struct kvmdirty_region *region);
+
+/*
+ * Pull what KVM has into the pending pages: KVM_GET_DIRTY_LOG for each
+ * tracked region, or a harvest of every vCPU's ring and
+ * KVM_RESET_DIRTY_RINGS; plus pages marked with kvmdirty_tracker_mark_*.
+ * Returns how many pages became pending (were not already), or -errno.
+ *
+ * For a complete final sync (stop-and-copy) the VMM first stops every
+ * vCPU (out of KVM_RUN: a signal, or immediate_exit), so that buffered
+ * hardware state (PML) is flushed to the rings and no write races the
+ * last harvest; then calls sync once more.
+ */
+int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *tracker);
+
+/* Pages pending (synced, not yet handed out); O(1). */
+uint64_t kvmdirty_tracker_pending(const struct kvmdirty_tracker *tracker);
+
+/* A run of dirty pages inside one region. */
+struct kvmdirty_range {
+	struct kvmdirty_region *region;
+	uint64_t page;	 /* first page, counted from the region's start */
+	uint64_t npages;
+	uint64_t gpa;	 /* guest physical address of the first page */
+	void *hva;	 /* host address of the first page */
+};
+
+/*
+ * Hand out pending pages as runs, in region and address order, resuming
+ * where the previous call stopped and wrapping around: at most max_ranges
+ * runs and max_pages pages (0: no page limit; a longer run is split).
+ * What is handed out is no longer pending.
+ *
+ * Protect before read: before it returns, every page it hands out is
+ * write-protected in KVM again (its chunk's KVM_CLEAR_DIRTY_LOG issued;
+ * for the other modes, sync already did it), so a guest write after the
+ * caller reads the page will be reported by a later sync.  The caller
+ * reads the pages after this returns, never before.
+ *
+ * Returns the number of ranges (0: nothing pending) or -errno of
+ * KVM_CLEAR_DIRTY_LOG (the pages then stay pending).
+ */
+int kvmdirty_tracker_next(struct kvmdirty_tracker *tracker, struct kvmdirty_range *ranges,
+			  size_t max_ranges, uint64_t max_pages);
+
+/*
+ * Record writes the VMM made itself (emulated devices, DMA) to
+ * [addr, addr + len), by guest physical or host address; pages outside
+ * tracked regions are ignored, and a host range aliased by several
+ * regions marks each.  Reported by the next sync.  Safe from any thread,
+ * concurrently with sync and next.  Errors: -EINVAL len 0 or wrapping.
+ */
+int kvmdirty_tracker_mark_dirty_gpa(struct kvmdirty_tracker *tracker, uint64_t gpa, uint64_t len);
+int kvmdirty_tracker_mark_dirty_hva(struct kvmdirty_tracker *tracker, const void *hva, uint64_t len);
+
+struct kvmdirty_stats {
+	uint64_t syncs;
+	uint64_t last_sync_pages;     /* pages made pending by the last sync */
+	uint64_t total_sync_pages;
+	uint64_t last_sync_kernel_ns; /* inside KVM ioctls during the last sync */
+	uint64_t last_sync_lib_ns;    /* the rest of the last sync */
+	uint64_t dirty_rate;	      /* pages/s over the last syncs (up to 8, at least 1 ms) */
+	uint64_t clear_calls;	      /* KVM_CLEAR_DIRTY_LOG issued */
+	uint64_t ring_harvested;      /* ring entries collected */
+	uint64_t ring_full_exits;     /* KVM_EXIT_DIRTY_RING_FULL handled */
+	uint64_t ring_overflows;      /* whole-ring harvests: all tracked pages marked */
+	uint64_t ring_recoveries;     /* stuck rings set going again (pages marked too) */
+};
+
+/*
+ * Copy the statistics.  size is sizeof(struct kvmdirty_stats) as the
+ * caller knows it (fields added later are not written).  -EINVAL if size
+ * is 0.
+ */
+int kvmdirty_tracker_stats(const struct kvmdirty_tracker *tracker, struct kvmdirty_stats *ret_stats,
+			   size_t size);
+
+/* ---- vCPUs ------------------------------------------------------------ */
+
+/*
+ * KVM_CREATE_VCPU with this id and map its kvm_run (and its dirty ring,
+ * in DIRTY_RING mode).  The vCPU is the library's: kvmdirty_vcpu_free()
+ * closes it.  Register/adjust CPUID, registers etc. through its fd.
+ * Errors: -EEXIST id in use; errno of the ioctls; -ENOMEM.
+ */
+int kvmdirty_vcpu_create(struct kvmdirty_vm *vm, uint32_t id, struct kvmdirty_vcpu **ret_vcpu);
+
+/*
+ * Register a vCPU fd the VMM created; the fd stays the VMM's (not closed
+ * by kvmdirty_vcpu_free()).  The library maps kvm_run and the ring itself.
+ */
+int kvmdirty_vcpu_add(struct kvmdirty_vm *vm, int vcpu_fd, struct kvmdirty_vcpu **ret_vcpu);
+
+/* Unmap, unregister and (if created by the library) close.  NULL: no-op. */
+void kvmdirty_vcpu_free(struct kvmdirty_vcpu *vcpu);
+
+int kvmdirty_vcpu_fd(const struct kvmdirty_vcpu *vcpu);
+struct kvm_run *kvmdirty_vcpu_kvm_run(const struct kvmdirty_vcpu *vcpu);
+
+/*
+ * KVM_RUN until an exit the VMM must see.  KVM_EXIT_DIRTY_RING_FULL is
+ * handled here (this vCPU's ring harvested, rings reset, a stuck ring set
+ * going) and the vCPU resumed; every other exit returns 0 with
+ * kvm_run->exit_reason as KVM left it.  The library's cost per exit is one
+ * compare.  Returns -errno of KVM_RUN, including -EINTR when a signal
+ * kicked the vCPU out.  Call from the vCPU's thread; may run concurrently
+ * with kvmdirty_tracker_sync() and with other vCPUs.
+ */
+int kvmdirty_vcpu_run(struct kvmdirty_vcpu *vcpu);
 
 /* ---- Bitmap scanner --------------------------------------------------- */
 

@@ -33,6 +33,14 @@ struct kvm_userspace_memory_region2 {
 #define KVM_SET_USER_MEMORY_REGION2 _IOW(KVMIO, 0x49, struct kvm_userspace_memory_region2)
 #endif
 
+/*
+ * Where a vCPU's dirty ring sits in its fd, in host pages.  <linux/kvm.h>
+ * defaults KVM_DIRTY_LOG_PAGE_OFFSET to 0 unless <asm/kvm.h> defines it,
+ * and older x86 headers do not: 64 is x86's (and arm64's) value.
+ */
+#define KD_DIRTY_LOG_PAGE_OFFSET 64
+
 _Static_assert(sizeof(struct kvm_userspace_memory_region2) == 160, "uapi layout");
+_Static_assert(sizeof(struct kvm_dirty_gfn) == 16, "uapi layout");
 
 #endif

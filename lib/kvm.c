@@ -124,6 +124,10 @@ KD_EXPORT void kvmdirty_vm_free(struct kvmdirty_vm *vm)
 {
 	if (!vm)
 		return;
+	kvmdirty_tracker_free(vm->tracker);
+	while (vm->nr_vcpus)
+		kvmdirty_vcpu_free(vm->vcpus[vm->nr_vcpus - 1]);
+	free(vm->vcpus);
 	kd_regions_fini(vm);
 	kd_index_fini(&vm->gpa_index);
 	kd_index_fini(&vm->hva_index);

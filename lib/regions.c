@@ -97,7 +97,7 @@ static void slot_set(struct kvmdirty_vm *vm, uint32_t id, bool used)
 		vm->slot_used[id / 64] &= ~(1ull << (id % 64));
 }
 
-static struct kvmdirty_region *slot_region(const struct kvmdirty_vm *vm, uint32_t id)
+struct kvmdirty_region *kd_slot_region(const struct kvmdirty_vm *vm, uint32_t id)
 {
 	if (id >= vm->nr_slots || !(vm->slot_used[id / 64] & (1ull << (id % 64))))
 		return NULL;
@@ -111,7 +111,7 @@ static bool aligned(const struct kvmdirty_vm *vm, uint64_t v)
 
 static bool is_ours(const struct kvmdirty_vm *vm, const struct kvmdirty_region *r)
 {
-	return r && r->vm == vm && slot_region(vm, r->slot) == r;
+	return r && r->vm == vm && kd_slot_region(vm, r->slot) == r;
 }
 
 KD_EXPORT int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t size, void *hva,
@@ -183,6 +183,8 @@ KD_EXPORT int kvmdirty_region_remove(struct kvmdirty_vm *vm, struct kvmdirty_reg
 	ret = set_slot(vm, r->slot, r->flags, r->gpa, 0, r->hva);
 	if (ret < 0)
 		return ret;
+	if (vm->tracker)
+		kd_track_region_removed(vm->tracker, r);
 	kd_index_remove(&vm->gpa_index, r->slot);
 	kd_index_remove(&vm->hva_index, r->slot);
 	slot_set(vm, r->slot, false);
@@ -250,7 +252,7 @@ KD_EXPORT int kvmdirty_vm_set_logging(struct kvmdirty_vm *vm, bool enable)
 	if (!changed)
 		return -ENOMEM;
 	for (id = 0; id < vm->nr_slots && ret >= 0; id++) {
-		struct kvmdirty_region *r = slot_region(vm, id);
+		struct kvmdirty_region *r = kd_slot_region(vm, id);
 		uint32_t before;
 
 		if (!r)
@@ -263,7 +265,7 @@ KD_EXPORT int kvmdirty_vm_set_logging(struct kvmdirty_vm *vm, bool enable)
 	if (ret < 0) {
 		for (undo = 0; undo < vm->nr_slots; undo++)
 			if (changed[undo / 64] & (1ull << (undo % 64)))
-				kvmdirty_region_set_logging(vm, slot_region(vm, undo), !enable);
+				kvmdirty_region_set_logging(vm, kd_slot_region(vm, undo), !enable);
 	}
 	free(changed);
 	return ret < 0 ? ret : 0;
@@ -281,7 +283,7 @@ void kd_regions_fini(struct kvmdirty_vm *vm)
 
 KD_EXPORT struct kvmdirty_region *kvmdirty_region_from_slot(const struct kvmdirty_vm *vm, uint32_t slot)
 {
-	return slot_region(vm, slot);
+	return kd_slot_region(vm, slot);
 }
 
 KD_EXPORT struct kvmdirty_region *kvmdirty_region_from_gpa(const struct kvmdirty_vm *vm, uint64_t gpa)
@@ -311,7 +313,7 @@ KD_EXPORT struct kvmdirty_region *kvmdirty_region_next(const struct kvmdirty_vm 
 	uint32_t id = prev ? prev->slot + 1 : 0;
 
 	for (; id < vm->nr_slots; id++)
-		if (slot_region(vm, id))
+		if (kd_slot_region(vm, id))
 			return &vm->regions[id];
 	return NULL;
 }

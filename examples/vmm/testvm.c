@@ -130,31 +130,20 @@ static void set_seg(struct kvm_segment *s, uint16_t sel, uint8_t type, bool code
 
 static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpuid)
 {
-	struct testvm_vcpu *c = &tv->vcpu[i];
-	int vm_fd = kvmdirty_vm_fd(tv->vm), kvm_fd = kvmdirty_vm_kvm_fd(tv->vm);
 	uint8_t dpl = tv->ring0 ? 0 : 3;
 	struct kvm_sregs sregs;
 	struct kvm_regs regs;
-	int ret;
+	int ret, fd;
 
-	ret = sys_ioctl(vm_fd, KVM_CREATE_VCPU, (void *)(uintptr_t)i);
+	ret = kvmdirty_vcpu_create(tv->vm, i, &tv->vcpu[i]);
 	if (ret < 0)
 		return ret;
-	c->fd = ret;
-	ret = sys_ioctl(kvm_fd, KVM_GET_VCPU_MMAP_SIZE, NULL);
-	if (ret < 0)
-		return ret;
-	c->run_size = (size_t)ret;
-	c->run = mmap(NULL, c->run_size, PROT_READ | PROT_WRITE, MAP_SHARED, c->fd, 0);
-	if (c->run == MAP_FAILED) {
-		c->run = NULL;
-		return -errno;
-	}
-	ret = sys_ioctl(c->fd, KVM_SET_CPUID2, cpuid);
+	fd = kvmdirty_vcpu_fd(tv->vcpu[i]);
+	ret = sys_ioctl(fd, KVM_SET_CPUID2, cpuid);
 	if (ret < 0)
 		return ret;
 
-	ret = sys_ioctl(c->fd, KVM_GET_SREGS, &sregs);
+	ret = sys_ioctl(fd, KVM_GET_SREGS, &sregs);
 	if (ret < 0)
 		return ret;
 	sregs.cr0 = CR0_PE | CR0_MP | CR0_ET | CR0_NE | CR0_WP | CR0_PG;
@@ -176,7 +165,7 @@ static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpui
 	sregs.gdt.limit = 7 * 8 - 1;
 	sregs.idt.base = 0;
 	sregs.idt.limit = 0; /* no IDT: an exception becomes a triple fault */
-	ret = sys_ioctl(c->fd, KVM_SET_SREGS, &sregs);
+	ret = sys_ioctl(fd, KVM_SET_SREGS, &sregs);
 	if (ret < 0)
 		return ret;
 
@@ -185,12 +174,12 @@ static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpui
 	regs.rsp = GUEST_SYS_SIZE - i * GUEST_STACK_SIZE;
 	regs.rdi = GUEST_MAILBOX_GPA + i * sizeof(struct guest_vcpu);
 	regs.rflags = RFLAGS_FIXED | (tv->ring0 ? 0 : RFLAGS_IOPL3);
-	ret = sys_ioctl(c->fd, KVM_SET_REGS, &regs);
+	ret = sys_ioctl(fd, KVM_SET_REGS, &regs);
 	if (ret < 0)
 		return ret;
 
 	if (!tv->tsc_khz) {
-		ret = sys_ioctl(c->fd, KVM_GET_TSC_KHZ, NULL);
+		ret = sys_ioctl(fd, KVM_GET_TSC_KHZ, NULL);
 		if (ret > 0)
 			tv->tsc_khz = (uint64_t)ret;
 	}
@@ -233,13 +222,16 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	tv = calloc(1, sizeof(*tv));
 	if (!tv)
 		return -ENOMEM;
-	for (i = 0; i < GUEST_MAX_VCPUS; i++)
-		tv->vcpu[i].fd = -1;
 	tv->ring0 = opts->ring0;
 
 	ret = kvmdirty_vm_new(&tv->vm);
 	if (ret < 0)
 		goto err;
+	if (opts->track) {
+		ret = kvmdirty_tracker_new(tv->vm, &opts->track_opts, &tv->tracker);
+		if (ret < 0)
+			goto err;
+	}
 	tv->sys = testvm_map(GUEST_SYS_SIZE);
 	if (!tv->sys) {
 		ret = -ENOMEM;
@@ -269,16 +261,13 @@ err:
 
 void testvm_free(struct testvm *tv)
 {
-	unsigned int i;
-
 	if (!tv)
 		return;
-	for (i = 0; i < GUEST_MAX_VCPUS; i++) {
-		if (tv->vcpu[i].run)
-			munmap(tv->vcpu[i].run, tv->vcpu[i].run_size);
-		if (tv->vcpu[i].fd >= 0)
-			close(tv->vcpu[i].fd);
+	if (tv->nr_threads) {
+		testvm_stop_all(tv);
+		testvm_join(tv, NULL, NULL);
 	}
+	/* frees the tracker and the vCPUs too */
 	kvmdirty_vm_free(tv->vm);
 	testvm_unmap(tv->sys, GUEST_SYS_SIZE);
 	free(tv);
@@ -314,19 +303,17 @@ uint64_t testvm_tsc_per_page(const struct testvm *tv, uint64_t pages_per_sec)
 
 int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret)
 {
-	struct testvm_vcpu *c;
 	struct kvm_run *run;
 	int r;
 
 	if (i >= tv->nr_vcpus)
 		return -EINVAL;
-	c = &tv->vcpu[i];
-	run = c->run;
+	run = kvmdirty_vcpu_kvm_run(tv->vcpu[i]);
 	do {
-		r = ioctl(c->fd, KVM_RUN, NULL);
-	} while (r < 0 && errno == EINTR);
+		r = kvmdirty_vcpu_run(tv->vcpu[i]);
+	} while (r == -EINTR);
 	if (r < 0)
-		return -errno;
+		return r;
 
 	memset(ret, 0, sizeof(*ret));
 	ret->exit_reason = run->exit_reason;
@@ -364,7 +351,7 @@ int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret)
 	}
 }
 
-struct run_arg {
+struct testvm_run_arg {
 	struct testvm *tv;
 	unsigned int i;
 	int ret;
@@ -373,7 +360,7 @@ struct run_arg {
 
 static void *run_thread(void *p)
 {
-	struct run_arg *a = p;
+	struct testvm_run_arg *a = p;
 
 	for (;;) {
 		a->ret = testvm_run(a->tv, a->i, &a->exit);
@@ -388,33 +375,62 @@ static void *run_thread(void *p)
 	return NULL;
 }
 
-int testvm_run_all(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exit *ret_exit)
+int testvm_spawn(struct testvm *tv)
 {
-	struct run_arg args[GUEST_MAX_VCPUS];
-	pthread_t th[GUEST_MAX_VCPUS];
-	unsigned int i, started = 0;
+	unsigned int i;
+
+	if (tv->nr_threads)
+		return -EBUSY;
+	tv->args = calloc(tv->nr_vcpus, sizeof(*tv->args));
+	if (!tv->args)
+		return -ENOMEM;
+	for (i = 0; i < tv->nr_vcpus; i++) {
+		tv->args[i] = (struct testvm_run_arg){ .tv = tv, .i = i };
+		if (pthread_create(&tv->threads[i], NULL, run_thread, &tv->args[i])) {
+			testvm_stop_all(tv);
+			testvm_join(tv, NULL, NULL);
+			return -EAGAIN;
+		}
+		tv->nr_threads++;
+	}
+	return 0;
+}
+
+void testvm_stop_all(struct testvm *tv)
+{
+	unsigned int i;
+
+	for (i = 0; i < tv->nr_vcpus; i++)
+		testvm_mailbox(tv, i)->stop = 1;
+}
+
+int testvm_join(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exit *ret_exit)
+{
+	unsigned int i, n = tv->nr_threads;
 	int ret = 0;
 
-	for (i = 0; i < tv->nr_vcpus; i++) {
-		args[i] = (struct run_arg){ .tv = tv, .i = i };
-		if (pthread_create(&th[i], NULL, run_thread, &args[i])) {
-			ret = -EAGAIN;
-			break;
-		}
-		started++;
-	}
-	for (i = 0; i < started; i++)
-		pthread_join(th[i], NULL);
-	for (i = 0; i < started && !ret; i++) {
-		if (args[i].ret < 0) {
-			ret = args[i].ret;
+	for (i = 0; i < n; i++)
+		pthread_join(tv->threads[i], NULL);
+	for (i = 0; i < n && !ret; i++) {
+		if (tv->args[i].ret < 0) {
+			ret = tv->args[i].ret;
 			if (ret_bad_vcpu)
 				*ret_bad_vcpu = i;
 			if (ret_exit)
-				*ret_exit = args[i].exit;
+				*ret_exit = tv->args[i].exit;
 		}
 	}
+	tv->nr_threads = 0;
+	free(tv->args);
+	tv->args = NULL;
 	return ret;
+}
+
+int testvm_run_all(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exit *ret_exit)
+{
+	int ret = testvm_spawn(tv);
+
+	return ret < 0 ? ret : testvm_join(tv, ret_bad_vcpu, ret_exit);
 }
 
 const char *testvm_event_name(enum testvm_event e)

@@ -17,27 +17,31 @@
 
 #include "../guest/guest-abi.h"
 
-struct kvm_run;
+#include <pthread.h>
 
-struct testvm_vcpu {
-	int fd;
-	struct kvm_run *run;
-	size_t run_size;
-};
+struct testvm_run_arg;
 
 struct testvm {
 	struct kvmdirty_vm *vm;
+	struct kvmdirty_tracker *tracker; /* when asked for */
 	uint8_t *sys; /* host view of the system region */
 	struct kvmdirty_region *sys_region;
 	unsigned int nr_vcpus;
 	bool ring0;
 	uint64_t tsc_khz;
-	struct testvm_vcpu vcpu[GUEST_MAX_VCPUS];
+	struct kvmdirty_vcpu *vcpu[GUEST_MAX_VCPUS];
+	/* testvm_spawn() threads */
+	pthread_t threads[GUEST_MAX_VCPUS];
+	struct testvm_run_arg *args;
+	unsigned int nr_threads;
 };
 
 struct testvm_opts {
 	unsigned int nr_vcpus; /* 1 .. GUEST_MAX_VCPUS */
 	bool ring0;	       /* run the workload at CPL 0 (KVM's emulator here) */
+	/* create a tracker (before the vCPUs, as the dirty ring needs) */
+	bool track;
+	struct kvmdirty_tracker_opts track_opts;
 };
 
 enum testvm_event {
@@ -91,6 +95,15 @@ int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret);
  * exit in *ret_exit when not NULL), or -errno.
  */
 int testvm_run_all(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exit *ret_exit);
+
+/*
+ * The same in two halves: start the threads, and later (after setting
+ * the mailboxes' stop, or for a guest that ends by itself) wait for them.
+ */
+int testvm_spawn(struct testvm *tv);
+int testvm_join(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exit *ret_exit);
+/* Ask every vCPU's workload to finish its pass and report done. */
+void testvm_stop_all(struct testvm *tv);
 
 const char *testvm_event_name(enum testvm_event e);
 

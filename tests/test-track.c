@@ -1,0 +1,305 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The tracker against the real KVM, the way the kernel's dirty_log_test
+ * checks dirty logging: the test guest keeps writing (gfn, pass) tags while
+ * the host syncs and copies every page it is handed, as a migration would.
+ * After the guest stops and a last sync, the copy must equal guest memory:
+ * any write the tracker lost leaves a stale copy behind.
+ */
+#include <inttypes.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "internal.h"
+#include "testvm.h"
+#include "test-util.h"
+
+#define PAGE ((uint64_t)4096)
+#define GIB (1ull << 30)
+#define MAX_REGIONS 8
+
+/* What the consumer copied: the whole page for the system region, the tag elsewhere. */
+struct copy {
+	struct kvmdirty_region *region;
+	uint8_t *hva;
+	uint64_t npages;
+	struct guest_tag *tags;
+	uint8_t *pages;	    /* system region only */
+	uint32_t *reported; /* times each page was handed out, when counting */
+};
+
+struct rig {
+	struct testvm *tv;
+	struct kvmdirty_tracker *t;
+	struct copy copies[MAX_REGIONS];
+	unsigned int nr;
+	uint64_t handed_out;
+	unsigned int delay_us; /* after copying each batch: a window for the guest */
+};
+
+static struct copy *copy_of(struct rig *g, struct kvmdirty_region *r)
+{
+	unsigned int i;
+
+	for (i = 0; i < g->nr; i++)
+		if (g->copies[i].region == r)
+			return &g->copies[i];
+	ck_abort_msg("range in unknown region slot %u", kvmdirty_region_slot(r));
+	return NULL;
+}
+
+static void add_copy(struct rig *g, struct kvmdirty_region *r, bool whole_pages, bool count)
+{
+	struct copy *c = &g->copies[g->nr++];
+
+	c->region = r;
+	c->hva = kvmdirty_region_hva(r);
+	c->npages = kvmdirty_region_size(r) / PAGE;
+	c->tags = calloc(c->npages, sizeof(*c->tags));
+	c->pages = whole_pages ? calloc(c->npages, PAGE) : NULL;
+	c->reported = count ? calloc(c->npages, sizeof(uint32_t)) : NULL;
+	ck_assert_ptr_nonnull(c->tags);
+}
+
+static void pause_us(unsigned int us)
+{
+	struct timespec ts = { 0, (long)us * 1000 };
+
+	if (us)
+		nanosleep(&ts, NULL);
+}
+
+/* Take everything pending, reading each page after the tracker hands it out. */
+static void consume(struct rig *g)
+{
+	struct kvmdirty_range rg[64];
+	int n, i;
+
+	while ((n = kvmdirty_tracker_next(g->t, rg, 64, 4096)) > 0) {
+		for (i = 0; i < n; i++) {
+			struct copy *c = copy_of(g, rg[i].region);
+			uint64_t p;
+
+			expect(rg[i].page + rg[i].npages <= c->npages && rg[i].npages,
+			       "range [%" PRIu64 ", +%" PRIu64 ") outside slot %u", rg[i].page, rg[i].npages,
+			       kvmdirty_region_slot(rg[i].region));
+			expect((uint8_t *)rg[i].hva == c->hva + rg[i].page * PAGE, "hva of range");
+			for (p = rg[i].page; p < rg[i].page + rg[i].npages; p++) {
+				memcpy(&c->tags[p], c->hva + p * PAGE, sizeof(c->tags[p]));
+				if (c->pages)
+					memcpy(c->pages + p * PAGE, c->hva + p * PAGE, PAGE);
+				if (c->reported)
+					c->reported[p]++;
+			}
+			g->handed_out += rg[i].npages;
+		}
+		pause_us(g->delay_us);
+	}
+	ck_assert_msg(n == 0, "kvmdirty_tracker_next: %d (%s)", n, strerror(-n));
+	pause_us(g->delay_us);
+}
+
+static void sync_and_consume(struct rig *g)
+{
+	int64_t n = kvmdirty_tracker_sync(g->t);
+
+	ck_assert_msg(n >= 0, "kvmdirty_tracker_sync: %" PRId64 " (%s)", n, strerror((int)-n));
+	consume(g);
+}
+
+/* Pages whose copy differs from guest memory. */
+static uint64_t stale_pages(struct rig *g, char *first, size_t len)
+{
+	uint64_t stale = 0, p;
+	unsigned int i;
+
+	first[0] = 0;
+	for (i = 0; i < g->nr; i++) {
+		struct copy *c = &g->copies[i];
+
+		for (p = 0; c->region && p < c->npages; p++) {
+			bool same = c->pages ? !memcmp(c->pages + p * PAGE, c->hva + p * PAGE, PAGE)
+					     : !memcmp(&c->tags[p], c->hva + p * PAGE, sizeof(c->tags[p]));
+
+			if (!same && !stale++)
+				snprintf(first, len, "gpa 0x%" PRIx64 " copy (%" PRIu64 ", %" PRIu64 ") memory (%" PRIu64
+						     ", %" PRIu64 ")",
+					 kvmdirty_region_gpa(c->region) + p * PAGE, c->tags[p].gfn, c->tags[p].pass,
+					 ((struct guest_tag *)(c->hva + p * PAGE))->gfn,
+					 ((struct guest_tag *)(c->hva + p * PAGE))->pass);
+		}
+	}
+	return stale;
+}
+
+static void rig_free(struct rig *g)
+{
+	unsigned int i;
+
+	for (i = 0; i < g->nr; i++) {
+		free(g->copies[i].tags);
+		free(g->copies[i].pages);
+		free(g->copies[i].reported);
+	}
+}
+
+struct scenario {
+	const char *name;
+	enum kvmdirty_mode mode;
+	unsigned int vcpus;
+	uint32_t pattern;
+	bool ring0;
+	uint32_t ring_entries;
+	uint64_t chunk_pages;
+	uint64_t until_pass; /* 0: run until stopped */
+	unsigned int rounds;
+	bool clear_late;     /* the wrong order: must lose writes */
+	bool toggle_remove;  /* stop/start one region and remove another mid-run */
+};
+
+/*
+ * Three adjacent regions: 1 GiB + 3 pages (its tail is not a multiple of
+ * 64 pages), 8 MiB, 4 MiB + 5 pages; the guest writes across all three
+ * boundaries, and (with toggle_remove) a fourth region it never touches is
+ * removed while tracked.
+ */
+static void run_scenario(const struct scenario *s)
+{
+	uint64_t r0 = 4 * GIB, s0 = GIB + 3 * PAGE, r1 = r0 + s0, s1 = 8 << 20, r2 = r1 + s1,
+		 s2 = (4 << 20) + 5 * PAGE, r3 = 16 * GIB, s3 = 1 << 20;
+	uint64_t ws_first = r0 + s0 - (4 << 20), ws_end = r2 + s2, ws_pages, stale;
+	struct testvm_opts o = { .nr_vcpus = s->vcpus, .ring0 = s->ring0, .track = true };
+	struct kvmdirty_region *reg[4];
+	struct kvmdirty_stats st;
+	struct testvm_exit ex;
+	struct rig g = { 0 };
+	unsigned int i, bad = 0;
+	char first[160];
+	void *mem[4];
+	int ret;
+
+	if (s->ring0) /* emulated writes: 16,384 pages a pass, across all three regions */
+		ws_first = r2 + s2 - (64 << 20);
+	o.track_opts.mode = s->mode;
+	o.track_opts.ring_entries = s->ring_entries;
+	o.track_opts.clear_chunk_pages = s->chunk_pages;
+	ret = testvm_new(&o, &g.tv);
+	if (ret == -EOPNOTSUPP) {
+		printf("%s: mode %d not supported by this kernel: skipped\n", s->name, s->mode);
+		return;
+	}
+	ck_assert_msg(ret == 0, "%s: testvm_new: %s", s->name, strerror(-ret));
+	g.t = g.tv->tracker;
+	g.t->test_clear_late = s->clear_late;
+	g.delay_us = s->clear_late ? 3000 : 500;
+	ck_assert_ok(testvm_add_memory(g.tv, r0, s0, 0, &mem[0], &reg[0]));
+	ck_assert_ok(testvm_add_memory(g.tv, r1, s1, 0, &mem[1], &reg[1]));
+	ck_assert_ok(testvm_add_memory(g.tv, r2, s2, 0, &mem[2], &reg[2]));
+	ck_assert_ok(testvm_add_memory(g.tv, r3, s3, 0, &mem[3], &reg[3]));
+	add_copy(&g, g.tv->sys_region, true, false);
+	for (i = 0; i < 4; i++)
+		add_copy(&g, reg[i], false, false);
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	ck_assert_uint_eq(kvmdirty_tracker_pending(g.t), (GUEST_SYS_SIZE + s0 + s1 + s2 + s3) / PAGE);
+
+	ws_pages = (ws_end - ws_first) / PAGE;
+	for (i = 0; i < s->vcpus; i++) {
+		struct guest_vcpu *mb = testvm_mailbox(g.tv, i);
+		uint64_t share = ws_pages / s->vcpus;
+
+		mb->gpa = ws_first + i * share * PAGE;
+		mb->pages = i + 1 == s->vcpus ? ws_pages - i * share : share;
+		mb->pattern = s->pattern;
+		mb->until_pass = s->until_pass;
+		mb->seed = 12345 + i;
+		mb->flags = GUEST_F_CHECK;
+	}
+	/* the whole of memory once, before the guest runs */
+	consume(&g);
+	ck_assert_ok(testvm_spawn(g.tv));
+	/* at least the rounds asked for, and three guest passes (up to 20 s) */
+	for (i = 0; i < s->rounds || (!s->until_pass && testvm_mailbox(g.tv, 0)->pass < 3 && i < 40000); i++) {
+		sync_and_consume(&g);
+		if (s->toggle_remove && i == s->rounds / 3) {
+			ck_assert_ok(kvmdirty_tracker_stop(g.t, reg[1]));
+			ck_assert_ok(kvmdirty_region_remove(g.tv->vm, reg[3]));
+			g.copies[4].region = NULL; /* gone: nothing to compare */
+		}
+		if (s->toggle_remove && i == s->rounds / 2)
+			ck_assert_ok(kvmdirty_tracker_start(g.t, reg[1]));
+	}
+	if (!s->until_pass)
+		testvm_stop_all(g.tv);
+	ret = testvm_join(g.tv, &bad, &ex);
+	ck_assert_msg(ret == 0, "%s: vCPU %u: %s (%s), check page 0x%" PRIx64, s->name, bad,
+		      ret == -EIO ? testvm_event_name(ex.event) : strerror(-ret), testvm_event_name(ex.event),
+		      testvm_mailbox(g.tv, bad)->err_gpa);
+	/* stop-and-copy: vCPUs are out of KVM_RUN, one last sync sees everything */
+	sync_and_consume(&g);
+	ck_assert_uint_eq(kvmdirty_tracker_pending(g.t), 0);
+
+	stale = stale_pages(&g, first, sizeof(first));
+	ck_assert_ok(kvmdirty_tracker_stats(g.t, &st, sizeof(st)));
+	printf("%s: %u vCPU(s), pass %" PRIu64 ", %" PRIu64 " pages handed out over %" PRIu64 " syncs, %" PRIu64
+	       " clears, ring: %" PRIu64 " harvested, %" PRIu64 " full exits, %" PRIu64 " overflows, %" PRIu64
+	       " recoveries; stale copies: %" PRIu64 "\n",
+	       s->name, s->vcpus, testvm_mailbox(g.tv, 0)->pass, g.handed_out, st.syncs, st.clear_calls,
+	       st.ring_harvested, st.ring_full_exits, st.ring_overflows, st.ring_recoveries, stale);
+	if (s->clear_late)
+		ck_assert_msg(stale > 0, "%s: clearing after the read lost no write: the test cannot see loss",
+			      s->name);
+	else
+		ck_assert_msg(stale == 0, "%s: %" PRIu64 " pages changed without being reported; first: %s",
+			      s->name, stale, first);
+	ck_assert_uint_ge(testvm_mailbox(g.tv, 0)->pass, 1);
+	if (s->mode == KVMDIRTY_MODE_DIRTY_RING && s->ring0)
+		ck_assert_msg(st.ring_full_exits > 0, "%s: the ring never filled", s->name);
+
+	testvm_free(g.tv);
+	for (i = 0; i < 4; i++)
+		testvm_unmap(mem[i], i == 0 ? s0 : i == 1 ? s1 : i == 2 ? s2 : s3);
+	rig_free(&g);
+}
+
+static const struct scenario scenarios[] = {
+	{ "clear-log seq 1 vCPU", KVMDIRTY_MODE_CLEAR_LOG, 1, GUEST_SEQUENTIAL, false, 0, 0, 0, 12, false, false },
+	{ "clear-log random 2 vCPUs, 64-page chunks", KVMDIRTY_MODE_CLEAR_LOG, 2, GUEST_RANDOM, false, 0, 64, 0, 12,
+	  false, true },
+	{ "dirty-log seq 2 vCPUs", KVMDIRTY_MODE_DIRTY_LOG, 2, GUEST_SEQUENTIAL, false, 0, 0, 0, 12, false, true },
+	{ "dirty-log random 1 vCPU", KVMDIRTY_MODE_DIRTY_LOG, 1, GUEST_RANDOM, false, 0, 0, 0, 12, false, false },
+	{ "dirty-ring seq 1 vCPU", KVMDIRTY_MODE_DIRTY_RING, 1, GUEST_SEQUENTIAL, false, 4096, 0, 0, 12, false, false },
+	{ "dirty-ring random 2 vCPUs", KVMDIRTY_MODE_DIRTY_RING, 2, GUEST_RANDOM, false, 4096, 0, 0, 12, false, true },
+	{ "dirty-ring 4096 entries, ring-0 guest", KVMDIRTY_MODE_DIRTY_RING, 1, GUEST_SEQUENTIAL, true, 4096, 0, 2, 6,
+	  false, false },
+};
+
+START_TEST(no_lost_write)
+{
+	run_scenario(&scenarios[_i]);
+}
+END_TEST
+
+/* Invariant 2: the same run with each clear issued after the read must lose writes. */
+START_TEST(clear_after_read_loses_writes)
+{
+	const struct scenario s = { "clear-log, clear after read", KVMDIRTY_MODE_CLEAR_LOG, 1, GUEST_SEQUENTIAL,
+				    false, 0, 64, 0, 8, true, false };
+
+	run_scenario(&s);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("track");
+	TCase *tc = tcase_create("track");
+	int skip = require_kvm("test-track");
+
+	if (skip)
+		return skip;
+	tcase_set_timeout(tc, 240);
+	tcase_add_loop_test(tc, no_lost_write, 0, (int)(sizeof(scenarios) / sizeof(scenarios[0])));
+	tcase_add_test(tc, clear_after_read_loses_writes);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
