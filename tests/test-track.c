@@ -7,6 +7,7 @@
  * any write the tracker lost leaves a stale copy behind.
  */
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -289,6 +290,128 @@ START_TEST(clear_after_read_loses_writes)
 }
 END_TEST
 
+struct marker {
+	struct testvm *tv;
+	struct kvmdirty_tracker *t;
+	uint64_t gpa, npages;
+	uint8_t *hva;
+	volatile bool done;
+};
+
+/* Mark every page once, in random order, by gpa or by hva, one to four pages at a time. */
+static void *mark_thread(void *p)
+{
+	struct marker *m = p;
+	uint64_t *order = malloc(m->npages * sizeof(*order)), i, x = 0x9e3779b97f4a7c15ull;
+
+	for (i = 0; i < m->npages; i++)
+		order[i] = i;
+	for (i = m->npages - 1; i > 0; i--) {
+		uint64_t j, tmp;
+
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		j = x % (i + 1);
+		tmp = order[i];
+		order[i] = order[j];
+		order[j] = tmp;
+	}
+	for (i = 0; i < m->npages; i++) {
+		uint64_t pg = order[i];
+		int ret = (i & 1) ? kvmdirty_tracker_mark_dirty_hva(m->t, m->hva + pg * PAGE + (i % 7), 1)
+				  : kvmdirty_tracker_mark_dirty_gpa(m->t, m->gpa + pg * PAGE, PAGE);
+
+		if (ret)
+			abort();
+	}
+	free(order);
+	m->done = true;
+	return NULL;
+}
+
+START_TEST(mark_dirty_concurrent)
+{
+	struct testvm_opts o = { .nr_vcpus = 1, .track = true };
+	struct marker m = { 0 };
+	struct kvmdirty_region *r;
+	struct rig g = { 0 };
+	pthread_t th;
+	uint64_t p, size = 16 << 20;
+	void *mem;
+
+	ck_assert_ok(testvm_new(&o, &g.tv));
+	g.t = g.tv->tracker;
+	ck_assert_ok(testvm_add_memory(g.tv, 4 * GIB, size, 0, &mem, &r));
+	add_copy(&g, g.tv->sys_region, true, false);
+	add_copy(&g, r, false, true);
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	sync_and_consume(&g);
+	sync_and_consume(&g); /* INITIALLY_SET: the first GET reports every page once more */
+	sync_and_consume(&g);
+	memset(g.copies[1].reported, 0, (size / PAGE) * sizeof(uint32_t));
+	ck_assert_uint_eq(kvmdirty_tracker_pending(g.t), 0);
+
+	/* bad input, and pages outside tracked memory, change nothing */
+	ck_assert_errno(kvmdirty_tracker_mark_dirty_gpa(g.t, 4 * GIB, 0), EINVAL);
+	ck_assert_errno(kvmdirty_tracker_mark_dirty_gpa(g.t, UINT64_MAX - 10, 100), EINVAL);
+	ck_assert_ok(kvmdirty_tracker_mark_dirty_gpa(g.t, 64 * GIB, 1 << 20));
+	ck_assert_ok(kvmdirty_tracker_mark_dirty_hva(g.t, &m, sizeof(m)));
+	ck_assert_int_eq(kvmdirty_tracker_sync(g.t), 0);
+
+	m = (struct marker){ .tv = g.tv, .t = g.t, .gpa = 4 * GIB, .npages = size / PAGE, .hva = mem };
+	ck_assert_int_eq(pthread_create(&th, NULL, mark_thread, &m), 0);
+	while (!m.done)
+		sync_and_consume(&g);
+	pthread_join(th, NULL);
+	sync_and_consume(&g);
+	for (p = 0; p < size / PAGE; p++)
+		expect(g.copies[1].reported[p] == 1, "page %" PRIu64 " reported %u times", p, g.copies[1].reported[p]);
+
+	/* a range across the region's end marks only what is inside */
+	ck_assert_ok(kvmdirty_tracker_mark_dirty_gpa(g.t, 4 * GIB + size - 2 * PAGE, 8 * PAGE));
+	ck_assert_int_eq(kvmdirty_tracker_sync(g.t), 2);
+	ck_assert_uint_eq(kvmdirty_tracker_pending(g.t), 2);
+	testvm_free(g.tv);
+	testvm_unmap(mem, size);
+	rig_free(&g);
+}
+END_TEST
+
+START_TEST(bad_setup)
+{
+	struct kvmdirty_tracker_opts o = { .mode = KVMDIRTY_MODE_DIRTY_RING, .ring_entries = 4096 };
+	struct kvmdirty_tracker *t = NULL, *t2;
+	struct kvmdirty_vcpu *v;
+	struct kvmdirty_vm *vm;
+
+	ck_assert_ok(kvmdirty_vm_new(&vm));
+	o.ring_entries = 3000;
+	ck_assert_errno(kvmdirty_tracker_new(vm, &o, &t), EINVAL);
+	o.ring_entries = 1u << 30;
+	ck_assert_errno(kvmdirty_tracker_new(vm, &o, &t), EINVAL);
+	o = (struct kvmdirty_tracker_opts){ .mode = KVMDIRTY_MODE_CLEAR_LOG, .clear_chunk_pages = 100 };
+	ck_assert_errno(kvmdirty_tracker_new(vm, &o, &t), EINVAL);
+	o.mode = (enum kvmdirty_mode)42;
+	o.clear_chunk_pages = 0;
+	ck_assert_errno(kvmdirty_tracker_new(vm, &o, &t), EINVAL);
+	ck_assert_ptr_null(t);
+	/* a vCPU exists: the ring can no longer be enabled */
+	ck_assert_ok(kvmdirty_vcpu_create(vm, 0, &v));
+	o = (struct kvmdirty_tracker_opts){ .mode = KVMDIRTY_MODE_DIRTY_RING };
+	ck_assert_errno(kvmdirty_tracker_new(vm, &o, &t), EBUSY);
+	ck_assert_ok(kvmdirty_tracker_new(vm, NULL, &t));
+	ck_assert_int_eq(kvmdirty_tracker_mode(t), KVMDIRTY_MODE_CLEAR_LOG);
+	ck_assert_errno(kvmdirty_tracker_new(vm, NULL, &t2), EBUSY);
+	kvmdirty_tracker_free(t);
+	/* manual protect stays on in KVM: a legacy tracker would be wrong */
+	o.mode = KVMDIRTY_MODE_DIRTY_LOG;
+	ck_assert_errno(kvmdirty_tracker_new(vm, &o, &t), EBUSY);
+	ck_assert_ok(kvmdirty_tracker_new(vm, NULL, &t));
+	kvmdirty_vm_free(vm); /* frees the tracker and the vCPU too */
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("track");
@@ -300,6 +423,8 @@ int main(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_loop_test(tc, no_lost_write, 0, (int)(sizeof(scenarios) / sizeof(scenarios[0])));
 	tcase_add_test(tc, clear_after_read_loses_writes);
+	tcase_add_test(tc, mark_dirty_concurrent);
+	tcase_add_test(tc, bad_setup);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
