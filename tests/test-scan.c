@@ -168,7 +168,7 @@ static const uint64_t sizes[] = { 1, 63, 64, 65, 127, 1000, 4097, 65536 + 13, 30
 
 START_TEST(against_reference)
 {
-	uint64_t *buf = aligned_alloc(64, (300000 / 64 + 16) * 8);
+	uint64_t *buf = aligned_alloc(64, (300000 / 64 + 24) / 8 * 64); /* a multiple of 64 bytes */
 	unsigned int d, s, off, k;
 
 	select_impl(_i);
