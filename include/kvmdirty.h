@@ -327,6 +327,7 @@ struct kvmdirty_stats {
 	uint64_t ring_full_exits;     /* KVM_EXIT_DIRTY_RING_FULL handled */
 	uint64_t ring_overflows;      /* whole-ring harvests: all tracked pages marked */
 	uint64_t ring_recoveries;     /* stuck rings set going again (pages marked too) */
+	uint64_t ring_full_ns;	      /* spent handling KVM_EXIT_DIRTY_RING_FULL */
 };
 
 /*

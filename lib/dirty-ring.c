@@ -160,6 +160,7 @@ static int ring_recover(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *v)
 int kd_ring_full(struct kvmdirty_vcpu *v)
 {
 	struct kvmdirty_tracker *t = v->vm->tracker;
+	uint64_t t0 = kd_now_ns();
 	int64_t n;
 	int ret;
 
@@ -168,8 +169,9 @@ int kd_ring_full(struct kvmdirty_vcpu *v)
 	__atomic_fetch_add(&t->stats.ring_full_exits, 1, __ATOMIC_RELAXED);
 	n = kd_track_harvest(t, v);
 	ret = kd_ring_reset(v->vm);
-	if (ret < 0)
-		return ret;
 	/* full, yet nothing to take: maybe a sync took it, maybe a stuck ring */
-	return n ? 0 : ring_recover(t, v);
+	if (ret >= 0 && !n)
+		ret = ring_recover(t, v);
+	__atomic_fetch_add(&t->stats.ring_full_ns, kd_now_ns() - t0, __ATOMIC_RELAXED);
+	return ret < 0 ? ret : 0;
 }

@@ -629,6 +629,7 @@ KD_EXPORT int kvmdirty_tracker_stats(const struct kvmdirty_tracker *t, struct kv
 	s.ring_full_exits = __atomic_load_n(&t->stats.ring_full_exits, __ATOMIC_RELAXED);
 	s.ring_overflows = __atomic_load_n(&t->stats.ring_overflows, __ATOMIC_RELAXED);
 	s.ring_recoveries = __atomic_load_n(&t->stats.ring_recoveries, __ATOMIC_RELAXED);
+	s.ring_full_ns = __atomic_load_n(&t->stats.ring_full_ns, __ATOMIC_RELAXED);
 	memcpy(ret_stats, &s, size < sizeof(s) ? size : sizeof(s));
 	return 0;
 }
