@@ -16,6 +16,12 @@
  *   concurrently with each other from any thread; calls that change regions
  *   (add, remove, move, logging on/off) must not run concurrently with any
  *   other call on the same VM.  Different VMs are independent.
+ * - Tracking threads: one thread (the migration thread, say) owns the
+ *   tracker and calls sync, next, start, stop and the region calls; vCPU
+ *   threads call kvmdirty_vcpu_run() meanwhile (its ring-full handling
+ *   may run concurrently with a sync); any thread may call
+ *   kvmdirty_tracker_mark_dirty_*().  Creating or freeing vCPUs is done
+ *   while no sync runs.
  */
 
 #include <stdbool.h>
