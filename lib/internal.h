@@ -44,6 +44,7 @@ struct kvmdirty_vm {
 	struct kvmdirty_tracker *tracker;
 	/* the mode KVM was set up for (manual protect or ring), 0 if neither */
 	enum kvmdirty_mode kvm_mode;
+	bool initially_set; /* manual protect with KVM_DIRTY_LOG_INITIALLY_SET */
 	struct kvmdirty_vcpu **vcpus;
 	uint32_t nr_vcpus, vcpus_cap;
 	/* ring size in entries once the dirty ring is enabled, else 0 */
@@ -92,9 +93,10 @@ struct kvmdirty_tracker {
 	unsigned int rate_pos;
 
 	/*
-	 * Test hook: issue each chunk's KVM_CLEAR_DIRTY_LOG on the next call
-	 * instead of before handing its pages out (clear after read), so a
-	 * test can show that order loses writes.  Never set otherwise.
+	 * Test hook: issue each chunk's KVM_CLEAR_DIRTY_LOG at the start of
+	 * the next sync instead of before handing its pages out (clear after
+	 * the consumer read them), so a test can show that this order loses
+	 * writes.  Never set otherwise.
 	 */
 	bool test_clear_late;
 	struct kvmdirty_region *late_region;

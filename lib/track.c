@@ -107,8 +107,10 @@ KD_EXPORT int kvmdirty_tracker_new(struct kvmdirty_vm *vm, const struct kvmdirty
 		return -ENOMEM;
 	}
 	if (!vm->kvm_mode) {
-		if (o.mode == KVMDIRTY_MODE_CLEAR_LOG)
+		if (o.mode == KVMDIRTY_MODE_CLEAR_LOG) {
 			ret = kd_log_enable_manual(vm, &initially_set);
+			vm->initially_set = initially_set;
+		}
 		else if (o.mode == KVMDIRTY_MODE_DIRTY_RING)
 			ret = kd_ring_enable(vm, o.ring_entries);
 		if (ret < 0) {
@@ -181,6 +183,16 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 	memset(n.async, 0, KVMDIRTY_BITMAP_WORDS(n.npages) * 8);
 	if (bitmap_mode)
 		memset(n.to_clear, 0, KVMDIRTY_BITMAP_WORDS(n.npages) * 8);
+	/*
+	 * With INITIALLY_SET, KVM starts the slot all dirty and unprotected:
+	 * take that as fetched, so that the first pass clears (protects) each
+	 * chunk before handing it out and the next GET reports only what was
+	 * written after, instead of every page a second time.  Clearing a
+	 * bit not fetched is safe here because every page is pending and is
+	 * handed out only after its chunk's clear.
+	 */
+	if (t->mode == KVMDIRTY_MODE_CLEAR_LOG && t->vm->initially_set)
+		kvmdirty_bitmap_set(n.to_clear, 0, n.npages);
 	/* the first pass reports every page */
 	memset(n.pending, 0, KVMDIRTY_BITMAP_WORDS(n.npages) * 8);
 	kvmdirty_bitmap_set(n.pending, 0, n.npages);
@@ -323,6 +335,8 @@ static uint64_t merge_log(struct kd_track_region *tr, bool manual)
 	return fresh;
 }
 
+static int late_flush(struct kvmdirty_tracker *t);
+
 /* Dirty rate: pages made pending over the last KD_RATE_SAMPLES syncs' span. */
 static void rate_sample(struct kvmdirty_tracker *t, uint64_t now, uint64_t pages)
 {
@@ -353,6 +367,10 @@ KD_EXPORT int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *t)
 	vm = t->vm;
 	t0 = kd_now_ns();
 	__atomic_store_n(&priv(t)->sync_kernel_ns, 0, __ATOMIC_RELAXED);
+	/* test hook only: the clears next() should have issued, after the read */
+	ret = late_flush(t);
+	if (ret < 0)
+		return ret;
 
 	if (t->mode == KVMDIRTY_MODE_DIRTY_RING) {
 		for (i = 0; i < vm->nr_vcpus; i++)
@@ -522,9 +540,6 @@ KD_EXPORT int kvmdirty_tracker_next(struct kvmdirty_tracker *t, struct kvmdirty_
 
 	if (!t || (!out && max))
 		return -EINVAL;
-	ret = late_flush(t);
-	if (ret < 0)
-		return ret;
 	nr_slots = t->vm->nr_slots;
 	if (!t->pending_total || !max || !nr_slots)
 		return 0;

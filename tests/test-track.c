@@ -274,6 +274,83 @@ static const struct scenario scenarios[] = {
 	  false, false },
 };
 
+/*
+ * Lockstep: the guest writes every page once per pass and stops; the host
+ * syncs, takes what is handed out, reads it; the guest writes again.  A
+ * write between the read and a clear issued too late is lost, every time.
+ */
+static uint64_t lockstep(enum kvmdirty_mode mode, bool clear_late)
+{
+	struct testvm_opts o = { .nr_vcpus = 1, .track = true, .track_opts = { .mode = mode } };
+	struct kvmdirty_range rg[64];
+	struct kvmdirty_region *r;
+	struct testvm_exit ex;
+	struct rig g = { 0 };
+	struct guest_vcpu *mb;
+	uint64_t stale, size = 1 << 20;
+	char first[160];
+	int k, n, i;
+	void *mem;
+
+	ck_assert_ok(testvm_new(&o, &g.tv));
+	g.t = g.tv->tracker;
+	ck_assert_ok(testvm_add_memory(g.tv, 4 * GIB, size, 0, &mem, &r));
+	add_copy(&g, g.tv->sys_region, true, false);
+	add_copy(&g, r, false, false);
+	mb = testvm_mailbox(g.tv, 0);
+	mb->gpa = 4 * GIB;
+	mb->pages = size / PAGE;
+	mb->flags = GUEST_F_EXIT_EVERY_PASS | GUEST_F_CHECK;
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	consume(&g);
+	g.t->test_clear_late = clear_late;
+	for (k = 0; k < 4; k++) {
+		do
+			ck_assert_ok(testvm_run(g.tv, 0, &ex));
+		while (ex.event != TESTVM_PASS);
+		ck_assert_int_ge(kvmdirty_tracker_sync(g.t), 0);
+		/* one call: what it hands out is read before the guest runs again */
+		n = kvmdirty_tracker_next(g.t, rg, 64, 0);
+		ck_assert_int_ge(n, 0);
+		for (i = 0; i < n; i++) {
+			struct copy *c = copy_of(&g, rg[i].region);
+			uint64_t p;
+
+			for (p = rg[i].page; p < rg[i].page + rg[i].npages; p++) {
+				memcpy(&c->tags[p], c->hva + p * PAGE, sizeof(c->tags[p]));
+				if (c->pages)
+					memcpy(c->pages + p * PAGE, c->hva + p * PAGE, PAGE);
+			}
+		}
+	}
+	g.t->test_clear_late = false;
+	sync_and_consume(&g);
+	sync_and_consume(&g);
+	stale = stale_pages(&g, first, sizeof(first));
+	printf("lockstep mode %d%s: pass %" PRIu64 ", stale copies %" PRIu64 "%s%s\n", mode,
+	       clear_late ? ", clear after read" : "", mb->pass, stale, stale ? ", first: " : "", first);
+	testvm_free(g.tv);
+	testvm_unmap(mem, size);
+	rig_free(&g);
+	return stale;
+}
+
+START_TEST(lockstep_no_lost_write)
+{
+	static const enum kvmdirty_mode modes[] = { KVMDIRTY_MODE_CLEAR_LOG, KVMDIRTY_MODE_DIRTY_LOG,
+						    KVMDIRTY_MODE_DIRTY_RING };
+
+	ck_assert_uint_eq(lockstep(modes[_i], false), 0);
+}
+END_TEST
+
+START_TEST(lockstep_clear_after_read_loses_writes)
+{
+	/* the guest's last pass is lost on every one of its 256 pages (and its stack) */
+	ck_assert_uint_ge(lockstep(KVMDIRTY_MODE_CLEAR_LOG, true), 256);
+}
+END_TEST
+
 START_TEST(no_lost_write)
 {
 	run_scenario(&scenarios[_i]);
@@ -423,6 +500,8 @@ int main(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_loop_test(tc, no_lost_write, 0, (int)(sizeof(scenarios) / sizeof(scenarios[0])));
 	tcase_add_test(tc, clear_after_read_loses_writes);
+	tcase_add_loop_test(tc, lockstep_no_lost_write, 0, 3);
+	tcase_add_test(tc, lockstep_clear_after_read_loses_writes);
 	tcase_add_test(tc, mark_dirty_concurrent);
 	tcase_add_test(tc, bad_setup);
 	suite_add_tcase(s, tc);

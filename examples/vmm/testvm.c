@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -223,6 +224,8 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	if (!tv)
 		return -ENOMEM;
 	tv->ring0 = opts->ring0;
+	pthread_mutex_init(&tv->lock, NULL);
+	pthread_cond_init(&tv->cond, NULL);
 
 	ret = kvmdirty_vm_new(&tv->vm);
 	if (ret < 0)
@@ -270,6 +273,8 @@ void testvm_free(struct testvm *tv)
 	/* frees the tracker and the vCPUs too */
 	kvmdirty_vm_free(tv->vm);
 	testvm_unmap(tv->sys, GUEST_SYS_SIZE);
+	pthread_mutex_destroy(&tv->lock);
+	pthread_cond_destroy(&tv->cond);
 	free(tv);
 }
 
@@ -311,7 +316,7 @@ int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret)
 	run = kvmdirty_vcpu_kvm_run(tv->vcpu[i]);
 	do {
 		r = kvmdirty_vcpu_run(tv->vcpu[i]);
-	} while (r == -EINTR);
+	} while (r == -EINTR && !__atomic_load_n(&tv->pause_req, __ATOMIC_ACQUIRE));
 	if (r < 0)
 		return r;
 
@@ -358,12 +363,27 @@ struct testvm_run_arg {
 	struct testvm_exit exit;
 };
 
+static void park(struct testvm *tv)
+{
+	pthread_mutex_lock(&tv->lock);
+	tv->parked++;
+	pthread_cond_broadcast(&tv->cond);
+	while (tv->pause_req)
+		pthread_cond_wait(&tv->cond, &tv->lock);
+	tv->parked--;
+	pthread_mutex_unlock(&tv->lock);
+}
+
 static void *run_thread(void *p)
 {
 	struct testvm_run_arg *a = p;
 
 	for (;;) {
+		if (__atomic_load_n(&a->tv->pause_req, __ATOMIC_ACQUIRE))
+			park(a->tv);
 		a->ret = testvm_run(a->tv, a->i, &a->exit);
+		if (a->ret == -EINTR)
+			continue; /* paused */
 		if (a->ret < 0)
 			break;
 		if (a->exit.event == TESTVM_PASS || a->exit.event == TESTVM_TICK)
@@ -372,21 +392,63 @@ static void *run_thread(void *p)
 			a->ret = -EIO;
 		break;
 	}
+	pthread_mutex_lock(&a->tv->lock);
+	a->tv->alive--;
+	pthread_cond_broadcast(&a->tv->cond);
+	pthread_mutex_unlock(&a->tv->lock);
 	return NULL;
+}
+
+static void on_kick(int sig)
+{
+	(void)sig;
+}
+
+void testvm_pause_all(struct testvm *tv)
+{
+	unsigned int i;
+
+	pthread_mutex_lock(&tv->lock);
+	__atomic_store_n(&tv->pause_req, true, __ATOMIC_RELEASE);
+	/* immediate_exit covers a vCPU about to enter KVM_RUN, the signal one inside */
+	for (i = 0; i < tv->nr_vcpus; i++)
+		kvmdirty_vcpu_kvm_run(tv->vcpu[i])->immediate_exit = 1;
+	for (i = 0; i < tv->nr_threads; i++)
+		pthread_kill(tv->threads[i], SIGUSR1);
+	while (tv->parked < tv->alive)
+		pthread_cond_wait(&tv->cond, &tv->lock);
+	pthread_mutex_unlock(&tv->lock);
+}
+
+void testvm_resume_all(struct testvm *tv)
+{
+	unsigned int i;
+
+	pthread_mutex_lock(&tv->lock);
+	for (i = 0; i < tv->nr_vcpus; i++)
+		kvmdirty_vcpu_kvm_run(tv->vcpu[i])->immediate_exit = 0;
+	__atomic_store_n(&tv->pause_req, false, __ATOMIC_RELEASE);
+	pthread_cond_broadcast(&tv->cond);
+	pthread_mutex_unlock(&tv->lock);
 }
 
 int testvm_spawn(struct testvm *tv)
 {
+	struct sigaction sa = { .sa_handler = on_kick };
 	unsigned int i;
 
 	if (tv->nr_threads)
 		return -EBUSY;
+	/* no SA_RESTART: the signal must end KVM_RUN with EINTR */
+	sigaction(SIGUSR1, &sa, NULL);
+	tv->alive = tv->nr_vcpus;
 	tv->args = calloc(tv->nr_vcpus, sizeof(*tv->args));
 	if (!tv->args)
 		return -ENOMEM;
 	for (i = 0; i < tv->nr_vcpus; i++) {
 		tv->args[i] = (struct testvm_run_arg){ .tv = tv, .i = i };
 		if (pthread_create(&tv->threads[i], NULL, run_thread, &tv->args[i])) {
+			tv->alive = i;
 			testvm_stop_all(tv);
 			testvm_join(tv, NULL, NULL);
 			return -EAGAIN;
@@ -409,6 +471,7 @@ int testvm_join(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exi
 	unsigned int i, n = tv->nr_threads;
 	int ret = 0;
 
+	testvm_resume_all(tv); /* parked threads must see the stop */
 	for (i = 0; i < n; i++)
 		pthread_join(tv->threads[i], NULL);
 	for (i = 0; i < n && !ret; i++) {

@@ -34,6 +34,11 @@ struct testvm {
 	pthread_t threads[GUEST_MAX_VCPUS];
 	struct testvm_run_arg *args;
 	unsigned int nr_threads;
+	/* testvm_pause_all(): threads still running, and how many are parked */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool pause_req;
+	unsigned int alive, parked;
 };
 
 struct testvm_opts {
@@ -104,6 +109,15 @@ int testvm_spawn(struct testvm *tv);
 int testvm_join(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exit *ret_exit);
 /* Ask every vCPU's workload to finish its pass and report done. */
 void testvm_stop_all(struct testvm *tv);
+
+/*
+ * Take every spawned vCPU out of KVM_RUN (immediate_exit and a signal) and
+ * park its thread; returns when all are parked.  Resume lets them go on
+ * exactly where they were.  For stop-and-copy, and for a source that must
+ * keep running after a failed migration.
+ */
+void testvm_pause_all(struct testvm *tv);
+void testvm_resume_all(struct testvm *tv);
 
 const char *testvm_event_name(enum testvm_event e);
 

@@ -1,0 +1,377 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmdirty-migrate: live-migrate the test guest between two processes or
+ * two hosts.
+ *
+ *   kvmdirty-migrate listen ADDR [guest options] [--run-ms MS]
+ *   kvmdirty-migrate send ADDR [guest options] [migration options]
+ *   kvmdirty-migrate demo
+ *
+ * ADDR is tcp:HOST:PORT (HOST empty: loopback) or unix:PATH.
+ * Guest options (both ends must agree): -m MIB memory (256), -v VCPUS (2);
+ * source only: -M dirty-log|clear-log|dirty-ring (clear-log),
+ * -w MIB working set the vCPUs keep dirtying (0: idle), -r PAGES_PER_SEC
+ * per vCPU (0: flat out).  Migration options: -d DOWNTIME_MS (50),
+ * -p MAX_PASSES (10), -t TIMEOUT_S (60), --no-verify, --stats FILE.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "migrate.h"
+
+struct args {
+	const char *cmd, *addr, *stats;
+	struct mig_guest guest;
+	struct mig_send_opts send;
+	uint64_t run_ms;
+};
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS]\n"
+			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
+			"                              [-d DOWNTIME_MS] [-p MAX_PASSES] [-t TIMEOUT_S] [--no-verify]\n"
+			"                              [--stats FILE]\n"
+			"       kvmdirty-migrate demo\n");
+}
+
+static int number(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 0);
+	if (errno || *end || !*s || s[0] == '-' || v < min || v > max) {
+		fprintf(stderr, "kvmdirty-migrate: %s '%s': expected a number in [%" PRIu64 ", %" PRIu64 "]\n", opt, s,
+			min, max);
+		return -1;
+	}
+	*ret = v;
+	return 0;
+}
+
+static int parse(int argc, char **argv, struct args *a)
+{
+	static const struct option longopts[] = {
+		{ "run-ms", required_argument, NULL, 'R' },
+		{ "no-verify", no_argument, NULL, 'N' },
+		{ "stats", required_argument, NULL, 'S' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	uint64_t v;
+	int c;
+
+	a->guest = (struct mig_guest){ .mib = 256, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	a->send = (struct mig_send_opts){ .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000, .verify = true };
+	a->run_ms = 1000;
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'm':
+			if (number("-m", optarg, 4, 1 << 16, &a->guest.mib))
+				return -1;
+			if (a->guest.mib % 2) {
+				fprintf(stderr, "kvmdirty-migrate: -m '%s': must be a multiple of 2 MiB\n", optarg);
+				return -1;
+			}
+			break;
+		case 'v':
+			if (number("-v", optarg, 1, GUEST_MAX_VCPUS, &v))
+				return -1;
+			a->guest.vcpus = (unsigned int)v;
+			break;
+		case 'M':
+			if (!strcmp(optarg, "dirty-log"))
+				a->guest.mode = KVMDIRTY_MODE_DIRTY_LOG;
+			else if (!strcmp(optarg, "clear-log"))
+				a->guest.mode = KVMDIRTY_MODE_CLEAR_LOG;
+			else if (!strcmp(optarg, "dirty-ring"))
+				a->guest.mode = KVMDIRTY_MODE_DIRTY_RING;
+			else {
+				fprintf(stderr, "kvmdirty-migrate: -M '%s': expected dirty-log, clear-log or dirty-ring\n",
+					optarg);
+				return -1;
+			}
+			break;
+		case 'w':
+			if (number("-w", optarg, 0, 1 << 16, &a->guest.ws_mib))
+				return -1;
+			break;
+		case 'r':
+			if (number("-r", optarg, 0, UINT32_MAX, &a->guest.rate))
+				return -1;
+			break;
+		case 'd':
+			if (number("-d", optarg, 0, 3600000, &a->send.downtime_ms))
+				return -1;
+			break;
+		case 'p':
+			if (number("-p", optarg, 1, 100000, &v))
+				return -1;
+			a->send.max_passes = (unsigned int)v;
+			break;
+		case 't':
+			if (number("-t", optarg, 1, 86400, &v))
+				return -1;
+			a->send.timeout_ms = v * 1000;
+			break;
+		case 'R':
+			if (number("--run-ms", optarg, 0, 3600000, &a->run_ms))
+				return -1;
+			break;
+		case 'N':
+			a->send.verify = false;
+			break;
+		case 'S':
+			a->stats = optarg;
+			break;
+		default:
+			usage();
+			return -1;
+		}
+	}
+	if (optind != argc) {
+		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[optind]);
+		return -1;
+	}
+	return 0;
+}
+
+static void sleep_ms(uint64_t ms)
+{
+	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* Receive a guest on fd, resume it, let it run, check it. */
+static int destination(const struct args *a, int fd)
+{
+	struct testvm *tv;
+	struct testvm_exit ex;
+	char err[256];
+	uint64_t pass0;
+	unsigned int bad = 0;
+	bool verified;
+	int ret;
+
+	ret = mig_guest_new(&a->guest, false, &tv, err, sizeof(err));
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
+		return 1;
+	}
+	ret = mig_recv(tv, fd, &verified, err, sizeof(err));
+	close(fd);
+	if (ret < 0) {
+		/* nothing ran: the guest is dropped */
+		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
+		testvm_free(tv);
+		return 1;
+	}
+	printf("destination: stream complete, digests %s; resuming the guest\n",
+	       verified ? "match" : "not sent");
+	pass0 = testvm_mailbox(tv, 0)->pass;
+	ret = testvm_spawn(tv);
+	if (ret == 0) {
+		sleep_ms(a->run_ms);
+		testvm_stop_all(tv);
+		ret = testvm_join(tv, &bad, &ex);
+	}
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: destination: vCPU %u after resume: %s (page 0x%" PRIx64 ")\n", bad,
+			ret == -EIO ? testvm_event_name(ex.event) : strerror(-ret), testvm_mailbox(tv, bad)->err_gpa);
+		testvm_free(tv);
+		return 1;
+	}
+	if (testvm_mailbox(tv, 0)->pass <= pass0) {
+		fprintf(stderr, "kvmdirty-migrate: destination: the guest made no progress after resume (pass %" PRIu64
+				")\n", pass0);
+		testvm_free(tv);
+		return 1;
+	}
+	printf("destination: guest ran %" PRIu64 " ms after resume, pass %" PRIu64 " -> %" PRIu64
+	       ", self-check ok\n", a->run_ms, pass0, testvm_mailbox(tv, 0)->pass);
+	testvm_free(tv);
+	return 0;
+}
+
+static int cmd_listen(const struct args *a)
+{
+	char err[256];
+	int lfd = mig_listen(a->addr, err, sizeof(err)), fd;
+
+	if (lfd < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return 1;
+	}
+	fd = mig_accept(lfd, err, sizeof(err));
+	close(lfd);
+	if (fd < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return 1;
+	}
+	return destination(a, fd);
+}
+
+/* Build the source guest and let it run a little before it is migrated. */
+static int source_guest(const struct args *a, struct testvm **ret_tv)
+{
+	char err[256];
+	int ret = mig_guest_new(&a->guest, true, ret_tv, err, sizeof(err));
+
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
+		return -1;
+	}
+	/* real data in memory, with one page in 16 left zero */
+	mig_guest_fill(*ret_tv, kvmdirty_region_from_gpa((*ret_tv)->vm, MIG_DATA_GPA), 16);
+	ret = testvm_spawn(*ret_tv);
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: source: starting vCPUs: %s\n", strerror(-ret));
+		testvm_free(*ret_tv);
+		return -1;
+	}
+	sleep_ms(200);
+	return 0;
+}
+
+static int migrate_to(const struct args *a, struct testvm *tv)
+{
+	struct mig_send_opts o = a->send;
+	struct mig_result r;
+	char err[256];
+	int fd, ret;
+
+	o.progress = isatty(2);
+	if (a->stats) {
+		o.stats = fopen(a->stats, "w");
+		if (!o.stats) {
+			fprintf(stderr, "kvmdirty-migrate: --stats '%s': %s\n", a->stats, strerror(errno));
+			return 1;
+		}
+	}
+	fd = mig_connect(a->addr, err, sizeof(err));
+	if (fd < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		ret = fd;
+	} else {
+		ret = mig_send(tv, fd, &o, &r, err, sizeof(err));
+		close(fd);
+		if (ret < 0)
+			fprintf(stderr, "kvmdirty-migrate: migration failed, the guest runs on here: %s\n", err);
+		else
+			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero) in %" PRIu64
+			       " passes, %.1f ms total, %.1f ms downtime, %s\n",
+			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.passes, r.total_ms, r.downtime_ms,
+			       r.converged ? "converged" : "not converged (pass or time limit)");
+	}
+	if (o.stats)
+		fclose(o.stats);
+	return ret < 0 ? 1 : 0;
+}
+
+static int cmd_send(const struct args *a)
+{
+	struct testvm *tv;
+	int status;
+
+	if (source_guest(a, &tv) < 0)
+		return 1;
+	status = migrate_to(a, tv);
+	testvm_free(tv);
+	return status;
+}
+
+static int cmd_demo(struct args *a)
+{
+	char addr[108], err[256];
+	int lfd, status, wstatus, ret;
+	struct testvm *tv;
+	pid_t pid;
+
+	snprintf(addr, sizeof(addr), "unix:/tmp/kvmdirty-demo-%d.sock", (int)getpid());
+	a->addr = addr;
+	a->guest.ws_mib = 64;
+	a->run_ms = 500;
+	printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB flat out, tracked with %s, over %s\n",
+	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, "clear-log", addr);
+	fflush(stdout);
+	lfd = mig_listen(addr, err, sizeof(err));
+	if (lfd < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return 1;
+	}
+	pid = fork();
+	if (pid < 0) {
+		fprintf(stderr, "kvmdirty-migrate: fork: %s\n", strerror(errno));
+		return 1;
+	}
+	if (pid == 0) {
+		int fd = mig_accept(lfd, err, sizeof(err));
+
+		close(lfd);
+		if (fd < 0) {
+			fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+			_exit(1);
+		}
+		ret = destination(a, fd);
+		fflush(stdout);
+		_exit(ret);
+	}
+	close(lfd);
+	if (source_guest(a, &tv) < 0) {
+		kill(pid, SIGTERM);
+		waitpid(pid, NULL, 0);
+		return 1;
+	}
+	status = migrate_to(a, tv);
+	fflush(stdout);
+	testvm_free(tv);
+	ret = waitpid(pid, &wstatus, 0);
+	unlink(addr + 5);
+	if (ret < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus))
+		status = 1;
+	printf("demo: %s\n", status ? "FAILED" : "the guest was migrated bit-exact and runs on at the destination");
+	return status;
+}
+
+int main(int argc, char **argv)
+{
+	struct args a = { 0 };
+
+	if (argc < 2) {
+		usage();
+		return 2;
+	}
+	a.cmd = argv[1];
+	if (!strcmp(a.cmd, "demo")) {
+		if (parse(argc, argv, &a))
+			return 2;
+		return cmd_demo(&a);
+	}
+	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
+		if (strcmp(a.cmd, "-h") && strcmp(a.cmd, "--help"))
+			fprintf(stderr, "kvmdirty-migrate: unknown command '%s'\n", a.cmd);
+		usage();
+		return 2;
+	}
+	if (argc < 3) {
+		fprintf(stderr, "kvmdirty-migrate: %s needs an address (tcp:HOST:PORT or unix:PATH)\n", a.cmd);
+		return 2;
+	}
+	a.addr = argv[2];
+	argv[2] = argv[1]; /* options start after ADDR */
+	if (parse(argc - 1, argv + 1, &a))
+		return 2;
+	return !strcmp(a.cmd, "listen") ? cmd_listen(&a) : cmd_send(&a);
+}
