@@ -158,10 +158,7 @@ static void sleep_ms(uint64_t ms)
 static int destination(const struct args *a, int fd)
 {
 	struct testvm *tv;
-	struct testvm_exit ex;
 	char err[256];
-	uint64_t pass0;
-	unsigned int bad = 0;
 	bool verified;
 	int ret;
 
@@ -178,31 +175,14 @@ static int destination(const struct args *a, int fd)
 		testvm_free(tv);
 		return 1;
 	}
-	printf("destination: stream complete, digests %s; resuming the guest\n",
-	       verified ? "match" : "not sent");
-	pass0 = testvm_mailbox(tv, 0)->pass;
-	ret = testvm_spawn(tv);
-	if (ret == 0) {
-		sleep_ms(a->run_ms);
-		testvm_stop_all(tv);
-		ret = testvm_join(tv, &bad, &ex);
-	}
-	if (ret < 0) {
-		fprintf(stderr, "kvmdirty-migrate: destination: vCPU %u after resume: %s (page 0x%" PRIx64 ")\n", bad,
-			ret == -EIO ? testvm_event_name(ex.event) : strerror(-ret), testvm_mailbox(tv, bad)->err_gpa);
-		testvm_free(tv);
-		return 1;
-	}
-	if (testvm_mailbox(tv, 0)->pass <= pass0) {
-		fprintf(stderr, "kvmdirty-migrate: destination: the guest made no progress after resume (pass %" PRIu64
-				")\n", pass0);
-		testvm_free(tv);
-		return 1;
-	}
-	printf("destination: guest ran %" PRIu64 " ms after resume, pass %" PRIu64 " -> %" PRIu64
-	       ", self-check ok\n", a->run_ms, pass0, testvm_mailbox(tv, 0)->pass);
+	printf("destination: stream complete, digests %s; resuming the guest\n", verified ? "match" : "not sent");
+	ret = mig_resume_check(tv, a->run_ms, err, sizeof(err));
+	if (ret < 0)
+		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
+	else
+		printf("destination: guest ran %" PRIu64 " ms after resume, %s, self-check ok\n", a->run_ms, err);
 	testvm_free(tv);
-	return 0;
+	return ret < 0;
 }
 
 static int cmd_listen(const struct args *a)

@@ -217,6 +217,18 @@ static uint64_t page_hash(const uint8_t *p)
 	return h;
 }
 
+/* FNV-1a over the stream's headers and small payloads: END carries it. */
+static uint64_t fnv(uint64_t h, const void *p, size_t n)
+{
+	const uint8_t *b = p;
+
+	while (n--)
+		h = (h ^ *b++) * 0x100000001b3ull;
+	return h;
+}
+
+#define FNV_INIT 0xcbf29ce484222325ull
+
 static bool page_is_zero(const uint8_t *p)
 {
 	static const uint8_t zero[PAGE];
@@ -228,6 +240,7 @@ static bool page_is_zero(const uint8_t *p)
 
 struct batch {
 	struct xport *x;
+	uint64_t sum; /* the stream checksum so far */
 	struct mig_record hdr[BATCH_RECORDS];
 	struct iovec iov[2 * BATCH_RECORDS];
 	int nh, ni;
@@ -251,7 +264,14 @@ static int put(struct batch *b, uint32_t kind, uint32_t index, uint64_t first, u
 		if (ret < 0)
 			return ret;
 	}
+	if (kind == MIG_END)
+		first = b->sum;
 	b->hdr[b->nh] = (struct mig_record){ kind, index, first, count };
+	if (kind != MIG_END)
+		b->sum = fnv(b->sum, &b->hdr[b->nh], sizeof(struct mig_record));
+	/* page data is covered by the digests, everything else by the checksum */
+	if (kind == MIG_VCPU || kind == MIG_DIGEST)
+		b->sum = fnv(b->sum, payload, plen);
 	b->iov[b->ni++] = (struct iovec){ &b->hdr[b->nh++], sizeof(struct mig_record) };
 	if (plen)
 		b->iov[b->ni++] = (struct iovec){ (void *)payload, plen };
@@ -410,6 +430,7 @@ int mig_send(struct testvm *tv, int fd, const struct mig_send_opts *o, struct mi
 	{
 		struct iovec iov[2] = { { &h, sizeof(h) }, { s->l.desc, s->l.n * sizeof(struct mig_region) } };
 
+		s->b.sum = fnv(fnv(FNV_INIT, &h, sizeof(h)), s->l.desc, s->l.n * sizeof(struct mig_region));
 		ret = xport_writev(&x, iov, 2);
 		if (ret < 0)
 			goto net;
@@ -572,6 +593,7 @@ int mig_recv(struct testvm *tv, int fd, bool *ret_verified, char *err, size_t le
 	struct mig_header h;
 	struct mig_record rec;
 	struct xport x;
+	uint64_t sum;
 	uint32_t i;
 	int ret;
 
@@ -635,6 +657,7 @@ int mig_recv(struct testvm *tv, int fd, bool *ret_verified, char *err, size_t le
 		}
 	}
 
+	sum = fnv(fnv(FNV_INIT, &h, sizeof(h)), theirs, l->n * sizeof(theirs[0]));
 	for (;; nrec++) {
 		uint64_t npages;
 		uint8_t *hva;
@@ -644,6 +667,8 @@ int mig_recv(struct testvm *tv, int fd, bool *ret_verified, char *err, size_t le
 			ret = recv_fail(&x, err, len, ret, "record %" PRIu64 ": stream truncated before END", nrec);
 			goto out;
 		}
+		if (rec.kind != MIG_END)
+			sum = fnv(sum, &rec, sizeof(rec));
 		switch (rec.kind) {
 		case MIG_DATA:
 		case MIG_ZERO:
@@ -698,6 +723,7 @@ int mig_recv(struct testvm *tv, int fd, bool *ret_verified, char *err, size_t le
 				goto out;
 			}
 			have_vcpu[rec.index] = true;
+			sum = fnv(sum, &vs[rec.index], sizeof(vs[0]));
 			break;
 		case MIG_DIGEST:
 			if (!(h.flags & MIG_F_DIGEST) || rec.index >= l->n || digest[rec.index]) {
@@ -722,10 +748,15 @@ int mig_recv(struct testvm *tv, int fd, bool *ret_verified, char *err, size_t le
 						nrec);
 				goto out;
 			}
+			sum = fnv(sum, digest[rec.index], npages * sizeof(uint64_t));
 			break;
 		case MIG_END:
-			if (rec.index || rec.first || rec.count) {
+			if (rec.index || rec.count) {
 				ret = recv_fail(&x, err, len, -EPROTO, "record %" PRIu64 " (END): non-zero fields", nrec);
+				goto out;
+			}
+			if (rec.first != sum) {
+				ret = recv_fail(&x, err, len, -EPROTO, "END.checksum: the stream was corrupted");
 				goto out;
 			}
 			goto end;
@@ -787,6 +818,27 @@ out:
 	io_uring_queue_exit(&x.ring);
 	free(l);
 	return ret;
+}
+
+int mig_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_t len)
+{
+	struct timespec ts = { (time_t)(run_ms / 1000), (long)(run_ms % 1000) * 1000000 };
+	uint64_t pass0 = testvm_mailbox(tv, 0)->pass;
+	struct testvm_exit ex;
+	unsigned int bad = 0;
+	int ret = testvm_spawn(tv);
+
+	if (ret < 0)
+		return fail(err, len, ret, "starting vCPUs: %s", strerror(-ret));
+	nanosleep(&ts, NULL);
+	testvm_stop_all(tv);
+	ret = testvm_join(tv, &bad, &ex);
+	if (ret < 0)
+		return fail(err, len, ret, "vCPU %u after resume: %s (page 0x%" PRIx64 ")", bad,
+			    ret == -EIO ? testvm_event_name(ex.event) : strerror(-ret), testvm_mailbox(tv, bad)->err_gpa);
+	if (testvm_mailbox(tv, 0)->pass <= pass0)
+		return fail(err, len, -EIO, "the guest made no progress after resume (pass %" PRIu64 ")", pass0);
+	return fail(err, len, 0, "pass %" PRIu64 " -> %" PRIu64, pass0, testvm_mailbox(tv, 0)->pass);
 }
 
 /* ---- addresses ---- */

@@ -59,6 +59,12 @@ int mig_send(struct testvm *tv, int fd, const struct mig_send_opts *o, struct mi
  */
 int mig_recv(struct testvm *tv, int fd, bool *ret_verified, char *err, size_t len);
 
+/*
+ * Run a received guest for run_ms and check it: no vCPU reports a
+ * self-check error or stops otherwise, and vCPU 0's pass counter moved.
+ */
+int mig_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_t len);
+
 /* "tcp:HOST:PORT" or "unix:PATH". */
 int mig_listen(const char *addr, char *err, size_t len);
 int mig_accept(int lfd, char *err, size_t len);

@@ -17,7 +17,8 @@
  *               payload: that state
  *     DIGEST    index = region, count = the region's pages;
  *               payload: one uint64_t hash per page
- *     END       the stream is complete
+ *     END       the stream is complete; first = FNV-1a 64 of every byte
+ *               before it except DATA payloads (which the digests cover)
  *   ack         destination -> source: struct mig_ack, after END
  *
  * The destination checks every field before it acts on it: a magic,

@@ -67,6 +67,8 @@ void *testvm_map(uint64_t size)
 		munmap(p, a - p);
 	if (p + align > a)
 		munmap(a + size, (p + align) - a);
+	/* a forked child (a migration destination, say) needs none of it */
+	madvise(a, size, MADV_DONTFORK);
 	return a;
 }
 
