@@ -303,6 +303,15 @@ static uint8_t *patched(size_t off, const void *bytes, size_t n)
 	return b;
 }
 
+/* The recording with n bytes at off replaced must be refused, naming field. */
+static void refuse_patch(size_t off, const void *bytes, size_t n, const char *field, const char *what)
+{
+	uint8_t *b = patched(off, bytes, n);
+
+	expect_refused(b, rec.len, field, what);
+	free(b);
+}
+
 static size_t first_record(uint32_t kind)
 {
 	size_t i;
@@ -349,62 +358,36 @@ START_TEST(bad_streams)
 	/* the recording itself is fine */
 	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "valid stream refused: %s", err);
 
-	b = patched(0, "KVMDMIX", 8);
-	expect_refused(b, rec.len, "header.magic", "bad magic");
-	free(b);
+	refuse_patch(0, "KVMDMIX", 8, "header.magic", "bad magic");
 	u32 = 2;
-	b = patched(offsetof(struct mig_header, version), &u32, 4);
-	expect_refused(b, rec.len, "header.version", "unknown version");
-	free(b);
+	refuse_patch(offsetof(struct mig_header, version), &u32, 4, "header.version", "unknown version");
 	u32 = 8192;
-	b = patched(offsetof(struct mig_header, page_size), &u32, 4);
-	expect_refused(b, rec.len, "header.page_size", "page size");
-	free(b);
+	refuse_patch(offsetof(struct mig_header, page_size), &u32, 4, "header.page_size", "page size");
 	u32 = 3;
-	b = patched(offsetof(struct mig_header, nr_regions), &u32, 4);
-	expect_refused(b, rec.len, "header.nr_regions", "region count");
-	free(b);
+	refuse_patch(offsetof(struct mig_header, nr_regions), &u32, 4, "header.nr_regions", "region count");
 	u32 = 1;
-	b = patched(offsetof(struct mig_header, nr_vcpus), &u32, 4);
-	expect_refused(b, rec.len, "header.nr_vcpus", "vCPU count");
-	free(b);
+	refuse_patch(offsetof(struct mig_header, nr_vcpus), &u32, 4, "header.nr_vcpus", "vCPU count");
 	u64[0] = 8ull << 30;
-	b = patched(sizeof(struct mig_header) + sizeof(struct mig_region), u64, 8);
-	expect_refused(b, rec.len, "region[1]", "region table");
-	free(b);
+	refuse_patch(sizeof(struct mig_header) + sizeof(struct mig_region), u64, 8, "region[1]", "region table");
 
 	data = first_record(MIG_DATA);
 	u32 = 99;
-	b = patched(data + offsetof(struct mig_record, kind), &u32, 4);
-	expect_refused(b, rec.len, ".kind", "record kind");
-	free(b);
+	refuse_patch(data + offsetof(struct mig_record, kind), &u32, 4, ".kind", "record kind");
 	u32 = 7;
-	b = patched(data + offsetof(struct mig_record, index), &u32, 4);
-	expect_refused(b, rec.len, ".region", "record region");
-	free(b);
+	refuse_patch(data + offsetof(struct mig_record, index), &u32, 4, ".region", "record region");
 	u64[0] = 1ull << 40;
-	b = patched(data + offsetof(struct mig_record, first), u64, 8);
-	expect_refused(b, rec.len, ".pages", "run outside the region");
-	free(b);
+	refuse_patch(data + offsetof(struct mig_record, first), u64, 8, ".pages", "run outside the region");
 	u64[0] = 1;
 	u64[1] = UINT64_MAX; /* first + count wraps */
-	b = patched(data + offsetof(struct mig_record, first), u64, 16);
-	expect_refused(b, rec.len, ".pages", "run length that overruns");
-	free(b);
+	refuse_patch(data + offsetof(struct mig_record, first), u64, 16, ".pages", "run length that overruns");
 	vcpu = first_record(MIG_VCPU);
 	u64[0] = 100;
-	b = patched(vcpu + offsetof(struct mig_record, count), u64, 8);
-	expect_refused(b, rec.len, "(VCPU).length", "vCPU state length");
-	free(b);
+	refuse_patch(vcpu + offsetof(struct mig_record, count), u64, 8, "(VCPU).length", "vCPU state length");
 	u32 = 5;
-	b = patched(vcpu + offsetof(struct mig_record, index), &u32, 4);
-	expect_refused(b, rec.len, "(VCPU).vcpu", "vCPU index");
-	free(b);
+	refuse_patch(vcpu + offsetof(struct mig_record, index), &u32, 4, "(VCPU).vcpu", "vCPU index");
 	digest = first_record(MIG_DIGEST);
 	u64[0] = 3;
-	b = patched(digest + offsetof(struct mig_record, count), u64, 8);
-	expect_refused(b, rec.len, "(DIGEST).pages", "digest length");
-	free(b);
+	refuse_patch(digest + offsetof(struct mig_record, count), u64, 8, "(DIGEST).pages", "digest length");
 	/* a stream that skips from the header to END */
 	end = first_record(MIG_END);
 	b = malloc(rec.len);
