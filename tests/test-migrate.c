@@ -37,9 +37,9 @@ static pid_t destination_child(int lfd, const struct mig_guest *g)
 		struct testvm *tv;
 		char err[256];
 		bool verified;
-		int fd = mig_accept(lfd, err, sizeof(err)), ret;
+		int fd = -1, ret;
 
-		if (fd < 0 || mig_guest_new(g, false, &tv, err, sizeof(err)) < 0) {
+		if (mig_guest_new(g, false, &tv, err, sizeof(err)) < 0 || (fd = mig_accept(lfd, err, sizeof(err))) < 0) {
 			fprintf(stderr, "destination: %s\n", err);
 			_exit(10);
 		}

@@ -154,17 +154,24 @@ static void sleep_ms(uint64_t ms)
 	nanosleep(&ts, NULL);
 }
 
-/* Receive a guest on fd, resume it, let it run, check it. */
-static int destination(const struct args *a, int fd)
+/* Build the guest, take one connection, receive, resume, let it run, check it. */
+static int destination(const struct args *a, int lfd)
 {
 	struct testvm *tv;
 	char err[256];
 	bool verified;
-	int ret;
+	int ret, fd;
 
 	ret = mig_guest_new(&a->guest, false, &tv, err, sizeof(err));
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
+		return 1;
+	}
+	fd = mig_accept(lfd, err, sizeof(err));
+	close(lfd);
+	if (fd < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		testvm_free(tv);
 		return 1;
 	}
 	ret = mig_recv(tv, fd, &verified, err, sizeof(err));
@@ -188,19 +195,13 @@ static int destination(const struct args *a, int fd)
 static int cmd_listen(const struct args *a)
 {
 	char err[256];
-	int lfd = mig_listen(a->addr, err, sizeof(err)), fd;
+	int lfd = mig_listen(a->addr, err, sizeof(err));
 
 	if (lfd < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		return 1;
 	}
-	fd = mig_accept(lfd, err, sizeof(err));
-	close(lfd);
-	if (fd < 0) {
-		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
-		return 1;
-	}
-	return destination(a, fd);
+	return destination(a, lfd);
 }
 
 /* Build the source guest and let it run a little before it is migrated. */
@@ -297,14 +298,7 @@ static int cmd_demo(struct args *a)
 		return 1;
 	}
 	if (pid == 0) {
-		int fd = mig_accept(lfd, err, sizeof(err));
-
-		close(lfd);
-		if (fd < 0) {
-			fprintf(stderr, "kvmdirty-migrate: %s\n", err);
-			_exit(1);
-		}
-		ret = destination(a, fd);
+		ret = destination(a, lfd);
 		fflush(stdout);
 		_exit(ret);
 	}
