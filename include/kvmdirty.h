@@ -65,9 +65,11 @@ int kvmdirty_vm_new(struct kvmdirty_vm **ret_vm);
 int kvmdirty_vm_adopt(int kvm_fd, int vm_fd, struct kvmdirty_vm **ret_vm);
 
 /*
- * Free the handle and the library's bookkeeping.  Regions are not removed
- * from KVM one by one: an owned VM fd is closed (which drops them all), an
- * adopted VM keeps its memslots.  NULL is a no-op.  Host memory given to
+ * Free the handle and the library's bookkeeping, its tracker and every
+ * vCPU registered with it (their pointers die; vCPU fds the VMM passed to
+ * kvmdirty_vcpu_add() stay open).  Regions are not removed from KVM one by
+ * one: an owned VM fd is closed (which drops them all), an adopted VM keeps
+ * its memslots.  NULL is a no-op.  Host memory given to
  * kvmdirty_region_add() belongs to the caller and is never unmapped.
  */
 void kvmdirty_vm_free(struct kvmdirty_vm *vm);

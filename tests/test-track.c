@@ -8,6 +8,8 @@
  */
 #include <inttypes.h>
 #include <pthread.h>
+#include <sys/ioctl.h>
+#include <linux/kvm.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -455,6 +457,35 @@ START_TEST(mark_dirty_concurrent)
 }
 END_TEST
 
+/* A vCPU the VMM created: registered, its ring mapped, its fd left open. */
+START_TEST(vcpu_add_keeps_fd)
+{
+	struct kvmdirty_tracker_opts o = { .mode = KVMDIRTY_MODE_DIRTY_RING, .ring_entries = 4096 };
+	struct kvmdirty_tracker *t;
+	struct kvmdirty_vcpu *v, *w;
+	struct kvmdirty_vm *vm;
+	int fd;
+
+	ck_assert_ok(kvmdirty_vm_new(&vm));
+	ck_assert_ok(kvmdirty_tracker_new(vm, &o, &t));
+	fd = ioctl(kvmdirty_vm_fd(vm), KVM_CREATE_VCPU, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_errno(kvmdirty_vcpu_add(vm, -1, &v), EBADF);
+	ck_assert_ok(kvmdirty_vcpu_add(vm, fd, &v));
+	ck_assert_int_eq(kvmdirty_vcpu_fd(v), fd);
+	ck_assert_ptr_nonnull(kvmdirty_vcpu_kvm_run(v));
+	ck_assert_ptr_nonnull(v->ring);
+	ck_assert_errno(kvmdirty_vcpu_create(vm, 0, &w), EEXIST);
+	ck_assert_ok(kvmdirty_vcpu_create(vm, 1, &w));
+	ck_assert_ptr_nonnull(w->ring);
+	ck_assert_int_eq(kvmdirty_tracker_sync(t), 0);
+	kvmdirty_vcpu_free(v);
+	ck_assert_int_ge(fcntl(fd, F_GETFD), 0); /* still the VMM's */
+	kvmdirty_vm_free(vm);			  /* frees w */
+	close(fd);
+}
+END_TEST
+
 START_TEST(bad_setup)
 {
 	struct kvmdirty_tracker_opts o = { .mode = KVMDIRTY_MODE_DIRTY_RING, .ring_entries = 4096 };
@@ -504,6 +535,7 @@ int main(void)
 	tcase_add_test(tc, lockstep_clear_after_read_loses_writes);
 	tcase_add_test(tc, mark_dirty_concurrent);
 	tcase_add_test(tc, bad_setup);
+	tcase_add_test(tc, vcpu_add_keeps_fd);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
