@@ -20,8 +20,8 @@
  *   tracker and calls sync, next, start, stop and the region calls; vCPU
  *   threads call kvmdirty_vcpu_run() meanwhile (its ring-full handling
  *   may run concurrently with a sync); any thread may call
- *   kvmdirty_tracker_mark_dirty_*().  Creating or freeing vCPUs is done
- *   while no sync runs.
+ *   kvmdirty_tracker_mark_dirty_*().  vCPUs may be created or freed while
+ *   a sync or the ring reaper runs.
  */
 
 #include <stdbool.h>
@@ -232,6 +232,12 @@ struct kvmdirty_tracker_opts {
 	 * lock for less time and re-protect fewer pages early.
 	 */
 	uint64_t clear_chunk_pages;
+	/*
+	 * DIRTY_RING: harvest every vCPU's ring from a library thread every
+	 * this many ms (0: none; rings are then harvested by sync and at
+	 * ring-full exits), so that busy vCPUs seldom stop on a full ring.
+	 */
+	uint32_t reaper_ms;
 };
 
 /*
@@ -336,6 +342,7 @@ struct kvmdirty_stats {
 	uint64_t ring_overflows;      /* whole-ring harvests: all tracked pages marked */
 	uint64_t ring_recoveries;     /* stuck rings set going again (pages marked too) */
 	uint64_t ring_full_ns;	      /* spent handling KVM_EXIT_DIRTY_RING_FULL */
+	uint64_t ring_reaper_runs;    /* sweeps of the reaper thread */
 };
 
 /*

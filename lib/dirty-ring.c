@@ -108,7 +108,7 @@ int64_t kd_ring_harvest(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *v)
  * early (-EINTR on a pending signal, or INT_MAX entries) with its
  * progress kept.
  */
-int kd_ring_reset(struct kvmdirty_vm *vm)
+int kd_ring_reset(struct kvmdirty_vm *vm, bool in_sync)
 {
 	uint64_t t0 = kd_now_ns();
 	int ret;
@@ -116,7 +116,8 @@ int kd_ring_reset(struct kvmdirty_vm *vm)
 	do
 		ret = kd_ioctl(vm->vm_fd, KVM_RESET_DIRTY_RINGS, NULL);
 	while (ret == INT_MAX);
-	kd_track_kernel_ns(vm->tracker, kd_now_ns() - t0);
+	if (in_sync)
+		kd_track_kernel_ns(vm->tracker, kd_now_ns() - t0);
 	return ret < 0 ? ret : 0;
 }
 
@@ -133,7 +134,7 @@ static int ring_recover(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *v)
 		if (!load_acquire(&e->flags))
 			store_release(&e->flags, KVM_DIRTY_GFN_F_RESET);
 	}
-	ret = kd_ring_reset(v->vm);
+	ret = kd_ring_reset(v->vm, false);
 	/*
 	 * KVM reset (zeroed) the entries up to where it pushes next and
 	 * stopped there: the first entry still marked is that place.
@@ -168,7 +169,7 @@ int kd_ring_full(struct kvmdirty_vcpu *v)
 		return -EIO; /* KVM has a ring the library did not map: cannot happen */
 	__atomic_fetch_add(&t->stats.ring_full_exits, 1, __ATOMIC_RELAXED);
 	n = kd_track_harvest(t, v);
-	ret = kd_ring_reset(v->vm);
+	ret = kd_ring_reset(v->vm, false);
 	/* full, yet nothing to take: maybe a sync took it, maybe a stuck ring */
 	if (ret >= 0 && !n)
 		ret = ring_recover(t, v);

@@ -45,8 +45,10 @@ struct kvmdirty_vm {
 	/* the mode KVM was set up for (manual protect or ring), 0 if neither */
 	enum kvmdirty_mode kvm_mode;
 	bool initially_set; /* manual protect with KVM_DIRTY_LOG_INITIALLY_SET */
+	/* registered vCPUs; vcpus_lock guards the array (sync, reaper, add, free) */
 	struct kvmdirty_vcpu **vcpus;
 	uint32_t nr_vcpus, vcpus_cap;
+	pthread_mutex_t vcpus_lock;
 	/* ring size in entries once the dirty ring is enabled, else 0 */
 	uint32_t ring_entries;
 };
@@ -127,7 +129,7 @@ int kd_ring_enable(struct kvmdirty_vm *vm, uint32_t entries);
 int kd_ring_map(struct kvmdirty_vcpu *v);
 void kd_ring_unmap(struct kvmdirty_vcpu *v);
 int64_t kd_ring_harvest(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *v);
-int kd_ring_reset(struct kvmdirty_vm *vm);
+int kd_ring_reset(struct kvmdirty_vm *vm, bool in_sync);
 int kd_ring_full(struct kvmdirty_vcpu *v);
 
 /* track.c: mark every page of every tracked region dirty (lost ring entries) */

@@ -82,6 +82,7 @@ static int vm_init(int kvm_fd, int vm_fd, bool owns, struct kvmdirty_vm **ret_vm
 	vm->page_size = (uint64_t)sysconf(_SC_PAGESIZE);
 	kd_index_init(&vm->gpa_index);
 	kd_index_init(&vm->hva_index);
+	pthread_mutex_init(&vm->vcpus_lock, NULL);
 	probe(vm);
 	*ret_vm = vm;
 	return 0;
@@ -128,6 +129,7 @@ KD_EXPORT void kvmdirty_vm_free(struct kvmdirty_vm *vm)
 	while (vm->nr_vcpus)
 		kvmdirty_vcpu_free(vm->vcpus[vm->nr_vcpus - 1]);
 	free(vm->vcpus);
+	pthread_mutex_destroy(&vm->vcpus_lock);
 	kd_regions_fini(vm);
 	kd_index_fini(&vm->gpa_index);
 	kd_index_fini(&vm->hva_index);

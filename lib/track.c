@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "internal.h"
 #include "kvm-uapi.h"
@@ -38,6 +39,12 @@ struct late_clear {
 
 struct kd_tracker_priv {
 	pthread_rwlock_t async_lock;
+	/* the ring reaper */
+	pthread_t reaper;
+	bool reaper_on, reaper_stop;
+	uint32_t reaper_ms;
+	pthread_mutex_t reaper_lock;
+	pthread_cond_t reaper_cond;
 	uint64_t sync_kernel_ns; /* accumulates during one sync */
 	struct late_clear *late;
 	size_t nr_late, late_cap;
@@ -60,6 +67,9 @@ static uint64_t *bitmap_alloc(uint64_t nbits)
 
 	return aligned_alloc(64, bytes ? bytes : 64);
 }
+
+static void *reaper(void *arg);
+static void reaper_stop(struct kvmdirty_tracker *t);
 
 void kd_track_kernel_ns(struct kvmdirty_tracker *t, uint64_t ns)
 {
@@ -121,7 +131,17 @@ KD_EXPORT int kvmdirty_tracker_new(struct kvmdirty_vm *vm, const struct kvmdirty
 		vm->kvm_mode = o.mode;
 	}
 	pthread_rwlock_init(&priv(t)->async_lock, NULL);
+	pthread_mutex_init(&priv(t)->reaper_lock, NULL);
+	pthread_cond_init(&priv(t)->reaper_cond, NULL);
 	vm->tracker = t;
+	if (o.mode == KVMDIRTY_MODE_DIRTY_RING && o.reaper_ms) {
+		priv(t)->reaper_ms = o.reaper_ms;
+		if (pthread_create(&priv(t)->reaper, NULL, reaper, t)) {
+			kvmdirty_tracker_free(t);
+			return -EAGAIN;
+		}
+		priv(t)->reaper_on = true;
+	}
 	*ret_tracker = t;
 	return 0;
 }
@@ -148,9 +168,12 @@ KD_EXPORT void kvmdirty_tracker_free(struct kvmdirty_tracker *t)
 {
 	if (!t)
 		return;
+	reaper_stop(t);
 	kvmdirty_tracker_stop(t, NULL);
 	t->vm->tracker = NULL;
 	pthread_rwlock_destroy(&priv(t)->async_lock);
+	pthread_mutex_destroy(&priv(t)->reaper_lock);
+	pthread_cond_destroy(&priv(t)->reaper_cond);
 	free(priv(t)->late);
 	free(t->slots);
 	free(t);
@@ -314,6 +337,63 @@ int64_t kd_track_harvest(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *v)
 	return n;
 }
 
+static void harvest_all(struct kvmdirty_tracker *t)
+{
+	struct kvmdirty_vm *vm = t->vm;
+	uint32_t i;
+
+	pthread_mutex_lock(&vm->vcpus_lock);
+	for (i = 0; i < vm->nr_vcpus; i++)
+		kd_track_harvest(t, vm->vcpus[i]);
+	pthread_mutex_unlock(&vm->vcpus_lock);
+}
+
+/*
+ * The reaper: every reaper_ms, harvest all rings and reset them, as QEMU's
+ * reaper thread does each second.  What it takes goes to the async
+ * bitmaps; the pages are re-protected by its reset before any sync can
+ * hand them out.
+ */
+static void *reaper(void *arg)
+{
+	struct kvmdirty_tracker *t = arg;
+	struct kd_tracker_priv *p = priv(t);
+
+	pthread_mutex_lock(&p->reaper_lock);
+	while (!p->reaper_stop) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += (long)(p->reaper_ms % 1000) * 1000000;
+		ts.tv_sec += p->reaper_ms / 1000 + ts.tv_nsec / 1000000000;
+		ts.tv_nsec %= 1000000000;
+		pthread_cond_timedwait(&p->reaper_cond, &p->reaper_lock, &ts);
+		if (p->reaper_stop)
+			break;
+		pthread_mutex_unlock(&p->reaper_lock);
+		harvest_all(t);
+		kd_ring_reset(t->vm, false);
+		__atomic_fetch_add(&t->stats.ring_reaper_runs, 1, __ATOMIC_RELAXED);
+		pthread_mutex_lock(&p->reaper_lock);
+	}
+	pthread_mutex_unlock(&p->reaper_lock);
+	return NULL;
+}
+
+static void reaper_stop(struct kvmdirty_tracker *t)
+{
+	struct kd_tracker_priv *p = priv(t);
+
+	if (!p->reaper_on)
+		return;
+	pthread_mutex_lock(&p->reaper_lock);
+	p->reaper_stop = true;
+	pthread_cond_signal(&p->reaper_cond);
+	pthread_mutex_unlock(&p->reaper_lock);
+	pthread_join(p->reaper, NULL);
+	p->reaper_on = false;
+}
+
 /*
  * pending |= kvm_bmap (and to_clear |= kvm_bmap): the words KVM reported
  * dirty, found with the scanner's zero skip; returns the new pages.
@@ -359,7 +439,7 @@ KD_EXPORT int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *t)
 {
 	struct kvmdirty_vm *vm;
 	uint64_t t0, now, fresh = 0;
-	uint32_t slot, i;
+	uint32_t slot;
 	int ret;
 
 	if (!t)
@@ -373,9 +453,8 @@ KD_EXPORT int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *t)
 		return ret;
 
 	if (t->mode == KVMDIRTY_MODE_DIRTY_RING) {
-		for (i = 0; i < vm->nr_vcpus; i++)
-			kd_track_harvest(t, vm->vcpus[i]);
-		ret = kd_ring_reset(vm);
+		harvest_all(t);
+		ret = kd_ring_reset(vm, true);
 		if (ret < 0)
 			return ret;
 	} else {
@@ -645,6 +724,7 @@ KD_EXPORT int kvmdirty_tracker_stats(const struct kvmdirty_tracker *t, struct kv
 	s.ring_overflows = __atomic_load_n(&t->stats.ring_overflows, __ATOMIC_RELAXED);
 	s.ring_recoveries = __atomic_load_n(&t->stats.ring_recoveries, __ATOMIC_RELAXED);
 	s.ring_full_ns = __atomic_load_n(&t->stats.ring_full_ns, __ATOMIC_RELAXED);
+	s.ring_reaper_runs = __atomic_load_n(&t->stats.ring_reaper_runs, __ATOMIC_RELAXED);
 	memcpy(ret_stats, &s, size < sizeof(s) ? size : sizeof(s));
 	return 0;
 }

@@ -11,17 +11,24 @@
 
 static int vcpu_register(struct kvmdirty_vm *vm, struct kvmdirty_vcpu *v)
 {
+	int ret = 0;
+
+	pthread_mutex_lock(&vm->vcpus_lock);
 	if (vm->nr_vcpus == vm->vcpus_cap) {
 		uint32_t cap = vm->vcpus_cap ? vm->vcpus_cap * 2 : 8;
 		struct kvmdirty_vcpu **p = realloc(vm->vcpus, cap * sizeof(*p));
 
-		if (!p)
-			return -ENOMEM;
+		if (!p) {
+			ret = -ENOMEM;
+			goto out;
+		}
 		vm->vcpus = p;
 		vm->vcpus_cap = cap;
 	}
 	vm->vcpus[vm->nr_vcpus++] = v;
-	return 0;
+out:
+	pthread_mutex_unlock(&vm->vcpus_lock);
+	return ret;
 }
 
 static int vcpu_setup(struct kvmdirty_vm *vm, int fd, bool owns, struct kvmdirty_vcpu **ret_vcpu)
@@ -97,12 +104,14 @@ KD_EXPORT void kvmdirty_vcpu_free(struct kvmdirty_vcpu *v)
 	if (!v)
 		return;
 	vm = v->vm;
+	pthread_mutex_lock(&vm->vcpus_lock);
 	for (i = 0; i < vm->nr_vcpus; i++) {
 		if (vm->vcpus[i] == v) {
 			vm->vcpus[i] = vm->vcpus[--vm->nr_vcpus];
 			break;
 		}
 	}
+	pthread_mutex_unlock(&vm->vcpus_lock);
 	/* what the ring still holds is not lost: the next sync cannot see it */
 	if (v->ring && vm->tracker)
 		kd_track_harvest(vm->tracker, v);

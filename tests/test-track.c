@@ -158,6 +158,7 @@ struct scenario {
 	unsigned int rounds;
 	bool clear_late;     /* the wrong order: must lose writes */
 	bool toggle_remove;  /* stop/start one region and remove another mid-run */
+	uint32_t reaper_ms;
 };
 
 /*
@@ -186,6 +187,7 @@ static void run_scenario(const struct scenario *s)
 	o.track_opts.mode = s->mode;
 	o.track_opts.ring_entries = s->ring_entries;
 	o.track_opts.clear_chunk_pages = s->chunk_pages;
+	o.track_opts.reaper_ms = s->reaper_ms;
 	ret = testvm_new(&o, &g.tv);
 	if (ret == -EOPNOTSUPP) {
 		printf("%s: mode %d not supported by this kernel: skipped\n", s->name, s->mode);
@@ -257,6 +259,8 @@ static void run_scenario(const struct scenario *s)
 	ck_assert_uint_ge(testvm_mailbox(g.tv, 0)->pass, 1);
 	if (s->mode == KVMDIRTY_MODE_DIRTY_RING && s->ring0)
 		ck_assert_msg(st.ring_full_exits > 0, "%s: the ring never filled", s->name);
+	if (s->reaper_ms)
+		ck_assert_msg(st.ring_reaper_runs > 0, "%s: the reaper never ran", s->name);
 
 	testvm_free(g.tv);
 	for (i = 0; i < 4; i++)
@@ -265,15 +269,17 @@ static void run_scenario(const struct scenario *s)
 }
 
 static const struct scenario scenarios[] = {
-	{ "clear-log seq 1 vCPU", KVMDIRTY_MODE_CLEAR_LOG, 1, GUEST_SEQUENTIAL, false, 0, 0, 0, 12, false, false },
+	{ "clear-log seq 1 vCPU", KVMDIRTY_MODE_CLEAR_LOG, 1, GUEST_SEQUENTIAL, false, 0, 0, 0, 12, false, false, 0 },
 	{ "clear-log random 2 vCPUs, 64-page chunks", KVMDIRTY_MODE_CLEAR_LOG, 2, GUEST_RANDOM, false, 0, 64, 0, 12,
-	  false, true },
-	{ "dirty-log seq 2 vCPUs", KVMDIRTY_MODE_DIRTY_LOG, 2, GUEST_SEQUENTIAL, false, 0, 0, 0, 12, false, true },
-	{ "dirty-log random 1 vCPU", KVMDIRTY_MODE_DIRTY_LOG, 1, GUEST_RANDOM, false, 0, 0, 0, 12, false, false },
-	{ "dirty-ring seq 1 vCPU", KVMDIRTY_MODE_DIRTY_RING, 1, GUEST_SEQUENTIAL, false, 4096, 0, 0, 12, false, false },
-	{ "dirty-ring random 2 vCPUs", KVMDIRTY_MODE_DIRTY_RING, 2, GUEST_RANDOM, false, 4096, 0, 0, 12, false, true },
+	  false, true, 0 },
+	{ "dirty-log seq 2 vCPUs", KVMDIRTY_MODE_DIRTY_LOG, 2, GUEST_SEQUENTIAL, false, 0, 0, 0, 12, false, true, 0 },
+	{ "dirty-log random 1 vCPU", KVMDIRTY_MODE_DIRTY_LOG, 1, GUEST_RANDOM, false, 0, 0, 0, 12, false, false, 0 },
+	{ "dirty-ring seq 1 vCPU", KVMDIRTY_MODE_DIRTY_RING, 1, GUEST_SEQUENTIAL, false, 4096, 0, 0, 12, false, false, 0 },
+	{ "dirty-ring random 2 vCPUs", KVMDIRTY_MODE_DIRTY_RING, 2, GUEST_RANDOM, false, 4096, 0, 0, 12, false, true, 0 },
 	{ "dirty-ring 4096 entries, ring-0 guest", KVMDIRTY_MODE_DIRTY_RING, 1, GUEST_SEQUENTIAL, true, 4096, 0, 2, 6,
-	  false, false },
+	  false, false, 0 },
+	{ "dirty-ring random 2 vCPUs, reaper 1 ms", KVMDIRTY_MODE_DIRTY_RING, 2, GUEST_RANDOM, false, 4096, 0, 0, 12,
+	  false, true, 1 },
 };
 
 /*
@@ -363,7 +369,7 @@ END_TEST
 START_TEST(clear_after_read_loses_writes)
 {
 	const struct scenario s = { "clear-log, clear after read", KVMDIRTY_MODE_CLEAR_LOG, 1, GUEST_SEQUENTIAL,
-				    false, 0, 64, 0, 8, true, false };
+				    false, 0, 64, 0, 8, true, false, 0 };
 
 	run_scenario(&s);
 }
