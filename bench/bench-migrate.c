@@ -62,6 +62,14 @@ static int run(const char *name, const struct mig_guest *g, struct mig_result *r
 	pid_t pid;
 
 	snprintf(addr, sizeof(addr), "unix:/tmp/kvmdirty-bench-%d.sock", (int)getpid());
+	lfd = mig_listen(addr, err, sizeof(err));
+	if (lfd < 0 || pipe(ready)) {
+		fprintf(stderr, "bench-migrate: %s\n", err);
+		return -1;
+	}
+	/* forked before the source has threads: a child of a threaded process could inherit held locks */
+	pid = child_destination(lfd, g, ready[1]);
+	close(lfd);
 	if (mig_guest_new(g, true, &tv, err, sizeof(err)) < 0) {
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, err);
 		return -1;
@@ -70,15 +78,6 @@ static int run(const char *name, const struct mig_guest *g, struct mig_result *r
 	if (testvm_spawn(tv) < 0)
 		return -1;
 	nanosleep(&(struct timespec){ 0, 300000000 }, NULL);
-	lfd = mig_listen(addr, err, sizeof(err));
-	if (lfd < 0) {
-		fprintf(stderr, "bench-migrate: %s\n", err);
-		return -1;
-	}
-	if (pipe(ready))
-		return -1;
-	pid = child_destination(lfd, g, ready[1]);
-	close(lfd);
 	if (read(ready[0], &c, 1) != 1)
 		c = 0;
 	close(ready[0]);

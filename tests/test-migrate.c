@@ -12,6 +12,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
+#include <spawn.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,38 +22,56 @@
 #include "stream.h"
 #include "test-util.h"
 
+extern char **environ;
+
 #define MIB (1ull << 20)
 
 static const struct mig_send_opts send_opts = {
 	.downtime_ms = 20, .max_passes = 6, .timeout_ms = 20000, .verify = true,
 };
 
-/* Destination in a child: receive, verify, resume, check; the exit status says how it went. */
-static pid_t destination_child(int lfd, const struct mig_guest *g)
+/*
+ * The destination is the kvmdirty-migrate binary, started with exec: a
+ * forked copy of this process (whose vCPU threads are running) could
+ * inherit a lock some thread held and hang.  Its exit status says whether
+ * the guest arrived digest-exact and ran on.
+ */
+static pid_t spawn_listener(const char *addr, const struct mig_guest *g)
 {
-	pid_t pid = fork();
+	static char exe[4096];
+	char mib[32], vcpus[32];
+	const char *env = getenv("KVMDIRTY_MIGRATE");
+	char *argv[] = { "kvmdirty-migrate", "listen", (char *)addr, "-m", mib, "-v", vcpus, "--run-ms", "300", NULL };
+	pid_t pid;
 
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		struct testvm *tv;
-		char err[256];
-		bool verified;
-		int fd = -1, ret;
+	if (env) {
+		snprintf(exe, sizeof(exe), "%s", env);
+	} else { /* beside the tests in the build tree */
+		ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 64);
 
-		if (mig_guest_new(g, false, &tv, err, sizeof(err)) < 0 || (fd = mig_accept(lfd, err, sizeof(err))) < 0) {
-			fprintf(stderr, "destination: %s\n", err);
-			_exit(10);
-		}
-		ret = mig_recv(tv, fd, &verified, err, sizeof(err));
-		if (ret < 0 || !verified) {
-			fprintf(stderr, "destination: %s\n", ret < 0 ? err : "digests not sent");
-			_exit(11);
-		}
-		ret = mig_resume_check(tv, 300, err, sizeof(err));
-		fprintf(stderr, "destination: %s\n", err);
-		_exit(ret < 0 ? 12 : 0);
+		ck_assert_int_gt(n, 0);
+		exe[n] = 0;
+		strcpy(strrchr(exe, '/'), "/../examples/migrate/kvmdirty-migrate");
 	}
+	snprintf(mib, sizeof(mib), "%" PRIu64, g->mib);
+	snprintf(vcpus, sizeof(vcpus), "%u", g->vcpus);
+	ck_assert_int_eq(posix_spawn(&pid, exe, NULL, NULL, argv, environ), 0);
 	return pid;
+}
+
+/* Connect once the listener is up (it binds, then builds its guest). */
+static int connect_retry(const char *addr, pid_t listener, char *err, size_t len)
+{
+	int i, fd = -1, st;
+
+	for (i = 0; i < 500 && fd < 0; i++) {
+		fd = mig_connect(addr, err, len);
+		if (fd < 0) {
+			ck_assert_msg(waitpid(listener, &st, WNOHANG) == 0, "the listener exited: %s", err);
+			usleep(10000);
+		}
+	}
+	return fd;
 }
 
 static int child_status(pid_t pid)
@@ -113,13 +132,9 @@ static void make_addr(const char *kind, char *addr, size_t len)
 static int migrate_once(struct testvm *tv, const struct mig_guest *g, const char *addr, struct mig_result *r,
 			char *err, size_t len)
 {
-	int lfd = mig_listen(addr, err, len), fd, ret, status;
-	pid_t pid;
+	pid_t pid = spawn_listener(addr, g);
+	int fd = connect_retry(addr, pid, err, len), ret, status;
 
-	ck_assert_msg(lfd >= 0, "%s", err);
-	pid = destination_child(lfd, g);
-	close(lfd);
-	fd = mig_connect(addr, err, len);
 	ck_assert_msg(fd >= 0, "%s", err);
 	ret = mig_send(tv, fd, &send_opts, r, err, len);
 	close(fd);
@@ -459,10 +474,10 @@ static pid_t dying_destination(int lfd)
 START_TEST(connection_drop)
 {
 	struct mig_guest g = { .mib = 32, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 8 };
-	struct testvm *tv = running_source(&g);
 	struct timespec ts = { 0, 200 * 1000 * 1000 };
 	struct mig_result r;
 	char addr[128], err[256];
+	struct testvm *tv;
 	uint64_t pass;
 	int lfd, fd, ret;
 	pid_t pid;
@@ -470,8 +485,10 @@ START_TEST(connection_drop)
 	make_addr("unix", addr, sizeof(addr));
 	lfd = mig_listen(addr, err, sizeof(err));
 	ck_assert_msg(lfd >= 0, "%s", err);
+	/* forked before the source's vCPU threads exist */
 	pid = dying_destination(lfd);
 	close(lfd);
+	tv = running_source(&g);
 	fd = mig_connect(addr, err, sizeof(err));
 	ck_assert_msg(fd >= 0, "%s", err);
 	ret = mig_send(tv, fd, &send_opts, &r, err, sizeof(err));
