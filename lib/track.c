@@ -465,6 +465,9 @@ KD_EXPORT int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *t)
 			if (!tr->tracking)
 				continue;
 			ret = kd_log_get(vm, &vm->regions[slot], tr->kvm_bmap);
+			/* logging turned off behind the tracker's back: nothing to fetch */
+			if (ret == -ENOENT)
+				continue;
 			if (ret < 0)
 				return ret;
 			n = merge_log(tr, t->mode == KVMDIRTY_MODE_CLEAR_LOG);

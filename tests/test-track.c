@@ -453,6 +453,13 @@ START_TEST(mark_dirty_concurrent)
 	for (p = 0; p < size / PAGE; p++)
 		expect(g.copies[1].reported[p] == 1, "page %" PRIu64 " reported %u times", p, g.copies[1].reported[p]);
 
+	/* logging switched off behind the tracker's back: sync goes on */
+	ck_assert_ok(kvmdirty_region_set_logging(g.tv->vm, r, false));
+	ck_assert_int_ge(kvmdirty_tracker_sync(g.t), 0);
+	ck_assert_ok(kvmdirty_region_set_logging(g.tv->vm, r, true));
+	sync_and_consume(&g); /* KVM starts the slot all dirty again */
+	ck_assert_uint_eq(kvmdirty_tracker_pending(g.t), 0);
+
 	/* a range across the region's end marks only what is inside */
 	ck_assert_ok(kvmdirty_tracker_mark_dirty_gpa(g.t, 4 * GIB + size - 2 * PAGE, 8 * PAGE));
 	ck_assert_int_eq(kvmdirty_tracker_sync(g.t), 2);
