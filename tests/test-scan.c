@@ -260,22 +260,11 @@ static void *producer(void *arg)
 {
 	uintptr_t id = (uintptr_t)arg;
 	uint64_t x = 0x9e3779b97f4a7c15ull * (id + 1), i, n = CONC_BITS / PRODUCERS;
-	uint32_t *order = malloc(n * sizeof(*order));
+	uint64_t *order = malloc(n * sizeof(*order));
 
 	for (i = 0; i < n; i++)
-		order[i] = (uint32_t)(id + i * PRODUCERS);
-	for (i = n - 1; i > 0; i--) { /* shuffle */
-		uint64_t j;
-		uint32_t t;
-
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		j = x % (i + 1);
-		t = order[i];
-		order[i] = order[j];
-		order[j] = t;
-	}
+		order[i] = id + i * PRODUCERS;
+	shuffle_u64(order, n, &x);
 	for (i = 0; i < n; i++)
 		kvmdirty_bitmap_set_atomic(conc_src, order[i], order[i] + 1);
 	free(order);

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "internal.h"
+#include "rng.h"
 #include "testvm.h"
 #include "test-util.h"
 
@@ -391,17 +392,7 @@ static void *mark_thread(void *p)
 
 	for (i = 0; i < m->npages; i++)
 		order[i] = i;
-	for (i = m->npages - 1; i > 0; i--) {
-		uint64_t j, tmp;
-
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		j = x % (i + 1);
-		tmp = order[i];
-		order[i] = order[j];
-		order[j] = tmp;
-	}
+	shuffle_u64(order, m->npages, &x);
 	for (i = 0; i < m->npages; i++) {
 		uint64_t pg = order[i];
 		int ret = (i & 1) ? kvmdirty_tracker_mark_dirty_hva(m->t, m->hva + pg * PAGE + (i % 7), 1)
