@@ -135,8 +135,10 @@ static int parse(int argc, char **argv, struct args *a)
 		case 'S':
 			a->stats = optarg;
 			break;
-		default:
+		case 'h':
 			usage();
+			exit(0);
+		default: /* getopt said what was wrong */
 			return -1;
 		}
 	}
@@ -333,10 +335,12 @@ int main(int argc, char **argv)
 			return 2;
 		return cmd_demo(&a);
 	}
-	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
-		if (strcmp(a.cmd, "-h") && strcmp(a.cmd, "--help"))
-			fprintf(stderr, "kvmdirty-migrate: unknown command '%s'\n", a.cmd);
+	if (!strcmp(a.cmd, "-h") || !strcmp(a.cmd, "--help")) {
 		usage();
+		return 0;
+	}
+	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
+		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send or demo; --help for more)\n", a.cmd);
 		return 2;
 	}
 	if (argc < 3) {

@@ -116,9 +116,11 @@ int main(int argc, char **argv)
 		case '0':
 			opts.ring0 = true;
 			break;
-		default:
+		case 'h':
 			usage();
-			return c == 'h' ? 0 : 2;
+			return 0;
+		default: /* getopt said what was wrong */
+			return 2;
 		}
 	}
 	if (optind != argc) {

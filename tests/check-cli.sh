@@ -1,0 +1,38 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# The tools refuse bad input with a one-line message naming it.
+# usage: check-cli.sh KVMDIRTY-MIGRATE KVMDIRTY-VMM
+set -u
+migrate=$1 vmm=$2
+status=0
+
+# expect STATUS NEEDLE COMMAND...: COMMAND exits STATUS and says NEEDLE on one stderr line
+expect() {
+	want=$1 needle=$2
+	shift 2
+	err=$("$@" 2>&1 >/dev/null)
+	got=$?
+	lines=$(printf '%s\n' "$err" | grep -c .)
+	if [ "$got" != "$want" ] || ! printf '%s' "$err" | grep -qF -- "$needle" || [ "$lines" -gt 1 ]; then
+		echo "FAIL: $* -> exit $got (want $want), stderr: $err"
+		status=1
+	else
+		echo "ok: $* -> $err"
+	fi
+}
+
+expect 2 "unknown command 'fly'" "$migrate" fly
+expect 2 "needs an address" "$migrate" send
+expect 2 "-m 'lots'" "$migrate" send unix:/tmp/x -m lots
+expect 2 "-m '3'" "$migrate" listen unix:/tmp/x -m 3
+expect 2 "-M 'turbo'" "$migrate" send unix:/tmp/x -M turbo
+expect 2 "-v '0'" "$migrate" send unix:/tmp/x -v 0
+expect 2 "invalid option -- 'Z'" "$migrate" send unix:/tmp/x -Z
+expect 2 "unexpected argument 'extra'" "$migrate" listen unix:/tmp/x extra
+expect 1 "address 'nowhere'" "$migrate" listen nowhere
+expect 1 "address 'tcp:localhost'" "$migrate" send tcp:localhost -m 4 -v 1
+expect 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 4 -v 1
+expect 2 "-P 'zigzag'" "$vmm" -P zigzag
+expect 2 "-v '999'" "$vmm" -v 999
+expect 2 "invalid option -- 'q'" "$vmm" -q
+exit $status
