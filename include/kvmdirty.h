@@ -74,7 +74,12 @@ int kvmdirty_vm_adopt(int kvm_fd, int vm_fd, struct kvmdirty_vm **ret_vm);
  */
 void kvmdirty_vm_free(struct kvmdirty_vm *vm);
 
-/* The VM fd and the /dev/kvm fd, for the VMM's own ioctls (vCPUs...). */
+/*
+ * The VM fd and the /dev/kvm fd, for the VMM's own ioctls; owned by the
+ * handle (or by the caller, when adopted).  Memslots must go through
+ * kvmdirty_region_*: a slot made behind the library's back may collide
+ * with the ids it hands out.
+ */
 int kvmdirty_vm_fd(const struct kvmdirty_vm *vm);
 int kvmdirty_vm_kvm_fd(const struct kvmdirty_vm *vm);
 
@@ -372,6 +377,12 @@ int kvmdirty_vcpu_add(struct kvmdirty_vm *vm, int vcpu_fd, struct kvmdirty_vcpu 
 /* Unmap, unregister and (if created by the library) close.  NULL: no-op. */
 void kvmdirty_vcpu_free(struct kvmdirty_vcpu *vcpu);
 
+/*
+ * The vCPU's fd (for KVM_SET_REGS, KVM_SET_CPUID2 and the like) and its
+ * kvm_run mapping, both valid until kvmdirty_vcpu_free().  Set
+ * kvm_run->immediate_exit and signal the vCPU's thread to take it out of
+ * KVM_RUN (kvmdirty_vcpu_run() then returns -EINTR).
+ */
 int kvmdirty_vcpu_fd(const struct kvmdirty_vcpu *vcpu);
 struct kvm_run *kvmdirty_vcpu_kvm_run(const struct kvmdirty_vcpu *vcpu);
 
