@@ -101,8 +101,6 @@ struct kvmdirty_tracker {
 	 * writes.  Never set otherwise.
 	 */
 	bool test_clear_late;
-	struct kvmdirty_region *late_region;
-	uint64_t late_first, late_last;
 };
 
 uint64_t kd_now_ns(void);

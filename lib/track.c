@@ -556,19 +556,25 @@ static int late_flush(struct kvmdirty_tracker *t)
 	return ret;
 }
 
-/* Protect [first, first + n) of r: clear the dirty chunks it touches. */
+/*
+ * Protect [first, first + n) of r: clear the dirty chunks it touches.
+ * Runs come in address order within one call, so chunks below *done were
+ * handled for an earlier run of this call: many small runs in one chunk
+ * check it once, not once each.
+ */
 static int protect(struct kvmdirty_tracker *t, struct kvmdirty_region *r, struct kd_track_region *tr,
-		   uint64_t first, uint64_t n)
+		   uint64_t first, uint64_t n, uint64_t *done)
 {
-	uint64_t c, last = (first + n - 1) / t->chunk_pages;
+	uint64_t c = first / t->chunk_pages, last = (first + n - 1) / t->chunk_pages;
 	int ret;
 
 	if (t->mode != KVMDIRTY_MODE_CLEAR_LOG)
 		return 0;
-	for (c = first / t->chunk_pages; c <= last; c++) {
+	for (c = c > *done ? c : *done; c <= last; c++) {
 		ret = t->test_clear_late ? late_add(t, r->slot, c) : clear_chunk(t, r, tr, c);
 		if (ret < 0)
 			return ret;
+		*done = c + 1;
 	}
 	return 0;
 }
@@ -580,6 +586,7 @@ static int next_in_region(struct kvmdirty_tracker *t, uint32_t slot, uint64_t *p
 	struct kd_track_region *tr = &t->slots[slot];
 	struct kvmdirty_region *r = &t->vm->regions[slot];
 	struct kvmdirty_run runs[64];
+	uint64_t done = 0;
 	size_t k = 0, n, i;
 	int ret;
 
@@ -590,7 +597,7 @@ static int next_in_region(struct kvmdirty_tracker *t, uint32_t slot, uint64_t *p
 
 			if (cnt > *pages_left)
 				cnt = *pages_left;
-			ret = protect(t, r, tr, first, cnt);
+			ret = protect(t, r, tr, first, cnt, &done);
 			if (ret < 0)
 				return k ? (int)k : ret;
 			kvmdirty_bitmap_clear(tr->pending, first, first + cnt);
