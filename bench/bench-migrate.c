@@ -74,7 +74,7 @@ static int run(const char *name, const struct mig_guest *g, struct mig_result *r
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, err);
 		return -1;
 	}
-	mig_guest_fill(tv, kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA), 0);
+	mig_guest_fill(tv, 0);
 	if (testvm_spawn(tv) < 0)
 		return -1;
 	nanosleep(&(struct timespec){ 0, 300000000 }, NULL);

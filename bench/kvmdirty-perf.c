@@ -27,6 +27,7 @@
 
 #include <linux/kvm.h>
 
+#include "../examples/common/cli.h"
 #include "testvm.h"
 
 #define DATA_GPA (4ull << 30)
@@ -159,28 +160,6 @@ static double median(double *v, uint64_t n)
 	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
-static int parse(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (*end == 'G' || *end == 'g')
-		v <<= 30, end++;
-	else if (*end == 'M' || *end == 'm')
-		v <<= 20, end++;
-	else if (*end == 'K' || *end == 'k')
-		v <<= 10, end++;
-	if (errno || *end || !*s || s[0] == '-' || v < min || v > max) {
-		fprintf(stderr, "kvmdirty-perf: -%s '%s': expected a number in [%" PRIu64 ", %" PRIu64 "]\n", opt, s,
-			min, max);
-		return -1;
-	}
-	*ret = v;
-	return 0;
-}
-
 int main(int argc, char **argv)
 {
 	uint64_t vcpus = 1, bytes = 1ull << 30, iters = 3, chunk = 0;
@@ -199,19 +178,19 @@ int main(int argc, char **argv)
 	while ((c = getopt(argc, argv, "v:b:i:M:c:h")) != -1) {
 		switch (c) {
 		case 'v':
-			if (parse("v", optarg, 1, GUEST_MAX_VCPUS, &vcpus))
+			if (cli_number("kvmdirty-perf", "-v", optarg, 1, GUEST_MAX_VCPUS, &vcpus))
 				return 2;
 			break;
 		case 'b':
-			if (parse("b", optarg, 2 << 20, 64ull << 30, &bytes))
+			if (cli_number("kvmdirty-perf", "-b", optarg, 2 << 20, 64ull << 30, &bytes))
 				return 2;
 			break;
 		case 'i':
-			if (parse("i", optarg, 1, 1000, &iters))
+			if (cli_number("kvmdirty-perf", "-i", optarg, 1, 1000, &iters))
 				return 2;
 			break;
 		case 'c':
-			if (parse("c", optarg, 64, 1ull << 31, &chunk))
+			if (cli_number("kvmdirty-perf", "-c", optarg, 64, 1ull << 31, &chunk))
 				return 2;
 			break;
 		case 'M':

@@ -89,7 +89,7 @@ static struct testvm *running_source(const struct mig_guest *g)
 	int ret = mig_guest_new(g, true, &tv, err, sizeof(err));
 
 	ck_assert_msg(ret == 0, "source: %s", err);
-	mig_guest_fill(tv, kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA), 16);
+	mig_guest_fill(tv, 16);
 	ck_assert_ok(testvm_spawn(tv));
 	return tv;
 }

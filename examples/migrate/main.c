@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/cli.h"
 #include "migrate.h"
 
 struct args {
@@ -41,22 +42,6 @@ static void usage(void)
 			"                              [-d DOWNTIME_MS] [-p MAX_PASSES] [-t TIMEOUT_S] [--no-verify]\n"
 			"                              [--stats FILE]\n"
 			"       kvmdirty-migrate demo\n");
-}
-
-static int number(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (errno || *end || !*s || s[0] == '-' || v < min || v > max) {
-		fprintf(stderr, "kvmdirty-migrate: %s '%s': expected a number in [%" PRIu64 ", %" PRIu64 "]\n", opt, s,
-			min, max);
-		return -1;
-	}
-	*ret = v;
-	return 0;
 }
 
 static int parse(int argc, char **argv, struct args *a)
@@ -78,7 +63,7 @@ static int parse(int argc, char **argv, struct args *a)
 	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'm':
-			if (number("-m", optarg, 4, 1 << 16, &a->guest.mib))
+			if (cli_number("kvmdirty-migrate", "-m", optarg, 4, 1 << 16, &a->guest.mib))
 				return -1;
 			if (a->guest.mib % 2) {
 				fprintf(stderr, "kvmdirty-migrate: -m '%s': must be a multiple of 2 MiB\n", optarg);
@@ -86,7 +71,7 @@ static int parse(int argc, char **argv, struct args *a)
 			}
 			break;
 		case 'v':
-			if (number("-v", optarg, 1, GUEST_MAX_VCPUS, &v))
+			if (cli_number("kvmdirty-migrate", "-v", optarg, 1, GUEST_MAX_VCPUS, &v))
 				return -1;
 			a->guest.vcpus = (unsigned int)v;
 			break;
@@ -104,29 +89,29 @@ static int parse(int argc, char **argv, struct args *a)
 			}
 			break;
 		case 'w':
-			if (number("-w", optarg, 0, 1 << 16, &a->guest.ws_mib))
+			if (cli_number("kvmdirty-migrate", "-w", optarg, 0, 1 << 16, &a->guest.ws_mib))
 				return -1;
 			break;
 		case 'r':
-			if (number("-r", optarg, 0, UINT32_MAX, &a->guest.rate))
+			if (cli_number("kvmdirty-migrate", "-r", optarg, 0, UINT32_MAX, &a->guest.rate))
 				return -1;
 			break;
 		case 'd':
-			if (number("-d", optarg, 0, 3600000, &a->send.downtime_ms))
+			if (cli_number("kvmdirty-migrate", "-d", optarg, 0, 3600000, &a->send.downtime_ms))
 				return -1;
 			break;
 		case 'p':
-			if (number("-p", optarg, 1, 100000, &v))
+			if (cli_number("kvmdirty-migrate", "-p", optarg, 1, 100000, &v))
 				return -1;
 			a->send.max_passes = (unsigned int)v;
 			break;
 		case 't':
-			if (number("-t", optarg, 1, 86400, &v))
+			if (cli_number("kvmdirty-migrate", "-t", optarg, 1, 86400, &v))
 				return -1;
 			a->send.timeout_ms = v * 1000;
 			break;
 		case 'R':
-			if (number("--run-ms", optarg, 0, 3600000, &a->run_ms))
+			if (cli_number("kvmdirty-migrate", "--run-ms", optarg, 0, 3600000, &a->run_ms))
 				return -1;
 			break;
 		case 'N':
@@ -217,7 +202,7 @@ static int source_guest(const struct args *a, struct testvm **ret_tv)
 		return -1;
 	}
 	/* real data in memory, with one page in 16 left zero */
-	mig_guest_fill(*ret_tv, kvmdirty_region_from_gpa((*ret_tv)->vm, MIG_DATA_GPA), 16);
+	mig_guest_fill(*ret_tv, 16);
 	ret = testvm_spawn(*ret_tv);
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: source: starting vCPUs: %s\n", strerror(-ret));

@@ -186,8 +186,9 @@ int mig_guest_new(const struct mig_guest *g, bool source, struct testvm **ret_tv
 	return 0;
 }
 
-void mig_guest_fill(struct testvm *tv, struct kvmdirty_region *r, uint64_t zero_every)
+void mig_guest_fill(struct testvm *tv, uint64_t zero_every)
 {
+	struct kvmdirty_region *r = kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA);
 	uint8_t *p = kvmdirty_region_hva(r);
 	uint64_t i, n = kvmdirty_region_size(r) / PAGE, x = 0x9e3779b97f4a7c15ull;
 
@@ -204,7 +205,6 @@ void mig_guest_fill(struct testvm *tv, struct kvmdirty_region *r, uint64_t zero_
 			w[k] = x;
 		}
 	}
-	(void)tv;
 }
 
 /* ---- shared pieces ---- */

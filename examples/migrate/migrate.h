@@ -25,8 +25,11 @@ struct mig_guest {
 };
 
 int mig_guest_new(const struct mig_guest *g, bool source, struct testvm **ret_tv, char *err, size_t len);
-/* Fill data memory with non-zero bytes, so zero pages do not flatter a run. */
-void mig_guest_fill(struct testvm *tv, struct kvmdirty_region *r, uint64_t zero_every);
+/*
+ * Fill the data memory with non-zero bytes (every zero_every-th page left
+ * zero; 0: none), so zero pages do not flatter a run.
+ */
+void mig_guest_fill(struct testvm *tv, uint64_t zero_every);
 
 struct mig_send_opts {
 	uint64_t downtime_ms; /* stop-and-copy once the rest fits this */

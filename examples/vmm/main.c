@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../common/cli.h"
 #include "testvm.h"
 
 #define DATA_GPA (4ull << 30)
@@ -27,22 +28,6 @@ static double now(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-static int parse_u64(const char *opt, const char *s, uint64_t min, uint64_t max, uint64_t *ret)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 0);
-	if (errno || *end || !*s || s[0] == '-' || v < min || v > max) {
-		fprintf(stderr, "kvmdirty-vmm: -%s '%s': expected a number in [%" PRIu64 ", %" PRIu64 "]\n",
-			opt, s, min, max);
-		return -1;
-	}
-	*ret = v;
-	return 0;
 }
 
 static void usage(void)
@@ -82,23 +67,23 @@ int main(int argc, char **argv)
 	while ((c = getopt(argc, argv, "v:m:p:P:s:r:0h")) != -1) {
 		switch (c) {
 		case 'v':
-			if (parse_u64("v", optarg, 1, GUEST_MAX_VCPUS, &vcpus))
+			if (cli_number("kvmdirty-vmm", "-v", optarg, 1, GUEST_MAX_VCPUS, &vcpus))
 				return 2;
 			break;
 		case 'm':
-			if (parse_u64("m", optarg, 1, 4096, &mib))
+			if (cli_number("kvmdirty-vmm", "-m", optarg, 1, 4096, &mib))
 				return 2;
 			break;
 		case 'p':
-			if (parse_u64("p", optarg, 1, UINT32_MAX, &passes))
+			if (cli_number("kvmdirty-vmm", "-p", optarg, 1, UINT32_MAX, &passes))
 				return 2;
 			break;
 		case 's':
-			if (parse_u64("s", optarg, 1, UINT32_MAX, &stride))
+			if (cli_number("kvmdirty-vmm", "-s", optarg, 1, UINT32_MAX, &stride))
 				return 2;
 			break;
 		case 'r':
-			if (parse_u64("r", optarg, 0, UINT32_MAX, &rate))
+			if (cli_number("kvmdirty-vmm", "-r", optarg, 0, UINT32_MAX, &rate))
 				return 2;
 			break;
 		case 'P':
