@@ -1,39 +1,57 @@
 // SPDX-License-Identifier: MIT
 /*
- * The dirty ring backend: enable, map, harvest, reset, and the recovery of
- * rings this host's KVM leaves stuck.
+ * The dirty ring backend.
  *
  * Protocol (api.rst 4.127, 8.29): each vCPU has a ring of kvm_dirty_gfn
- * entries mapped from its fd.  KVM writes slot and offset, then sets
- * flags to DIRTY.  Userspace reads entries in order from its own fetch
- * index with acquire loads, stops at the first that is not DIRTY, marks
- * each taken entry RESET with a release store, then calls
- * KVM_RESET_DIRTY_RINGS, which re-protects those pages and hands the
- * entries back.  Since the reset happens in sync, before any page is
- * handed out, pages are protected before they are read.
+ * entries mapped from its fd.  KVM writes slot and offset, then sets flags
+ * to DIRTY.  Userspace reads entries in order from its own fetch index
+ * with acquire loads, stops at the first that is not DIRTY, marks each
+ * taken entry RESET with a release store, then calls
+ * KVM_RESET_DIRTY_RINGS, which re-protects those pages and zeroes the
+ * entries.  Only after that reset may the pages be read (protect before
+ * read): callers harvest into a buffer of their own and publish after it.
  *
  * On this host KVM can push past a full ring (guest ring-0 code runs in
  * the emulator, up to 1,024 instructions between exits, more than the
- * ring's reserve), overwriting unharvested entries: a harvest that takes
- * the whole ring is therefore treated as loss and every tracked page is
- * marked dirty.  After such an overflow KVM's reset position can sit on
- * "ghost" entries (flags 0) that it counts as pushed; every reset then
- * stops there, the vCPU exits ring-full forever, and nothing is ever
- * harvested.  ring_recover() marks those entries RESET while the vCPU is
- * stopped in its ring-full exit, so that the reset goes through, and moves
- * the fetch index to where KVM pushes next.
+ * ring's reserve), overwriting unharvested entries.  A harvest that takes
+ * the whole ring reports KD_RING_OVERFLOW: the entries KVM overwrote are
+ * lost, and their pages stay writable in KVM's page tables until logging
+ * is switched off and on (the tracker does that at its next sync).
+ *
+ * KVM's reset walks entries by their flags from its own reset index, not
+ * up to its write position, and zeroes each one it passes.  After an
+ * overflow that leaves two kinds of stray zeros, both entries KVM counts
+ * as pushed:
+ *  - ahead of fetch ("ghosts"): a whole-ring harvest read slots KVM had
+ *    overwritten with later pushes, and the reset then zeroed those
+ *    later entries too.  Ghosts and free entries both read 0; what tells
+ *    them apart is a DIRTY entry after them.  KVM pushes in order, so a
+ *    DIRTY entry at fetch + k means every entry from fetch up to it was
+ *    pushed: zeros there are ghosts, and only those are marked RESET
+ *    (marking a free entry would let KVM's reset run past its write
+ *    position and wrap its count of used entries).
+ *  - behind fetch: a reset stopped early at a slot KVM overwrote while
+ *    its entries awaited the reset, and a later one went a whole lap.
+ *    The ring keeps KVM's reset index (reset_pos, from the counts the
+ *    resets return), so entries in [reset_pos, fetch) are known to be
+ *    harvested: zeros there are marked RESET until the reset catches up.
+ * Every mark goes from 0 to RESET by compare-and-exchange, so a slot KVM
+ * pushes into meanwhile is left DIRTY for the next harvest.
  */
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 
 #include "barrier.h"
-#include "internal.h"
+#include "dirty-ring.h"
+#include "hooks.h"
 #include "kvm-uapi.h"
 
-int kd_ring_enable(struct kvmdirty_vm *vm, uint32_t entries)
+int kd_ring_enable(struct kd_kvm *kvm, uint32_t entries)
 {
-	int64_t max_acq = vm->caps[KVMDIRTY_CAP_DIRTY_RING_ACQ_REL], max = vm->caps[KVMDIRTY_CAP_DIRTY_RING];
+	int64_t max_acq = kvm->caps[KVMDIRTY_CAP_DIRTY_RING_ACQ_REL], max = kvm->caps[KVMDIRTY_CAP_DIRTY_RING];
 	struct kvm_enable_cap cap = { 0 };
 	uint64_t bytes = (uint64_t)entries * sizeof(struct kvm_dirty_gfn);
 	int ret;
@@ -44,135 +62,203 @@ int kd_ring_enable(struct kvmdirty_vm *vm, uint32_t entries)
 	cap.cap = max_acq > 0 ? KVM_CAP_DIRTY_LOG_RING_ACQ_REL : KVM_CAP_DIRTY_LOG_RING;
 	if (max_acq > 0)
 		max = max_acq;
-	if (!entries || (entries & (entries - 1)) || bytes < vm->page_size || bytes > (uint64_t)max)
+	if (!entries || (entries & (entries - 1)) || bytes < kvm->page_size || bytes > (uint64_t)max)
 		return -EINVAL;
-	if (vm->nr_vcpus)
-		return -EBUSY;
 	cap.args[0] = bytes;
-	ret = kd_ioctl(vm->vm_fd, KVM_ENABLE_CAP, &cap);
+	ret = kd_ioctl(kvm->vm_fd, KVM_ENABLE_CAP, &cap);
 	if (ret < 0)
 		return ret;
-	vm->ring_entries = entries;
+	kvm->ring_entries = entries;
+	kvm->dirty_mode = KVMDIRTY_MODE_DIRTY_RING;
 	return 0;
 }
 
-int kd_ring_map(struct kvmdirty_vcpu *v)
+int kd_ring_map(struct kd_ring *ring, const struct kd_kvm *kvm, int vcpu_fd)
 {
-	size_t bytes = (size_t)v->vm->ring_entries * sizeof(struct kvm_dirty_gfn);
+	size_t bytes = (size_t)kvm->ring_entries * sizeof(struct kvm_dirty_gfn);
 	void *p;
 
 	/* offset in host pages; KVM refuses PROT_EXEC and private mappings */
-	p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, v->fd,
-		 (off_t)(v->vm->page_size * KD_DIRTY_LOG_PAGE_OFFSET));
+	p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, vcpu_fd,
+		 (off_t)(kvm->page_size * KD_DIRTY_LOG_PAGE_OFFSET));
 	if (p == MAP_FAILED)
 		return -errno;
-	v->ring = p;
-	v->fetch = 0;
+	ring->gfns = p;
+	ring->size = kvm->ring_entries;
+	ring->fetch = 0;
+	ring->reset_pos = 0;
+	ring->suspect = false;
 	return 0;
 }
 
-void kd_ring_unmap(struct kvmdirty_vcpu *v)
+void kd_ring_unmap(struct kd_ring *ring)
 {
-	if (v->ring)
-		munmap(v->ring, (size_t)v->vm->ring_entries * sizeof(struct kvm_dirty_gfn));
-	v->ring = NULL;
+	if (ring->gfns)
+		munmap(ring->gfns, (size_t)ring->size * sizeof(struct kvm_dirty_gfn));
+	ring->gfns = NULL;
+}
+
+static struct kvm_dirty_gfn *gfn_at(const struct kd_ring *ring, uint32_t pos)
+{
+	return &ring->gfns[pos & (ring->size - 1)];
+}
+
+static uint32_t flags_at(const struct kd_ring *ring, uint32_t pos)
+{
+	return load_acquire(&gfn_at(ring, pos)->flags);
+}
+
+/* 0 -> RESET unless KVM pushed into the slot meanwhile. */
+static bool mark_zero(struct kd_ring *ring, uint32_t pos)
+{
+	uint32_t zero = 0;
+
+	return __atomic_compare_exchange_n(&gfn_at(ring, pos)->flags, &zero, KVM_DIRTY_GFN_F_RESET, false,
+					   __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+/* Ghost entries at fetch (see the top): how many, 0 if there are none or none can be told. */
+static uint32_t count_ghosts(const struct kd_ring *ring)
+{
+	uint32_t k, i;
+
+	for (k = 0; k < ring->size && !flags_at(ring, ring->fetch + k); k++)
+		;
+	if (!k || k == ring->size || flags_at(ring, ring->fetch + k) != KVM_DIRTY_GFN_F_DIRTY)
+		return 0;
+	/*
+	 * The DIRTY entry at k, read with acquire, shows every push before it;
+	 * read the zeros again after it so that an entry pushed while the
+	 * first scan ran is not taken for a ghost.
+	 */
+	for (i = 0; i < k; i++)
+		if (flags_at(ring, ring->fetch + i))
+			return 0;
+	return k;
 }
 
 /*
- * Take every DIRTY entry of v's ring into the tracker; returns how many.
- * Callers go through kd_track_harvest(), which holds the tracker's lock
- * and handles a whole-ring harvest.
+ * Take DIRTY entries from fetch (and ghosts before them); returns how
+ * many entries were stored in out, at most max.
  */
-int64_t kd_ring_harvest(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *v)
+static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_t max, bool ghosts,
+			unsigned int *loss)
 {
-	uint32_t size = v->vm->ring_entries, mask = size - 1, n;
+	uint32_t n = 0, taken = 0, k, i;
 
-	pthread_mutex_lock(&v->ring_lock);
-	for (n = 0; n < size; n++) {
-		struct kvm_dirty_gfn *e = &v->ring[(v->fetch + n) & mask];
+	for (;;) {
+		for (; n < max && taken < ring->size; n++, taken++) {
+			struct kvm_dirty_gfn *e = gfn_at(ring, ring->fetch);
+			uint32_t slot;
+			uint64_t offset;
 
-		if (load_acquire(&e->flags) != KVM_DIRTY_GFN_F_DIRTY)
-			break;
-		/* address space 0 only: the library makes no other */
-		if (!(e->slot >> 16))
-			kd_track_async_page(t, e->slot & 0xffff, e->offset);
-		store_release(&e->flags, KVM_DIRTY_GFN_F_RESET);
+			if (load_acquire(&e->flags) != KVM_DIRTY_GFN_F_DIRTY)
+				break;
+			/* an entry KVM pushed after the last reset: no ghost sits before it */
+			if (!taken)
+				ring->suspect = false;
+			out[n].slot = e->slot;
+			out[n].offset = e->offset;
+			store_release(&e->flags, KVM_DIRTY_GFN_F_RESET);
+			/*
+			 * Read again: a push past a full ring may have rewritten the
+			 * slot between the read and the mark, and that entry is
+			 * now marked too.  Keep it as well.
+			 */
+			slot = __atomic_load_n(&e->slot, __ATOMIC_ACQUIRE);
+			offset = __atomic_load_n(&e->offset, __ATOMIC_ACQUIRE);
+			if ((slot != out[n].slot || offset != out[n].offset) && n + 1 < max) {
+				n++;
+				out[n].slot = slot;
+				out[n].offset = offset;
+				*loss |= KD_RING_OVERFLOW;
+				ring->suspect = true;
+			}
+			ring->fetch++;
+		}
+		if (taken == ring->size) {
+			*loss |= KD_RING_OVERFLOW;
+			ring->suspect = true;
+		}
+		if ((!ring->suspect && !ghosts) || n == max || taken == ring->size)
+			return n;
+		k = count_ghosts(ring);
+		if (!k)
+			return n;
+		for (i = 0; i < k && mark_zero(ring, ring->fetch); i++)
+			ring->fetch++;
+		*loss |= KD_RING_GHOSTS;
+		KD_HOOK_POINT(KD_HOOK_RING_GHOSTS, ring);
 	}
-	v->fetch += n;
-	pthread_mutex_unlock(&v->ring_lock);
+}
+
+/* Zeros among entries harvested and not yet reset, marked RESET (see the top); how many. */
+static uint32_t mark_behind(struct kd_ring *ring)
+{
+	uint32_t pos, end = ring->fetch - ring->reset_pos > ring->size ? ring->reset_pos + ring->size : ring->fetch;
+	uint32_t n = 0;
+
+	for (pos = ring->reset_pos; pos != end; pos++)
+		if (!flags_at(ring, pos) && mark_zero(ring, pos))
+			n++;
 	return n;
 }
 
 /*
- * KVM_RESET_DIRTY_RINGS until done: since the 2025 fixes a call may stop
- * early (-EINTR on a pending signal, or INT_MAX entries) with its
- * progress kept.
+ * KVM_RESET_DIRTY_RINGS with every signal blocked: since the 2025 fixes a
+ * pending signal ends a reset early with -EINTR and its count lost, and
+ * the count is what keeps reset_pos exact.  A call stops at INT_MAX
+ * entries: go on until one returns less.
  */
-int kd_ring_reset(struct kvmdirty_vm *vm, bool in_sync)
+static int64_t reset(struct kd_kvm *kvm)
 {
-	uint64_t t0 = kd_now_ns();
+	sigset_t all, old;
+	int64_t total = 0;
 	int ret;
 
-	do
-		ret = kd_ioctl(vm->vm_fd, KVM_RESET_DIRTY_RINGS, NULL);
-	while (ret == INT_MAX);
-	if (in_sync)
-		kd_track_kernel_ns(vm->tracker, kd_now_ns() - t0);
-	return ret < 0 ? ret : 0;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	do {
+		ret = kd_ioctl(kvm->vm_fd, KVM_RESET_DIRTY_RINGS, NULL);
+		if (ret > 0)
+			total += ret;
+	} while (ret == INT_MAX);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return ret < 0 ? ret : total;
 }
 
-/* See the comment at the top.  v is stopped in a ring-full exit. */
-static int ring_recover(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *v)
+int64_t kd_ring_collect(struct kd_ring *ring, struct kd_kvm *kvm, struct kd_ring_entry *out, uint32_t cap,
+			bool ghosts, unsigned int *loss, uint64_t *kernel_ns)
 {
-	uint32_t size = v->vm->ring_entries, mask = size - 1, i, ghosts;
-	int ret;
+	uint32_t n = 0, before, marked, round;
+	int64_t c = 0;
 
-	pthread_mutex_lock(&v->ring_lock);
-	for (i = 0; i < size; i++) {
-		struct kvm_dirty_gfn *e = &v->ring[(v->fetch + i) & mask];
-
-		if (!load_acquire(&e->flags))
-			store_release(&e->flags, KVM_DIRTY_GFN_F_RESET);
-	}
-	ret = kd_ring_reset(v->vm, false);
-	/*
-	 * KVM reset (zeroed) the entries up to where it pushes next and
-	 * stopped there: the first entry still marked is that place.
-	 */
-	for (ghosts = 0; ghosts < size; ghosts++)
-		if (load_acquire(&v->ring[(v->fetch + ghosts) & mask].flags))
+	for (round = 0; round < 4; round++) {
+		before = n;
+		n += harvest(ring, out + n, cap - n, ghosts, loss);
+		marked = mark_behind(ring);
+		if (ring->reset_pos == ring->fetch)
 			break;
-	for (i = ghosts; i < size; i++) {
-		struct kvm_dirty_gfn *e = &v->ring[(v->fetch + i) & mask];
+		KD_HOOK_POINT(KD_HOOK_RING_HARVESTED, ring);
+		{
+			uint64_t t0 = kd_now_ns();
 
-		if (load_acquire(&e->flags) == KVM_DIRTY_GFN_F_RESET)
-			store_release(&e->flags, 0);
+			c = reset(kvm);
+			*kernel_ns += kd_now_ns() - t0;
+		}
+		if (c < 0)
+			break;
+		ring->reset_pos += (uint32_t)c;
+		if (ring->reset_pos == ring->fetch || (!c && n == before && !marked))
+			break;
+		/* KVM stopped short of fetch: take what it stopped at, mark what it left, again */
+		ring->suspect = true;
 	}
-	v->fetch += ghosts;
-	pthread_mutex_unlock(&v->ring_lock);
-	if (ghosts) {
-		/* what those entries recorded is gone */
-		__atomic_fetch_add(&t->stats.ring_recoveries, 1, __ATOMIC_RELAXED);
-		kd_track_mark_all(t);
+	if (ring->reset_pos != ring->fetch) {
+		if ((int32_t)(ring->fetch - ring->reset_pos) < 0)
+			ring->reset_pos = ring->fetch; /* cannot happen: resets only walk what was marked */
+		*loss |= KD_RING_UNPROTECTED;
+		return c < 0 ? c : 0;
 	}
-	return ret;
-}
-
-int kd_ring_full(struct kvmdirty_vcpu *v)
-{
-	struct kvmdirty_tracker *t = v->vm->tracker;
-	uint64_t t0 = kd_now_ns();
-	int64_t n;
-	int ret;
-
-	if (!t || !v->ring)
-		return -EIO; /* KVM has a ring the library did not map: cannot happen */
-	__atomic_fetch_add(&t->stats.ring_full_exits, 1, __ATOMIC_RELAXED);
-	n = kd_track_harvest(t, v);
-	ret = kd_ring_reset(v->vm, false);
-	/* full, yet nothing to take: maybe a sync took it, maybe a stuck ring */
-	if (ret >= 0 && !n)
-		ret = ring_recover(t, v);
-	__atomic_fetch_add(&t->stats.ring_full_ns, kd_now_ns() - t0, __ATOMIC_RELAXED);
-	return ret < 0 ? ret : 0;
+	return n;
 }

@@ -1,19 +1,29 @@
 // SPDX-License-Identifier: MIT
-/* The VM handle, the ioctl wrapper and the capability probe. */
+/* The kvm layer: fds, the ioctl wrapper, the clock and the capability probe. */
 #include <errno.h>
 #include <fcntl.h>
-#include <stdlib.h>
+#include <string.h>
 #include <sys/ioctl.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "hooks.h"
 #include "kvm-uapi.h"
+#include "kvm.h"
 
 int kd_ioctl(int fd, unsigned long req, void *arg)
 {
 	int ret;
 
+#ifdef KD_TEST_HOOKS
+	int (*hook)(int, unsigned long, void *) = __atomic_load_n(&kd_test_hooks.ioctl, __ATOMIC_ACQUIRE);
+
+	if (hook) {
+		ret = hook(fd, req, arg);
+		if (ret != KD_HOOK_PASS)
+			return ret;
+	}
+#endif
 	do {
 		ret = ioctl(fd, req, arg);
 	} while (ret < 0 && errno == EINTR);
@@ -39,19 +49,19 @@ int64_t kd_check_extension(int fd, long cap)
  * Ask the VM fd rather than /dev/kvm: since 4.x the answers are per VM
  * (memslot count, ring size), and the VM fd is what the caller will use.
  */
-static void probe(struct kvmdirty_vm *vm)
+static void probe(struct kd_kvm *kvm)
 {
-	int fd = vm->vm_fd;
-	int64_t *c = vm->caps;
+	int fd = kvm->vm_fd;
+	int64_t *c = kvm->caps;
 
 	c[KVMDIRTY_CAP_USER_MEMORY2] = kd_check_extension(fd, KVM_CAP_USER_MEMORY2) > 0;
 	c[KVMDIRTY_CAP_NR_MEMSLOTS] = kd_check_extension(fd, KVM_CAP_NR_MEMSLOTS);
 	/* 0 means "not reported": KVM then guarantees 32 (QEMU assumes the same) */
 	if (!c[KVMDIRTY_CAP_NR_MEMSLOTS])
 		c[KVMDIRTY_CAP_NR_MEMSLOTS] = 32;
-	/* the slot id is 16 bits and the index keys on it */
-	if (c[KVMDIRTY_CAP_NR_MEMSLOTS] > KD_INDEX_MAX_ID)
-		c[KVMDIRTY_CAP_NR_MEMSLOTS] = KD_INDEX_MAX_ID;
+	/* slot ids are 16 bits (the upper half of kvm's slot field is the address space) */
+	if (c[KVMDIRTY_CAP_NR_MEMSLOTS] > 0xffff)
+		c[KVMDIRTY_CAP_NR_MEMSLOTS] = 0xffff;
 	c[KVMDIRTY_CAP_MANUAL_PROTECT] = kd_check_extension(fd, KVM_CAP_MANUAL_DIRTY_LOG_PROTECT2);
 	c[KVMDIRTY_CAP_DIRTY_RING] = kd_check_extension(fd, KVM_CAP_DIRTY_LOG_RING);
 	c[KVMDIRTY_CAP_DIRTY_RING_ACQ_REL] = kd_check_extension(fd, KVM_CAP_DIRTY_LOG_RING_ACQ_REL);
@@ -63,103 +73,55 @@ static void probe(struct kvmdirty_vm *vm)
 		c[KVMDIRTY_CAP_MAX_VCPUS] = kd_check_extension(fd, KVM_CAP_NR_VCPUS);
 }
 
-static int vm_init(int kvm_fd, int vm_fd, bool owns, struct kvmdirty_vm **ret_vm)
+static int kvm_init(struct kd_kvm *kvm, int kvm_fd, int vm_fd, bool owns)
 {
-	struct kvmdirty_vm *vm;
-	int ret;
+	int ret = kd_ioctl(kvm_fd, KVM_GET_API_VERSION, NULL);
 
-	ret = kd_ioctl(kvm_fd, KVM_GET_API_VERSION, NULL);
 	if (ret < 0)
 		return ret;
 	if (ret != KVM_API_VERSION)
 		return -EPROTO;
-	vm = calloc(1, sizeof(*vm));
-	if (!vm)
-		return -ENOMEM;
-	vm->kvm_fd = kvm_fd;
-	vm->vm_fd = vm_fd;
-	vm->owns_fds = owns;
-	vm->page_size = (uint64_t)sysconf(_SC_PAGESIZE);
-	kd_index_init(&vm->gpa_index);
-	kd_index_init(&vm->hva_index);
-	pthread_mutex_init(&vm->vcpus_lock, NULL);
-	probe(vm);
-	*ret_vm = vm;
+	memset(kvm, 0, sizeof(*kvm));
+	kvm->kvm_fd = kvm_fd;
+	kvm->vm_fd = vm_fd;
+	kvm->owns_fds = owns;
+	kvm->page_size = (uint64_t)sysconf(_SC_PAGESIZE);
+	probe(kvm);
 	return 0;
 }
 
-KD_EXPORT int kvmdirty_vm_new(struct kvmdirty_vm **ret_vm)
+int kd_kvm_open(struct kd_kvm *kvm)
 {
-	int kvm_fd = -1, vm_fd = -1, ret;
+	int kvm_fd, vm_fd, ret;
 
-	if (!ret_vm)
-		return -EINVAL;
 	kvm_fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
 	if (kvm_fd < 0)
 		return -errno;
-	ret = kd_ioctl(kvm_fd, KVM_CREATE_VM, (void *)0);
-	if (ret < 0)
-		goto err;
-	vm_fd = ret;
-	ret = vm_init(kvm_fd, vm_fd, true, ret_vm);
-	if (ret < 0)
-		goto err;
-	return 0;
-err:
-	if (vm_fd >= 0)
+	vm_fd = kd_ioctl(kvm_fd, KVM_CREATE_VM, (void *)0);
+	if (vm_fd < 0) {
+		close(kvm_fd);
+		return vm_fd;
+	}
+	ret = kvm_init(kvm, kvm_fd, vm_fd, true);
+	if (ret < 0) {
 		close(vm_fd);
-	close(kvm_fd);
+		close(kvm_fd);
+	}
 	return ret;
 }
 
-KD_EXPORT int kvmdirty_vm_adopt(int kvm_fd, int vm_fd, struct kvmdirty_vm **ret_vm)
+int kd_kvm_adopt(struct kd_kvm *kvm, int kvm_fd, int vm_fd)
 {
-	if (kvm_fd < 0 || vm_fd < 0)
-		return -EBADF;
-	if (!ret_vm)
-		return -EINVAL;
-	return vm_init(kvm_fd, vm_fd, false, ret_vm);
+	return kvm_init(kvm, kvm_fd, vm_fd, false);
 }
 
-KD_EXPORT void kvmdirty_vm_free(struct kvmdirty_vm *vm)
+void kd_kvm_close(struct kd_kvm *kvm)
 {
-	if (!vm)
+	if (!kvm->owns_fds)
 		return;
-	kvmdirty_tracker_free(vm->tracker);
-	while (vm->nr_vcpus)
-		kvmdirty_vcpu_free(vm->vcpus[vm->nr_vcpus - 1]);
-	free(vm->vcpus);
-	pthread_mutex_destroy(&vm->vcpus_lock);
-	kd_regions_fini(vm);
-	kd_index_fini(&vm->gpa_index);
-	kd_index_fini(&vm->hva_index);
-	if (vm->owns_fds) {
-		if (vm->vm_fd >= 0)
-			close(vm->vm_fd);
-		if (vm->kvm_fd >= 0)
-			close(vm->kvm_fd);
-	}
-	free(vm);
-}
-
-KD_EXPORT int kvmdirty_vm_fd(const struct kvmdirty_vm *vm)
-{
-	return vm->vm_fd;
-}
-
-KD_EXPORT int kvmdirty_vm_kvm_fd(const struct kvmdirty_vm *vm)
-{
-	return vm->kvm_fd;
-}
-
-KD_EXPORT int64_t kvmdirty_vm_cap(const struct kvmdirty_vm *vm, enum kvmdirty_cap cap)
-{
-	if ((unsigned int)cap >= KVMDIRTY_CAP_COUNT)
-		return -EINVAL;
-	return vm->caps[cap];
-}
-
-KD_EXPORT uint64_t kvmdirty_vm_page_size(const struct kvmdirty_vm *vm)
-{
-	return vm->page_size;
+	if (kvm->vm_fd >= 0)
+		close(kvm->vm_fd);
+	if (kvm->kvm_fd >= 0)
+		close(kvm->kvm_fd);
+	kvm->vm_fd = kvm->kvm_fd = -1;
 }

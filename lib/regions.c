@@ -2,15 +2,17 @@
 /*
  * Memslots: slot-id allocation, KVM_SET_USER_MEMORY_REGION(2), and the three
  * lookups (slot id array, gpa and hva hashed indexes).  Every change is
- * check-then-commit: validate, check overlap, reserve, ioctl, then index.
+ * check-then-commit: validate, check overlap, reserve, ioctl, then index,
+ * all under the write lock so that readers see a region whole or not at all.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
-#include "internal.h"
+#include "export.h"
 #include "kvm-uapi.h"
+#include "regions.h"
 
 /* KVM_MEM_MAX_NR_PAGES: the kernel indexes a slot's dirty bitmap with an int */
 #define MAX_SLOT_PAGES ((1ull << 31) - 1)
@@ -22,10 +24,13 @@ static uint32_t kvm_flags(uint32_t flags)
 	       ((flags & KVMDIRTY_REGION_READONLY) ? KVM_MEM_READONLY : 0);
 }
 
-static int set_slot_ioctl(struct kvmdirty_vm *vm, uint32_t slot, uint32_t flags, uint64_t gpa,
-			  uint64_t size, void *hva)
+/* One memslot update; size 0 deletes the slot. */
+static int set_slot(struct kd_regions *rs, uint32_t slot, uint32_t flags, uint64_t gpa, uint64_t size,
+		    void *hva)
 {
-	if (vm->caps[KVMDIRTY_CAP_USER_MEMORY2]) {
+	struct kd_kvm *kvm = rs->kvm;
+
+	if (kvm->caps[KVMDIRTY_CAP_USER_MEMORY2]) {
 		struct kvm_userspace_memory_region2 r = {
 			.slot = slot,
 			.flags = kvm_flags(flags),
@@ -33,7 +38,7 @@ static int set_slot_ioctl(struct kvmdirty_vm *vm, uint32_t slot, uint32_t flags,
 			.memory_size = size,
 			.userspace_addr = (uintptr_t)hva,
 		};
-		return kd_ioctl(vm->vm_fd, KVM_SET_USER_MEMORY_REGION2, &r);
+		return kd_ioctl(kvm->vm_fd, KVM_SET_USER_MEMORY_REGION2, &r);
 	} else {
 		struct kvm_userspace_memory_region r = {
 			.slot = slot,
@@ -42,91 +47,106 @@ static int set_slot_ioctl(struct kvmdirty_vm *vm, uint32_t slot, uint32_t flags,
 			.memory_size = size,
 			.userspace_addr = (uintptr_t)hva,
 		};
-		return kd_ioctl(vm->vm_fd, KVM_SET_USER_MEMORY_REGION, &r);
+		return kd_ioctl(kvm->vm_fd, KVM_SET_USER_MEMORY_REGION, &r);
 	}
 }
 
-/* One memslot update; size 0 deletes the slot. */
-static int set_slot(struct kvmdirty_vm *vm, uint32_t slot, uint32_t flags, uint64_t gpa,
-		    uint64_t size, void *hva)
+void kd_regions_init(struct kd_regions *rs, struct kd_kvm *kvm)
 {
-	uint64_t t0 = kd_now_ns();
-	int ret = set_slot_ioctl(vm, slot, flags, gpa, size, hva);
-
-	vm->memslot_ioctl_ns += kd_now_ns() - t0;
-	return ret;
+	memset(rs, 0, sizeof(*rs));
+	rs->kvm = kvm;
+	kd_index_init(&rs->gpa_index);
+	kd_index_init(&rs->hva_index);
+	pthread_rwlock_init(&rs->lock, NULL);
 }
 
-static int slots_init(struct kvmdirty_vm *vm)
+void kd_regions_fini(struct kd_regions *rs)
 {
-	uint32_t n = (uint32_t)vm->caps[KVMDIRTY_CAP_NR_MEMSLOTS];
+	free(rs->regions);
+	free(rs->slot_used);
+	kd_index_fini(&rs->gpa_index);
+	kd_index_fini(&rs->hva_index);
+	pthread_rwlock_destroy(&rs->lock);
+	memset(rs, 0, sizeof(*rs));
+}
 
-	vm->regions = calloc(n, sizeof(*vm->regions));
-	vm->slot_used = calloc((n + 63) / 64, sizeof(uint64_t));
-	if (!vm->regions || !vm->slot_used) {
-		free(vm->regions);
-		free(vm->slot_used);
-		vm->regions = NULL;
-		vm->slot_used = NULL;
+uint32_t kd_regions_max_slots(const struct kd_regions *rs)
+{
+	uint64_t n = (uint64_t)rs->kvm->caps[KVMDIRTY_CAP_NR_MEMSLOTS];
+
+	return n > KD_INDEX_MAX_ID + 1 ? KD_INDEX_MAX_ID + 1 : (uint32_t)n;
+}
+
+static int slots_init(struct kd_regions *rs)
+{
+	uint32_t n = kd_regions_max_slots(rs);
+
+	rs->regions = calloc(n, sizeof(*rs->regions));
+	rs->slot_used = calloc((n + 63) / 64, sizeof(uint64_t));
+	if (!rs->regions || !rs->slot_used) {
+		free(rs->regions);
+		free(rs->slot_used);
+		rs->regions = NULL;
+		rs->slot_used = NULL;
 		return -ENOMEM;
 	}
-	vm->nr_slots = n;
+	rs->nr_slots = n;
 	return 0;
 }
 
 /* Lowest free slot id: one word compare per 64 slots. */
-static int slot_find_free(const struct kvmdirty_vm *vm)
+static int slot_find_free(const struct kd_regions *rs)
 {
-	uint32_t w, nw = (vm->nr_slots + 63) / 64;
+	uint32_t w, nw = (rs->nr_slots + 63) / 64;
 
 	for (w = 0; w < nw; w++) {
-		if (~vm->slot_used[w]) {
-			uint32_t id = w * 64 + (uint32_t)__builtin_ctzll(~vm->slot_used[w]);
+		if (~rs->slot_used[w]) {
+			uint32_t id = w * 64 + (uint32_t)__builtin_ctzll(~rs->slot_used[w]);
 
-			return id < vm->nr_slots ? (int)id : -ENOSPC;
+			return id < rs->nr_slots ? (int)id : -ENOSPC;
 		}
 	}
 	return -ENOSPC;
 }
 
-static void slot_set(struct kvmdirty_vm *vm, uint32_t id, bool used)
+static void slot_set(struct kd_regions *rs, uint32_t id, bool used)
 {
 	if (used)
-		vm->slot_used[id / 64] |= 1ull << (id % 64);
+		rs->slot_used[id / 64] |= 1ull << (id % 64);
 	else
-		vm->slot_used[id / 64] &= ~(1ull << (id % 64));
+		rs->slot_used[id / 64] &= ~(1ull << (id % 64));
 }
 
-struct kvmdirty_region *kd_slot_region(const struct kvmdirty_vm *vm, uint32_t id)
+struct kvmdirty_region *kd_region_at_slot(const struct kd_regions *rs, uint32_t id)
 {
-	if (id >= vm->nr_slots || !(vm->slot_used[id / 64] & (1ull << (id % 64))))
+	if (id >= rs->nr_slots || !(rs->slot_used[id / 64] & (1ull << (id % 64))))
 		return NULL;
-	return &vm->regions[id];
+	return &rs->regions[id];
 }
 
-static bool aligned(const struct kvmdirty_vm *vm, uint64_t v)
+bool kd_region_valid(const struct kd_regions *rs, const struct kvmdirty_region *r)
 {
-	return !(v & (vm->page_size - 1));
+	return r && r->owner == rs && kd_region_at_slot(rs, r->slot) == r;
 }
 
-static bool is_ours(const struct kvmdirty_vm *vm, const struct kvmdirty_region *r)
+static bool aligned(const struct kd_regions *rs, uint64_t v)
 {
-	return r && r->vm == vm && kd_slot_region(vm, r->slot) == r;
+	return !(v & (rs->kvm->page_size - 1));
 }
 
-KD_EXPORT int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t size, void *hva,
-				  uint32_t flags, struct kvmdirty_region **ret_region)
+int kd_region_add(struct kd_regions *rs, uint64_t gpa, uint64_t size, void *hva, uint32_t flags,
+		  struct kvmdirty_region **ret_region)
 {
 	uintptr_t h = (uintptr_t)hva;
 	struct kvmdirty_region *r;
 	int slot, ret;
 
-	if (!vm || !size || !aligned(vm, gpa) || !aligned(vm, size) || !aligned(vm, h) ||
-	    gpa + size < gpa || gpa + size == 0 || (flags & ~KNOWN_FLAGS))
+	if (!size || !aligned(rs, gpa) || !aligned(rs, size) || !aligned(rs, h) || gpa + size < gpa ||
+	    gpa + size == 0 || (flags & ~KNOWN_FLAGS))
 		return -EINVAL;
-	if (size / vm->page_size > MAX_SLOT_PAGES)
+	if (size / rs->kvm->page_size > MAX_SLOT_PAGES)
 		return -E2BIG;
-	if ((flags & KVMDIRTY_REGION_READONLY) && !vm->caps[KVMDIRTY_CAP_READONLY_MEM])
+	if ((flags & KVMDIRTY_REGION_READONLY) && !rs->kvm->caps[KVMDIRTY_CAP_READONLY_MEM])
 		return -EOPNOTSUPP;
 	if (!hva || h + size < h)
 		return -EFAULT;
@@ -137,194 +157,233 @@ KD_EXPORT int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t
 	 */
 	if (msync(hva, size, MS_ASYNC) < 0)
 		return -EFAULT;
-	if (kd_index_overlaps(&vm->gpa_index, gpa, size, KD_INDEX_NO_ID))
-		return -EEXIST;
-	if (!vm->regions) {
-		ret = slots_init(vm);
-		if (ret)
-			return ret;
-	}
-	slot = slot_find_free(vm);
-	if (slot < 0)
-		return slot;
 
-	r = &vm->regions[slot];
-	*r = (struct kvmdirty_region){ .vm = vm, .gpa = gpa, .size = size, .hva = hva,
+	pthread_rwlock_wrlock(&rs->lock);
+	if (kd_index_overlaps(&rs->gpa_index, gpa, size, KD_INDEX_NO_ID)) {
+		ret = -EEXIST;
+		goto out;
+	}
+	if (!rs->regions) {
+		ret = slots_init(rs);
+		if (ret)
+			goto out;
+	}
+	slot = slot_find_free(rs);
+	if (slot < 0) {
+		ret = slot;
+		goto out;
+	}
+	r = &rs->regions[slot];
+	*r = (struct kvmdirty_region){ .owner = rs, .gpa = gpa, .size = size, .hva = hva,
 				       .slot = (uint32_t)slot, .flags = flags };
-	ret = kd_index_insert(&vm->gpa_index, r->slot, gpa, size);
+	ret = kd_index_insert(&rs->gpa_index, r->slot, gpa, size);
 	if (ret)
-		return ret;
-	ret = kd_index_insert(&vm->hva_index, r->slot, h, size);
+		goto out;
+	ret = kd_index_insert(&rs->hva_index, r->slot, h, size);
 	if (ret)
 		goto err_gpa;
-	ret = set_slot(vm, r->slot, flags, gpa, size, hva);
+	ret = set_slot(rs, r->slot, flags, gpa, size, hva);
 	if (ret < 0)
 		goto err_hva;
-
-	slot_set(vm, r->slot, true);
-	vm->nr_regions++;
+	slot_set(rs, r->slot, true);
+	rs->nr_regions++;
 	if (ret_region)
 		*ret_region = r;
-	return 0;
+	ret = 0;
+	goto out;
 
 err_hva:
-	kd_index_remove(&vm->hva_index, r->slot);
+	kd_index_remove(&rs->hva_index, r->slot);
 err_gpa:
-	kd_index_remove(&vm->gpa_index, r->slot);
+	kd_index_remove(&rs->gpa_index, r->slot);
+out:
+	pthread_rwlock_unlock(&rs->lock);
 	return ret;
 }
 
-KD_EXPORT int kvmdirty_region_remove(struct kvmdirty_vm *vm, struct kvmdirty_region *r)
+int kd_region_remove(struct kd_regions *rs, struct kvmdirty_region *r)
 {
 	int ret;
 
-	if (!vm || !is_ours(vm, r))
-		return -EINVAL;
-	ret = set_slot(vm, r->slot, r->flags, r->gpa, 0, r->hva);
+	pthread_rwlock_wrlock(&rs->lock);
+	if (!kd_region_valid(rs, r)) {
+		ret = -EINVAL;
+		goto out;
+	}
+	ret = set_slot(rs, r->slot, r->flags, r->gpa, 0, r->hva);
 	if (ret < 0)
-		return ret;
-	if (vm->tracker)
-		kd_track_region_removed(vm->tracker, r);
-	kd_index_remove(&vm->gpa_index, r->slot);
-	kd_index_remove(&vm->hva_index, r->slot);
-	slot_set(vm, r->slot, false);
-	vm->nr_regions--;
-	return 0;
+		goto out;
+	if (rs->sink)
+		rs->sink->removed(rs->sink_ctx, r->slot);
+	kd_index_remove(&rs->gpa_index, r->slot);
+	kd_index_remove(&rs->hva_index, r->slot);
+	slot_set(rs, r->slot, false);
+	rs->nr_regions--;
+	ret = 0;
+out:
+	pthread_rwlock_unlock(&rs->lock);
+	return ret;
 }
 
-KD_EXPORT int kvmdirty_region_move(struct kvmdirty_vm *vm, struct kvmdirty_region *r, uint64_t new_gpa)
+int kd_region_move(struct kd_regions *rs, struct kvmdirty_region *r, uint64_t new_gpa)
 {
 	uint32_t blocks;
 	int ret;
 
-	if (!vm || !is_ours(vm, r) || !aligned(vm, new_gpa) || new_gpa + r->size < new_gpa ||
-	    new_gpa + r->size == 0)
-		return -EINVAL;
+	pthread_rwlock_wrlock(&rs->lock);
+	if (!kd_region_valid(rs, r) || !aligned(rs, new_gpa) || new_gpa + r->size < new_gpa ||
+	    new_gpa + r->size == 0) {
+		ret = -EINVAL;
+		goto out;
+	}
+	ret = 0;
 	if (new_gpa == r->gpa)
-		return 0;
-	if (kd_index_overlaps(&vm->gpa_index, new_gpa, r->size, r->slot))
-		return -EEXIST;
+		goto out;
+	if (kd_index_overlaps(&rs->gpa_index, new_gpa, r->size, r->slot)) {
+		ret = -EEXIST;
+		goto out;
+	}
 	/* room for the move and for its undo, so that neither can fail */
 	blocks = kd_index_blocks(r->gpa, r->size) + kd_index_blocks(new_gpa, r->size);
-	ret = kd_index_reserve(&vm->gpa_index, 2 * blocks);
+	ret = kd_index_reserve(&rs->gpa_index, 2 * blocks);
 	if (ret)
-		return ret;
-	kd_index_remove(&vm->gpa_index, r->slot);
-	kd_index_insert(&vm->gpa_index, r->slot, new_gpa, r->size);
-	ret = set_slot(vm, r->slot, r->flags, new_gpa, r->size, r->hva);
+		goto out;
+	kd_index_remove(&rs->gpa_index, r->slot);
+	kd_index_insert(&rs->gpa_index, r->slot, new_gpa, r->size);
+	ret = set_slot(rs, r->slot, r->flags, new_gpa, r->size, r->hva);
 	if (ret < 0) {
-		kd_index_remove(&vm->gpa_index, r->slot);
-		kd_index_insert(&vm->gpa_index, r->slot, r->gpa, r->size);
-		return ret;
+		kd_index_remove(&rs->gpa_index, r->slot);
+		kd_index_insert(&rs->gpa_index, r->slot, r->gpa, r->size);
+		goto out;
 	}
 	r->gpa = new_gpa;
-	return 0;
+out:
+	pthread_rwlock_unlock(&rs->lock);
+	return ret;
 }
 
-KD_EXPORT int kvmdirty_region_set_logging(struct kvmdirty_vm *vm, struct kvmdirty_region *r, bool enable)
+/* Callers hold the write lock. */
+static int set_logging_locked(struct kd_regions *rs, struct kvmdirty_region *r, bool enable)
 {
-	uint32_t flags;
+	uint32_t flags = enable ? r->flags | KVMDIRTY_REGION_LOG_DIRTY : r->flags & ~KVMDIRTY_REGION_LOG_DIRTY;
 	int ret;
 
-	if (!vm || !is_ours(vm, r))
-		return -EINVAL;
-	flags = enable ? r->flags | KVMDIRTY_REGION_LOG_DIRTY : r->flags & ~KVMDIRTY_REGION_LOG_DIRTY;
 	if (flags == r->flags)
 		return 0;
-	ret = set_slot(vm, r->slot, flags, r->gpa, r->size, r->hva);
+	ret = set_slot(rs, r->slot, flags, r->gpa, r->size, r->hva);
 	if (ret < 0)
 		return ret;
 	r->flags = flags;
+	if (rs->sink)
+		rs->sink->logging(rs->sink_ctx, r->slot, enable);
 	return 0;
 }
 
-KD_EXPORT int kvmdirty_vm_set_logging(struct kvmdirty_vm *vm, bool enable)
+int kd_region_set_logging(struct kd_regions *rs, struct kvmdirty_region *r, bool enable)
+{
+	int ret;
+
+	pthread_rwlock_wrlock(&rs->lock);
+	ret = kd_region_valid(rs, r) ? set_logging_locked(rs, r, enable) : -EINVAL;
+	pthread_rwlock_unlock(&rs->lock);
+	return ret;
+}
+
+int kd_region_set_logging_slot(struct kd_regions *rs, uint32_t slot, bool enable)
+{
+	struct kvmdirty_region *r;
+	int ret;
+
+	pthread_rwlock_wrlock(&rs->lock);
+	r = kd_region_at_slot(rs, slot);
+	ret = r ? set_logging_locked(rs, r, enable) : -ENOENT;
+	pthread_rwlock_unlock(&rs->lock);
+	return ret;
+}
+
+int kd_regions_set_logging(struct kd_regions *rs, bool enable)
 {
 	uint64_t *changed;
-	uint32_t id, undo;
+	uint32_t id;
 	int ret = 0;
 
-	if (!vm)
-		return -EINVAL;
-	if (!vm->nr_regions)
-		return 0;
-	changed = calloc((vm->nr_slots + 63) / 64, sizeof(*changed));
-	if (!changed)
-		return -ENOMEM;
-	for (id = 0; id < vm->nr_slots && ret >= 0; id++) {
-		struct kvmdirty_region *r = kd_slot_region(vm, id);
+	pthread_rwlock_wrlock(&rs->lock);
+	if (!rs->nr_regions)
+		goto out;
+	changed = calloc((rs->nr_slots + 63) / 64, sizeof(*changed));
+	if (!changed) {
+		ret = -ENOMEM;
+		goto out;
+	}
+	for (id = 0; id < rs->nr_slots && ret >= 0; id++) {
+		struct kvmdirty_region *r = kd_region_at_slot(rs, id);
 		uint32_t before;
 
 		if (!r)
 			continue;
 		before = r->flags;
-		ret = kvmdirty_region_set_logging(vm, r, enable);
+		ret = set_logging_locked(rs, r, enable);
 		if (r->flags != before)
 			changed[id / 64] |= 1ull << (id % 64);
 	}
 	if (ret < 0) {
-		for (undo = 0; undo < vm->nr_slots; undo++)
-			if (changed[undo / 64] & (1ull << (undo % 64)))
-				kvmdirty_region_set_logging(vm, kd_slot_region(vm, undo), !enable);
+		for (id = 0; id < rs->nr_slots; id++)
+			if (changed[id / 64] & (1ull << (id % 64)))
+				set_logging_locked(rs, kd_region_at_slot(rs, id), !enable);
 	}
 	free(changed);
+out:
+	pthread_rwlock_unlock(&rs->lock);
 	return ret < 0 ? ret : 0;
 }
 
-void kd_regions_fini(struct kvmdirty_vm *vm)
+struct kvmdirty_region *kd_region_at_gpa(const struct kd_regions *rs, uint64_t gpa)
 {
-	free(vm->regions);
-	free(vm->slot_used);
-	vm->regions = NULL;
-	vm->slot_used = NULL;
-	vm->nr_slots = 0;
-	vm->nr_regions = 0;
+	uint32_t id = kd_index_lookup(&rs->gpa_index, gpa);
+
+	return id == KD_INDEX_NO_ID ? NULL : &rs->regions[id];
 }
 
-KD_EXPORT struct kvmdirty_region *kvmdirty_region_from_slot(const struct kvmdirty_vm *vm, uint32_t slot)
+struct kvmdirty_region *kd_region_at_hva(const struct kd_regions *rs, uint64_t hva)
 {
-	return kd_slot_region(vm, slot);
+	uint32_t id = kd_index_lookup(&rs->hva_index, hva);
+
+	return id == KD_INDEX_NO_ID ? NULL : &rs->regions[id];
 }
 
-KD_EXPORT struct kvmdirty_region *kvmdirty_region_from_gpa(const struct kvmdirty_vm *vm, uint64_t gpa)
+int kd_region_for_each_at_hva(const struct kd_regions *rs, uint64_t hva,
+			      int (*fn)(uint32_t slot, void *ctx), void *ctx)
 {
-	uint32_t id = kd_index_lookup(&vm->gpa_index, gpa);
-
-	return id == KD_INDEX_NO_ID ? NULL : &vm->regions[id];
+	return kd_index_for_each_at(&rs->hva_index, hva, fn, ctx);
 }
 
-KD_EXPORT struct kvmdirty_region *kvmdirty_region_from_hva(const struct kvmdirty_vm *vm, const void *hva)
-{
-	uint32_t id = kd_index_lookup(&vm->hva_index, (uintptr_t)hva);
-
-	return id == KD_INDEX_NO_ID ? NULL : &vm->regions[id];
-}
-
-KD_EXPORT void *kvmdirty_vm_gpa_to_hva(const struct kvmdirty_vm *vm, uint64_t gpa)
-{
-	const struct kvmdirty_region *r = kvmdirty_region_from_gpa(vm, gpa);
-
-	return r ? (char *)r->hva + (gpa - r->gpa) : NULL;
-}
-
-KD_EXPORT struct kvmdirty_region *kvmdirty_region_next(const struct kvmdirty_vm *vm,
-						       const struct kvmdirty_region *prev)
+struct kvmdirty_region *kd_region_next(const struct kd_regions *rs, const struct kvmdirty_region *prev)
 {
 	uint32_t id = prev ? prev->slot + 1 : 0;
 
-	for (; id < vm->nr_slots; id++)
-		if (kd_slot_region(vm, id))
-			return &vm->regions[id];
+	for (; id < rs->nr_slots; id++)
+		if (kd_region_at_slot(rs, id))
+			return &rs->regions[id];
 	return NULL;
 }
 
-KD_EXPORT unsigned int kvmdirty_vm_region_count(const struct kvmdirty_vm *vm)
+int kd_regions_set_sink(struct kd_regions *rs, const struct kd_region_sink *sink, void *ctx)
 {
-	return vm->nr_regions;
+	int ret = 0;
+
+	pthread_rwlock_wrlock(&rs->lock);
+	if (sink && rs->sink)
+		ret = -EBUSY;
+	else {
+		rs->sink = sink;
+		rs->sink_ctx = ctx;
+	}
+	pthread_rwlock_unlock(&rs->lock);
+	return ret;
 }
 
-KD_EXPORT uint64_t kvmdirty_region_gpa(const struct kvmdirty_region *r) { return r->gpa; }
-KD_EXPORT uint64_t kvmdirty_region_size(const struct kvmdirty_region *r) { return r->size; }
-KD_EXPORT void *kvmdirty_region_hva(const struct kvmdirty_region *r) { return r->hva; }
-KD_EXPORT uint32_t kvmdirty_region_slot(const struct kvmdirty_region *r) { return r->slot; }
-KD_EXPORT uint32_t kvmdirty_region_flags(const struct kvmdirty_region *r) { return r->flags; }
+KD_EXPORT uint64_t kvmdirty_region_gpa(const struct kvmdirty_region *r) { return r ? r->gpa : 0; }
+KD_EXPORT uint64_t kvmdirty_region_size(const struct kvmdirty_region *r) { return r ? r->size : 0; }
+KD_EXPORT void *kvmdirty_region_hva(const struct kvmdirty_region *r) { return r ? r->hva : NULL; }
+KD_EXPORT uint32_t kvmdirty_region_slot(const struct kvmdirty_region *r) { return r ? r->slot : UINT32_MAX; }
+KD_EXPORT uint32_t kvmdirty_region_flags(const struct kvmdirty_region *r) { return r ? r->flags : 0; }

@@ -289,6 +289,29 @@ static size_t scan_runs(const uint64_t *map, uint64_t *pos, uint64_t end, struct
 	return n;
 }
 
+/*
+ * First word index in [i, n) that is non-zero, or n, for a bitmap other
+ * threads set bits in meanwhile: relaxed atomic loads (plain moves on
+ * x86), eight words a step.  A bit set after its word was read is not
+ * lost: it stays for the next take.
+ */
+static inline size_t find_nonzero_shared(uint64_t *w, size_t i, size_t n)
+{
+	for (; i + 8 <= n; i += 8) {
+		uint64_t o = __atomic_load_n(&w[i], __ATOMIC_RELAXED) | __atomic_load_n(&w[i + 1], __ATOMIC_RELAXED) |
+			     __atomic_load_n(&w[i + 2], __ATOMIC_RELAXED) | __atomic_load_n(&w[i + 3], __ATOMIC_RELAXED) |
+			     __atomic_load_n(&w[i + 4], __ATOMIC_RELAXED) | __atomic_load_n(&w[i + 5], __ATOMIC_RELAXED) |
+			     __atomic_load_n(&w[i + 6], __ATOMIC_RELAXED) | __atomic_load_n(&w[i + 7], __ATOMIC_RELAXED);
+
+		if (o)
+			break;
+	}
+	for (; i < n; i++)
+		if (__atomic_load_n(&w[i], __ATOMIC_RELAXED))
+			return i;
+	return n;
+}
+
 static uint64_t scan_take(uint64_t *dst, uint64_t *src, uint64_t start, uint64_t end)
 {
 	size_t wi, wfirst, wlast;
@@ -298,12 +321,9 @@ static uint64_t scan_take(uint64_t *dst, uint64_t *src, uint64_t start, uint64_t
 		return 0;
 	wfirst = start / 64;
 	wlast = (end - 1) / 64;
-	/*
-	 * The zero skip reads src without atomics: a bit set after that read
-	 * is not lost, it stays in src for the next take.  Only non-zero
-	 * words pay for the locked exchange.
-	 */
-	for (wi = find_nonzero(src, wfirst, wlast + 1); wi <= wlast; wi = find_nonzero(src, wi + 1, wlast + 1)) {
+	/* only non-zero words pay for the locked exchange */
+	for (wi = find_nonzero_shared(src, wfirst, wlast + 1); wi <= wlast;
+	     wi = find_nonzero_shared(src, wi + 1, wlast + 1)) {
 		uint64_t m = ~0ull, v;
 
 		if (wi == wfirst)
@@ -312,7 +332,7 @@ static uint64_t scan_take(uint64_t *dst, uint64_t *src, uint64_t start, uint64_t
 			m &= mask_below((unsigned int)((end - 1) % 64 + 1));
 		if (m == ~0ull)
 			v = __atomic_exchange_n(&src[wi], 0, __ATOMIC_ACQ_REL);
-		else if (src[wi] & m)
+		else if (__atomic_load_n(&src[wi], __ATOMIC_RELAXED) & m)
 			v = __atomic_fetch_and(&src[wi], ~m, __ATOMIC_ACQ_REL) & m;
 		else
 			continue;

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "export.h"
 #include "scan.h"
 
 static const struct kd_scan_ops *current;

@@ -1,48 +1,131 @@
 // SPDX-License-Identifier: MIT
-/* vCPUs: creation or registration, kvm_run and ring mappings, the run helper. */
+/* vCPUs: creation or registration, kvm_run and ring mappings, harvests, the run helper. */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "export.h"
+#include "hooks.h"
 #include "kvm-uapi.h"
+#include "vcpu.h"
 
-static int vcpu_register(struct kvmdirty_vm *vm, struct kvmdirty_vcpu *v)
+void kd_vcpus_init(struct kd_vcpus *vs, struct kd_kvm *kvm)
+{
+	memset(vs, 0, sizeof(*vs));
+	vs->kvm = kvm;
+	pthread_mutex_init(&vs->lock, NULL);
+}
+
+/*
+ * Collect v's ring (harvest and reset until settled, see dirty-ring.c) and
+ * only then publish its pages: they are re-protected by now.  Callers
+ * hold the lock.
+ */
+static int collect(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, bool ghosts)
+{
+	const struct kd_ring_sink *sink = vs->sink;
+	unsigned int loss = 0;
+	int64_t n;
+
+	if (!v->ring.gfns)
+		return 0;
+	n = kd_ring_collect(&v->ring, vs->kvm, vs->buf, vs->buf_cap, ghosts, &loss, &vs->kernel_ns);
+	if (loss && sink)
+		sink->lost(vs->sink_ctx, v, loss);
+	if (n > 0 && sink)
+		sink->pages(vs->sink_ctx, v, vs->buf, (uint32_t)n);
+	return n < 0 ? (int)n : 0;
+}
+
+int kd_vcpus_harvest(struct kd_vcpus *vs, uint64_t *ret_kernel_ns)
+{
+	uint32_t i;
+	int ret = 0, r;
+
+	pthread_mutex_lock(&vs->lock);
+	vs->kernel_ns = 0;
+	for (i = 0; i < vs->n; i++) {
+		r = collect(vs, vs->v[i], false);
+		if (r < 0 && !ret)
+			ret = r;
+	}
+	if (ret_kernel_ns)
+		*ret_kernel_ns = vs->kernel_ns;
+	pthread_mutex_unlock(&vs->lock);
+	return ret;
+}
+
+void kd_vcpus_set_sink(struct kd_vcpus *vs, const struct kd_ring_sink *sink, void *ctx)
+{
+	pthread_mutex_lock(&vs->lock);
+	vs->sink = sink;
+	vs->sink_ctx = ctx;
+	pthread_mutex_unlock(&vs->lock);
+}
+
+uint32_t kd_vcpus_count(struct kd_vcpus *vs)
+{
+	uint32_t n;
+
+	pthread_mutex_lock(&vs->lock);
+	n = vs->n;
+	pthread_mutex_unlock(&vs->lock);
+	return n;
+}
+
+static int vcpu_register(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
 {
 	int ret = 0;
 
-	pthread_mutex_lock(&vm->vcpus_lock);
-	if (vm->nr_vcpus == vm->vcpus_cap) {
-		uint32_t cap = vm->vcpus_cap ? vm->vcpus_cap * 2 : 8;
-		struct kvmdirty_vcpu **p = realloc(vm->vcpus, cap * sizeof(*p));
+	pthread_mutex_lock(&vs->lock);
+	if (v->ring.gfns && !vs->buf) {
+		/* a collect may go round more than once: room for two rings */
+		vs->buf_cap = 2 * v->ring.size;
+		vs->buf = calloc(vs->buf_cap, sizeof(*vs->buf));
+		if (!vs->buf) {
+			ret = -ENOMEM;
+			goto out;
+		}
+	}
+	if (vs->n == vs->cap) {
+		uint32_t cap = vs->cap ? vs->cap * 2 : 8;
+		struct kvmdirty_vcpu **p = realloc(vs->v, cap * sizeof(*p));
 
 		if (!p) {
 			ret = -ENOMEM;
 			goto out;
 		}
-		vm->vcpus = p;
-		vm->vcpus_cap = cap;
+		vs->v = p;
+		vs->cap = cap;
 	}
-	vm->vcpus[vm->nr_vcpus++] = v;
+	vs->v[vs->n++] = v;
 out:
-	pthread_mutex_unlock(&vm->vcpus_lock);
+	pthread_mutex_unlock(&vs->lock);
 	return ret;
 }
 
-static int vcpu_setup(struct kvmdirty_vm *vm, int fd, bool owns, struct kvmdirty_vcpu **ret_vcpu)
+static void vcpu_unmap(struct kvmdirty_vcpu *v)
+{
+	kd_ring_unmap(&v->ring);
+	if (v->run)
+		munmap(v->run, v->run_size);
+	v->run = NULL;
+}
+
+static int vcpu_setup(struct kd_vcpus *vs, int fd, bool owns, struct kvmdirty_vcpu **ret_vcpu)
 {
 	struct kvmdirty_vcpu *v = calloc(1, sizeof(*v));
 	int ret;
 
 	if (!v)
 		return -ENOMEM;
-	v->vm = vm;
+	v->owner = vs;
 	v->fd = fd;
 	v->owns_fd = owns;
-	pthread_mutex_init(&v->ring_lock, NULL);
-	ret = kd_ioctl(vm->kvm_fd, KVM_GET_VCPU_MMAP_SIZE, NULL);
+	ret = kd_ioctl(vs->kvm->kvm_fd, KVM_GET_VCPU_MMAP_SIZE, NULL);
 	if (ret < 0)
 		goto err;
 	v->run_size = (size_t)ret;
@@ -52,99 +135,120 @@ static int vcpu_setup(struct kvmdirty_vm *vm, int fd, bool owns, struct kvmdirty
 		ret = -errno;
 		goto err;
 	}
-	if (vm->ring_entries) {
-		ret = kd_ring_map(v);
+	if (vs->kvm->ring_entries) {
+		ret = kd_ring_map(&v->ring, vs->kvm, fd);
 		if (ret < 0)
 			goto err;
 	}
-	ret = vcpu_register(vm, v);
+	ret = vcpu_register(vs, v);
 	if (ret < 0)
 		goto err;
 	*ret_vcpu = v;
 	return 0;
 err:
-	v->owns_fd = false; /* the caller closes what it opened */
-	kd_ring_unmap(v);
-	if (v->run)
-		munmap(v->run, v->run_size);
-	pthread_mutex_destroy(&v->ring_lock);
+	vcpu_unmap(v);
 	free(v);
 	return ret;
 }
 
-KD_EXPORT int kvmdirty_vcpu_create(struct kvmdirty_vm *vm, uint32_t id, struct kvmdirty_vcpu **ret_vcpu)
+int kd_vcpu_create(struct kd_vcpus *vs, uint32_t id, struct kvmdirty_vcpu **ret_vcpu)
 {
 	int fd, ret;
 
-	if (!vm || !ret_vcpu)
-		return -EINVAL;
-	fd = kd_ioctl(vm->vm_fd, KVM_CREATE_VCPU, (void *)(uintptr_t)id);
+	fd = kd_ioctl(vs->kvm->vm_fd, KVM_CREATE_VCPU, (void *)(uintptr_t)id);
 	if (fd < 0)
 		return fd;
-	ret = vcpu_setup(vm, fd, true, ret_vcpu);
+	ret = vcpu_setup(vs, fd, true, ret_vcpu);
 	if (ret < 0)
 		close(fd);
 	return ret;
 }
 
-KD_EXPORT int kvmdirty_vcpu_add(struct kvmdirty_vm *vm, int vcpu_fd, struct kvmdirty_vcpu **ret_vcpu)
+int kd_vcpu_add(struct kd_vcpus *vs, int vcpu_fd, struct kvmdirty_vcpu **ret_vcpu)
 {
-	if (!vm || !ret_vcpu)
-		return -EINVAL;
 	if (vcpu_fd < 0)
 		return -EBADF;
-	return vcpu_setup(vm, vcpu_fd, false, ret_vcpu);
+	return vcpu_setup(vs, vcpu_fd, false, ret_vcpu);
 }
 
 KD_EXPORT void kvmdirty_vcpu_free(struct kvmdirty_vcpu *v)
 {
-	struct kvmdirty_vm *vm;
+	struct kd_vcpus *vs;
 	uint32_t i;
 
 	if (!v)
 		return;
-	vm = v->vm;
-	pthread_mutex_lock(&vm->vcpus_lock);
-	for (i = 0; i < vm->nr_vcpus; i++) {
-		if (vm->vcpus[i] == v) {
-			vm->vcpus[i] = vm->vcpus[--vm->nr_vcpus];
+	vs = v->owner;
+	pthread_mutex_lock(&vs->lock);
+	for (i = 0; i < vs->n; i++) {
+		if (vs->v[i] == v) {
+			vs->v[i] = vs->v[--vs->n];
 			break;
 		}
 	}
-	pthread_mutex_unlock(&vm->vcpus_lock);
-	/* what the ring still holds is not lost: the next sync cannot see it */
-	if (v->ring && vm->tracker)
-		kd_track_harvest(vm->tracker, v);
-	kd_ring_unmap(v);
-	if (v->run)
-		munmap(v->run, v->run_size);
+	/* what the ring still holds is harvested, reset and published like any harvest */
+	collect(vs, v, false);
+	pthread_mutex_unlock(&vs->lock);
+	vcpu_unmap(v);
 	if (v->owns_fd)
 		close(v->fd);
-	pthread_mutex_destroy(&v->ring_lock);
 	free(v);
+}
+
+void kd_vcpus_fini(struct kd_vcpus *vs)
+{
+	while (vs->n)
+		kvmdirty_vcpu_free(vs->v[vs->n - 1]);
+	free(vs->v);
+	free(vs->buf);
+	pthread_mutex_destroy(&vs->lock);
+	memset(vs, 0, sizeof(*vs));
 }
 
 KD_EXPORT int kvmdirty_vcpu_fd(const struct kvmdirty_vcpu *v)
 {
-	return v->fd;
+	return v ? v->fd : -EINVAL;
 }
 
 KD_EXPORT struct kvm_run *kvmdirty_vcpu_kvm_run(const struct kvmdirty_vcpu *v)
 {
-	return v->run;
+	return v ? v->run : NULL;
+}
+
+/*
+ * KVM_EXIT_DIRTY_RING_FULL: collect this vCPU's ring, looking for ghost
+ * entries whatever the ring's state (a ring KVM left stuck behind them
+ * exits here again and again).  If another thread harvested between the
+ * exit and here there is nothing to take, and the vCPU simply goes on.
+ */
+static int ring_full(struct kvmdirty_vcpu *v)
+{
+	struct kd_vcpus *vs = v->owner;
+	uint64_t t0 = kd_now_ns();
+	int ret;
+
+	KD_HOOK_POINT(KD_HOOK_RING_FULL, v);
+	pthread_mutex_lock(&vs->lock);
+	ret = collect(vs, v, true);
+	if (vs->sink)
+		vs->sink->full_exit(vs->sink_ctx, v, kd_now_ns() - t0);
+	pthread_mutex_unlock(&vs->lock);
+	return ret;
 }
 
 KD_EXPORT int kvmdirty_vcpu_run(struct kvmdirty_vcpu *v)
 {
 	int ret;
 
+	if (!v)
+		return -EINVAL;
 	for (;;) {
 		if (ioctl(v->fd, KVM_RUN, NULL) < 0)
 			return -errno;
 		/* the one check the library adds to every exit */
 		if (v->run->exit_reason != KVM_EXIT_DIRTY_RING_FULL)
 			return 0;
-		ret = kd_ring_full(v);
+		ret = ring_full(v);
 		if (ret < 0)
 			return ret;
 	}

@@ -13,7 +13,8 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "internal.h"
+#include "hooks.h"
+#include "vcpu.h"
 #include "rng.h"
 #include "testvm.h"
 #include "test-util.h"
@@ -196,7 +197,7 @@ static void run_scenario(const struct scenario *s)
 	}
 	ck_assert_msg(ret == 0, "%s: testvm_new: %s", s->name, strerror(-ret));
 	g.t = g.tv->tracker;
-	g.t->test_clear_late = s->clear_late;
+	kd_test_hooks.clear_late = s->clear_late;
 	g.delay_us = s->clear_late ? 3000 : 500;
 	ck_assert_ok(testvm_add_memory(g.tv, r0, s0, 0, &mem[0], &reg[0]));
 	ck_assert_ok(testvm_add_memory(g.tv, r1, s1, 0, &mem[1], &reg[1]));
@@ -312,7 +313,7 @@ static uint64_t lockstep(enum kvmdirty_mode mode, bool clear_late)
 	mb->flags = GUEST_F_EXIT_EVERY_PASS | GUEST_F_CHECK;
 	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
 	consume(&g);
-	g.t->test_clear_late = clear_late;
+	kd_test_hooks.clear_late = clear_late;
 	for (k = 0; k < 4; k++) {
 		do
 			ck_assert_ok(testvm_run(g.tv, 0, &ex));
@@ -332,7 +333,7 @@ static uint64_t lockstep(enum kvmdirty_mode mode, bool clear_late)
 			}
 		}
 	}
-	g.t->test_clear_late = false;
+	kd_test_hooks.clear_late = false;
 	sync_and_consume(&g);
 	sync_and_consume(&g);
 	stale = stale_pages(&g, first, sizeof(first));
@@ -478,10 +479,10 @@ START_TEST(vcpu_add_keeps_fd)
 	ck_assert_ok(kvmdirty_vcpu_add(vm, fd, &v));
 	ck_assert_int_eq(kvmdirty_vcpu_fd(v), fd);
 	ck_assert_ptr_nonnull(kvmdirty_vcpu_kvm_run(v));
-	ck_assert_ptr_nonnull(v->ring);
+	ck_assert_ptr_nonnull(v->ring.gfns);
 	ck_assert_errno(kvmdirty_vcpu_create(vm, 0, &w), EEXIST);
 	ck_assert_ok(kvmdirty_vcpu_create(vm, 1, &w));
-	ck_assert_ptr_nonnull(w->ring);
+	ck_assert_ptr_nonnull(w->ring.gfns);
 	ck_assert_int_eq(kvmdirty_tracker_sync(t), 0);
 	kvmdirty_vcpu_free(v);
 	ck_assert_int_ge(fcntl(fd, F_GETFD), 0); /* still the VMM's */

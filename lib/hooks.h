@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_HOOKS_H
+#define KVMDIRTY_HOOKS_H
+
+/*
+ * Test-build hooks.  The shipped library is compiled without
+ * KD_TEST_HOOKS and every hook below is then nothing at all.  The test
+ * build compiles lib/ a second time with -DKD_TEST_HOOKS and links
+ * tests/hooks.c, which defines kd_test_hooks: tests use it to inject ioctl
+ * failures, to hold a thread at a named point while another one runs (a
+ * forced interleaving), and to reorder the real CLEAR path.
+ */
+#ifdef KD_TEST_HOOKS
+#include <stdbool.h>
+
+enum kd_hook_point {
+	/* vCPU thread, KVM_EXIT_DIRTY_RING_FULL seen, nothing taken yet; obj: the vCPU */
+	KD_HOOK_RING_FULL,
+	/* a harvester holds entries it took (marked RESET), before their reset; obj: the vCPU set */
+	KD_HOOK_RING_HARVESTED,
+	/* ring recovery marked ghost entries RESET, before its reset; obj: the vCPU */
+	KD_HOOK_RING_GHOSTS,
+	/* sync took the rings' pages and is about to fetch the regions'; obj: the tracker */
+	KD_HOOK_SYNC_FETCH,
+};
+
+/* Returned by the ioctl hook to let the real ioctl run. */
+#define KD_HOOK_PASS (-4096)
+
+struct kd_test_hooks {
+	/* called before every library ioctl except KVM_RUN: -errno, a result, or KD_HOOK_PASS */
+	int (*ioctl)(int fd, unsigned long req, void *arg);
+	void (*point)(enum kd_hook_point p, void *obj);
+	/* next(): issue each chunk's CLEAR at the next sync, after the caller read its pages */
+	bool clear_late;
+};
+
+extern struct kd_test_hooks kd_test_hooks;
+
+#define KD_HOOK_POINT(p, obj)                                                                   \
+	do {                                                                                    \
+		void (*__fn)(enum kd_hook_point, void *) =                                      \
+			__atomic_load_n(&kd_test_hooks.point, __ATOMIC_ACQUIRE);                \
+		if (__fn)                                                                       \
+			__fn((p), (obj));                                                       \
+	} while (0)
+#define KD_HOOK_CLEAR_LATE() __atomic_load_n(&kd_test_hooks.clear_late, __ATOMIC_ACQUIRE)
+#else
+#define KD_HOOK_POINT(p, obj) ((void)0)
+#define KD_HOOK_CLEAR_LATE() false
+#endif
+
+#endif

@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_REGIONS_H
+#define KVMDIRTY_REGIONS_H
+
+/*
+ * The regions layer: memslots (slot-id allocation,
+ * KVM_SET_USER_MEMORY_REGION(2)) and the three lookups (slot id array,
+ * gpa and hva hashed indexes).  Every change is check-then-commit.
+ *
+ * Locking: lock is taken for writing by every change (add, remove, move,
+ * logging), around the ioctl and the index update, and for reading by
+ * whoever must see regions and what hangs off them (a tracker's per-slot
+ * state) stay put while it works: marks, sync, next, ring publishing.
+ * Plain lookups (from_gpa and friends) take no lock: the caller keeps
+ * them apart from changes.
+ *
+ * News goes up through a sink the layer above installs: a region going
+ * away (after KVM dropped the slot) and dirty logging switched (after KVM
+ * did it), both called with lock held for writing.
+ */
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "index.h"
+#include "kvm.h"
+
+struct kd_regions;
+
+struct kvmdirty_region {
+	struct kd_regions *owner;
+	uint64_t gpa;
+	uint64_t size;
+	void *hva;
+	uint32_t slot;
+	uint32_t flags; /* KVMDIRTY_REGION_* */
+};
+
+struct kd_region_sink {
+	void (*removed)(void *ctx, uint32_t slot);
+	void (*logging)(void *ctx, uint32_t slot, bool on);
+};
+
+struct kd_regions {
+	struct kd_kvm *kvm;
+	/*
+	 * Regions live in an array indexed by slot id, allocated on the
+	 * first add: a lookup's result is an address computed from the id,
+	 * not one more pointer to load.  slot_used says which are live.
+	 */
+	struct kvmdirty_region *regions;
+	uint64_t *slot_used;
+	uint32_t nr_slots; /* ids the array holds: KVM's memslot count */
+	uint32_t nr_regions;
+	struct kd_index gpa_index;
+	struct kd_index hva_index;
+	pthread_rwlock_t lock;
+	const struct kd_region_sink *sink;
+	void *sink_ctx;
+};
+
+void kd_regions_init(struct kd_regions *rs, struct kd_kvm *kvm);
+void kd_regions_fini(struct kd_regions *rs);
+
+/* Slot ids a region may get: KVM's memslot count, bounded by the index. */
+uint32_t kd_regions_max_slots(const struct kd_regions *rs);
+
+int kd_region_add(struct kd_regions *rs, uint64_t gpa, uint64_t size, void *hva, uint32_t flags,
+		  struct kvmdirty_region **ret_region);
+int kd_region_remove(struct kd_regions *rs, struct kvmdirty_region *r);
+int kd_region_move(struct kd_regions *rs, struct kvmdirty_region *r, uint64_t new_gpa);
+int kd_region_set_logging(struct kd_regions *rs, struct kvmdirty_region *r, bool enable);
+/* The same by slot id: -ENOENT when no region holds it. */
+int kd_region_set_logging_slot(struct kd_regions *rs, uint32_t slot, bool enable);
+/* Every region; all or nothing (best-effort undo). */
+int kd_regions_set_logging(struct kd_regions *rs, bool enable);
+
+/* r is a live region of rs. */
+bool kd_region_valid(const struct kd_regions *rs, const struct kvmdirty_region *r);
+struct kvmdirty_region *kd_region_at_slot(const struct kd_regions *rs, uint32_t slot);
+struct kvmdirty_region *kd_region_at_gpa(const struct kd_regions *rs, uint64_t gpa);
+struct kvmdirty_region *kd_region_at_hva(const struct kd_regions *rs, uint64_t hva);
+/* fn(slot, ctx) for each region whose host range holds hva; see kd_index_for_each_at(). */
+int kd_region_for_each_at_hva(const struct kd_regions *rs, uint64_t hva,
+			      int (*fn)(uint32_t slot, void *ctx), void *ctx);
+struct kvmdirty_region *kd_region_next(const struct kd_regions *rs, const struct kvmdirty_region *prev);
+
+/* -EBUSY when another sink is installed; NULL uninstalls. */
+int kd_regions_set_sink(struct kd_regions *rs, const struct kd_region_sink *sink, void *ctx);
+
+static inline void kd_regions_rdlock(struct kd_regions *rs)
+{
+	pthread_rwlock_rdlock(&rs->lock);
+}
+
+static inline void kd_regions_wrlock(struct kd_regions *rs)
+{
+	pthread_rwlock_wrlock(&rs->lock);
+}
+
+static inline void kd_regions_unlock(struct kd_regions *rs)
+{
+	pthread_rwlock_unlock(&rs->lock);
+}
+
+#endif

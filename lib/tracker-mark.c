@@ -1,0 +1,105 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Marks: writes the VMM made itself (emulated devices, DMA), by guest
+ * physical or host address, from any thread.  A mark holds the regions
+ * lock for reading, so a region added, moved or removed meanwhile is seen
+ * whole before or after the change, never half way.  Its cost is bounded
+ * by the smaller of the range's pages and the tracked regions: a long
+ * range over holes walks the tracked regions instead of the holes.
+ */
+#include <errno.h>
+
+#include "export.h"
+#include "tracker.h"
+
+/* Mark the part of [first, last] (page addresses, inclusive) that lies in [start, start + size). */
+static void mark_overlap(struct kvmdirty_tracker *t, uint32_t slot, uint64_t start, uint64_t size,
+			 uint64_t first, uint64_t last)
+{
+	uint64_t ps = t->page_size, lo = first > start ? first : start;
+	uint64_t hi = last < start + size - ps ? last : start + size - ps;
+
+	if (lo <= hi)
+		kd_track_mark(t, slot, (lo - start) / ps, (hi - start) / ps + 1);
+}
+
+/* By the tracked regions: O(tracked regions) whatever the range. */
+static void mark_by_regions(struct kvmdirty_tracker *t, uint64_t first, uint64_t last, bool by_hva)
+{
+	uint32_t i;
+
+	for (i = 0; i < t->nr_tracked; i++) {
+		const struct kvmdirty_region *r = kd_region_at_slot(t->regions, t->tracked[i]);
+
+		if (r)
+			mark_overlap(t, r->slot, by_hva ? (uintptr_t)r->hva : r->gpa, r->size, first, last);
+	}
+}
+
+struct hva_ctx {
+	struct kvmdirty_tracker *t;
+	uint64_t addr;
+};
+
+static int mark_hva_one(uint32_t slot, void *p)
+{
+	struct hva_ctx *c = p;
+	const struct kvmdirty_region *r = kd_region_at_slot(c->t->regions, slot);
+
+	mark_overlap(c->t, slot, (uintptr_t)r->hva, r->size, c->addr, c->addr);
+	return 0;
+}
+
+/* By the pages: O(pages), one lookup for each (each alias of a host page is marked). */
+static void mark_by_pages(struct kvmdirty_tracker *t, uint64_t first, uint64_t last, bool by_hva)
+{
+	uint64_t ps = t->page_size, a;
+
+	for (a = first;; a += ps) {
+		if (by_hva) {
+			struct hva_ctx c = { t, a };
+
+			kd_region_for_each_at_hva(t->regions, a, mark_hva_one, &c);
+		} else {
+			const struct kvmdirty_region *r = kd_region_at_gpa(t->regions, a);
+
+			if (r) {
+				/* the rest of the range inside this region at once */
+				uint64_t stop = r->gpa + r->size - ps < last ? r->gpa + r->size - ps : last;
+
+				mark_overlap(t, r->slot, r->gpa, r->size, a, stop);
+				a = stop;
+			}
+		}
+		if (a == last)
+			break;
+	}
+}
+
+static int mark_range(struct kvmdirty_tracker *t, uint64_t addr, uint64_t len, bool by_hva)
+{
+	uint64_t ps, first, last;
+
+	if (!t || !len || addr + len < addr)
+		return -EINVAL;
+	ps = t->page_size;
+	first = addr & ~(ps - 1);
+	last = (addr + len - 1) & ~(ps - 1);
+	kd_regions_rdlock(t->regions);
+	if ((last - first) / ps >= t->nr_tracked)
+		mark_by_regions(t, first, last, by_hva);
+	else
+		mark_by_pages(t, first, last, by_hva);
+	kd_regions_unlock(t->regions);
+	return 0;
+}
+
+KD_EXPORT int kvmdirty_tracker_mark_dirty_gpa(struct kvmdirty_tracker *t, uint64_t gpa, uint64_t len)
+{
+	return mark_range(t, gpa, len, false);
+}
+
+KD_EXPORT int kvmdirty_tracker_mark_dirty_hva(struct kvmdirty_tracker *t, const void *hva, uint64_t len)
+{
+	return mark_range(t, (uintptr_t)hva, len, true);
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_VCPU_H
+#define KVMDIRTY_VCPU_H
+
+/*
+ * The vCPU layer: creation or registration, kvm_run and ring mappings,
+ * the run helper, and the one owner of the dirty ring protocol.  Whoever
+ * harvests (a sync, a ring-full exit, the reaper, a vCPU being freed) goes
+ * through kd_vcpus_harvest() or the run helper, under the set's lock, one
+ * ring at a time: entries are taken into the set's own buffer,
+ * KVM_RESET_DIRTY_RINGS re-protects their pages, and only then are they
+ * published through the sink the layer above installed.  A sync that takes the lock after
+ * another harvester therefore sees its pages; one that comes before sees
+ * the entries in the ring itself.  Without a sink (no tracker) rings are
+ * still harvested and reset, and what they held is dropped.
+ */
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dirty-ring.h"
+#include "kvm.h"
+
+struct kd_vcpus;
+
+struct kvmdirty_vcpu {
+	struct kd_vcpus *owner;
+	int fd;
+	bool owns_fd;
+	struct kvm_run *run;
+	size_t run_size;
+	struct kd_ring ring; /* gfns NULL when the VM has no dirty ring */
+};
+
+struct kd_ring_sink {
+	/* entries of vcpu's ring, harvested and re-protected: their pages may be read now */
+	void (*pages)(void *ctx, struct kvmdirty_vcpu *vcpu, const struct kd_ring_entry *e, uint32_t n);
+	/* enum kd_ring_loss bits for vcpu's ring */
+	void (*lost)(void *ctx, struct kvmdirty_vcpu *vcpu, unsigned int loss);
+	/* a KVM_EXIT_DIRTY_RING_FULL of vcpu was handled, in ns */
+	void (*full_exit)(void *ctx, struct kvmdirty_vcpu *vcpu, uint64_t ns);
+};
+
+struct kd_vcpus {
+	struct kd_kvm *kvm;
+	/* guards the array, the sink, and each harvest from its first entry to its publishing */
+	pthread_mutex_t lock;
+	struct kvmdirty_vcpu **v;
+	uint32_t n, cap;
+	const struct kd_ring_sink *sink;
+	void *sink_ctx;
+	/* one ring's entries between its harvest and its publishing */
+	struct kd_ring_entry *buf;
+	uint32_t buf_cap;
+	uint64_t kernel_ns; /* in KVM_RESET_DIRTY_RINGS, for kd_vcpus_harvest() */
+};
+
+void kd_vcpus_init(struct kd_vcpus *vs, struct kd_kvm *kvm);
+/* Free every vCPU still registered. */
+void kd_vcpus_fini(struct kd_vcpus *vs);
+
+int kd_vcpu_create(struct kd_vcpus *vs, uint32_t id, struct kvmdirty_vcpu **ret_vcpu);
+int kd_vcpu_add(struct kd_vcpus *vs, int vcpu_fd, struct kvmdirty_vcpu **ret_vcpu);
+uint32_t kd_vcpus_count(struct kd_vcpus *vs);
+
+/* Install (or, with NULL, remove) the sink; returns once no harvest uses the old one. */
+void kd_vcpus_set_sink(struct kd_vcpus *vs, const struct kd_ring_sink *sink, void *ctx);
+
+/*
+ * Harvest every ring, reset, publish.  Returns 0 or -errno of the reset
+ * (the entries are then reported as KD_RING_UNPROTECTED, not published);
+ * *ret_kernel_ns gets the time spent in the reset ioctl.
+ */
+int kd_vcpus_harvest(struct kd_vcpus *vs, uint64_t *ret_kernel_ns);
+
+#endif
