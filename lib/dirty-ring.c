@@ -31,10 +31,13 @@
  *    (marking a free entry would let KVM's reset run past its write
  *    position and wrap its count of used entries).
  *  - behind fetch: a reset stopped early at a slot KVM overwrote while
- *    its entries awaited the reset, and a later one went a whole lap.
- *    The ring keeps KVM's reset index (reset_pos, from the counts the
- *    resets return), so entries in [reset_pos, fetch) are known to be
- *    harvested: zeros there are marked RESET until the reset catches up.
+ *    its entries awaited the reset; the harvest then took more than a
+ *    lap ahead of KVM's reset index, and the next reset walked a whole
+ *    lap, zeroing slots of entries it had not reached yet.  The ring
+ *    keeps KVM's reset index (reset_pos, from the counts the resets
+ *    return) and notes such a walk (lapped): zeros in [reset_pos, fetch)
+ *    are then entries harvested and not reset, and are marked RESET
+ *    until the reset catches up.
  * Every mark goes from 0 to RESET by compare-and-exchange, so a slot KVM
  * pushes into meanwhile is left DIRTY for the next harvest.
  */
@@ -87,7 +90,9 @@ int kd_ring_map(struct kd_ring *ring, const struct kd_kvm *kvm, int vcpu_fd)
 	ring->size = kvm->ring_entries;
 	ring->fetch = 0;
 	ring->reset_pos = 0;
+	ring->lapped = false;
 	ring->suspect = false;
+	ring->gen = ring->gen_at_full = 0;
 	return 0;
 }
 
@@ -159,6 +164,7 @@ static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_
 				ring->suspect = false;
 			out[n].slot = e->slot;
 			out[n].offset = e->offset;
+			KD_HOOK_POINT(KD_HOOK_RING_TAKEN, ring);
 			store_release(&e->flags, KVM_DIRTY_GFN_F_RESET);
 			/*
 			 * Read again: a push past a full ring may have rewritten the
@@ -227,19 +233,61 @@ static int64_t reset(struct kd_kvm *kvm)
 	return ret < 0 ? ret : total;
 }
 
+/* No entry of [reset_pos, fetch) awaits a reset: all were reset, by someone. */
+static bool behind_all_zero(const struct kd_ring *ring)
+{
+	uint32_t pos, end = ring->fetch - ring->reset_pos > ring->size ? ring->reset_pos + ring->size : ring->fetch;
+
+	for (pos = ring->reset_pos; pos != end; pos++)
+		if (flags_at(ring, pos))
+			return false;
+	return true;
+}
+
+/*
+ * A ring-full exit found nothing to take: if no reset took entries of this
+ * ring since KVM said it was full, KVM still counts at least its soft limit
+ * of entries as pushed and not reset, from reset_pos on.  When they all
+ * read 0 (ghosts left by an overflow that went round more than once, with
+ * no DIRTY entry after them to tell), up to a lower bound of that limit
+ * are marked RESET: KVM's soft limit is the ring size less 64 entries,
+ * less 512 more with Intel's PML.  Returns how many were marked.
+ */
+static uint32_t mark_full_ghosts(struct kd_ring *ring)
+{
+	uint32_t bound = ring->size > 1024 ? ring->size - 1024 : ring->size / 4, i;
+
+	if (ring->fetch != ring->reset_pos || ring->gen != ring->gen_at_full)
+		return 0;
+	for (i = 0; i < ring->size; i++)
+		if (flags_at(ring, ring->fetch + i))
+			return 0;
+	for (i = 0; i < bound && mark_zero(ring, ring->fetch); i++)
+		ring->fetch++;
+	return i;
+}
+
 int64_t kd_ring_collect(struct kd_ring *ring, struct kd_kvm *kvm, struct kd_ring_entry *out, uint32_t cap,
-			bool ghosts, unsigned int *loss, uint64_t *kernel_ns)
+			bool ring_full, unsigned int *loss, uint64_t *kernel_ns)
 {
 	uint32_t n = 0, before, marked, round;
 	int64_t c = 0;
 
 	for (round = 0; round < 4; round++) {
 		before = n;
-		n += harvest(ring, out + n, cap - n, ghosts, loss);
-		marked = mark_behind(ring);
+		n += harvest(ring, out + n, cap - n, ring_full, loss);
+		marked = ring->lapped ? mark_behind(ring) : 0;
+		if (ring_full && !round && !n && !marked) {
+			marked = mark_full_ghosts(ring);
+			if (marked) {
+				*loss |= KD_RING_GHOSTS;
+				KD_HOOK_POINT(KD_HOOK_RING_GHOSTS, ring);
+			}
+		}
 		if (ring->reset_pos == ring->fetch)
 			break;
 		KD_HOOK_POINT(KD_HOOK_RING_HARVESTED, ring);
+		ring->lapped = ring->fetch - ring->reset_pos > ring->size;
 		{
 			uint64_t t0 = kd_now_ns();
 
@@ -248,15 +296,32 @@ int64_t kd_ring_collect(struct kd_ring *ring, struct kd_kvm *kvm, struct kd_ring
 		}
 		if (c < 0)
 			break;
+		if (c)
+			ring->gen++;
 		ring->reset_pos += (uint32_t)c;
-		if (ring->reset_pos == ring->fetch || (!c && n == before && !marked))
+		if (ring->reset_pos == ring->fetch) {
+			ring->lapped = false;
 			break;
-		/* KVM stopped short of fetch: take what it stopped at, mark what it left, again */
+		}
+		if (!ring->lapped && behind_all_zero(ring)) {
+			/* a reset outside the library took them: nothing is left to do */
+			ring->reset_pos = ring->fetch;
+			break;
+		}
+		/*
+		 * KVM stopped short of fetch: it pushed into a slot whose entry
+		 * awaited this reset, so that entry's page may not be protected
+		 * again.  Report it (the tracker then protects everything), take
+		 * what KVM stopped at, mark what it left, and go again.
+		 */
+		*loss |= KD_RING_OVERFLOW;
 		ring->suspect = true;
+		if (!c && n == before && !marked)
+			break;
 	}
+	if (ring_full)
+		ring->gen_at_full = ring->gen;
 	if (ring->reset_pos != ring->fetch) {
-		if ((int32_t)(ring->fetch - ring->reset_pos) < 0)
-			ring->reset_pos = ring->fetch; /* cannot happen: resets only walk what was marked */
 		*loss |= KD_RING_UNPROTECTED;
 		return c < 0 ? c : 0;
 	}

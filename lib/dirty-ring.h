@@ -29,9 +29,15 @@ struct kd_ring {
 	 * KVM's own reset index, mirrored from the counts its resets return
 	 * (exact because one ring at a time is reset and a reset is never cut
 	 * short by a signal).  Entries in [reset_pos, fetch) were harvested
-	 * and await their reset.
+	 * and await their reset.  Resets go through the library only; if
+	 * another reset consumed them anyway, they read 0 and reset_pos
+	 * catches up.
 	 */
 	uint32_t reset_pos;
+	/* a reset walked with more than a lap outstanding: zeros behind fetch are ghosts */
+	bool lapped;
+	/* resets that took entries of this ring; its value at the last ring-full exit handled */
+	uint32_t gen, gen_at_full;
 	/*
 	 * KVM may have pushed past the ring: ghost entries (flags 0, counted
 	 * as pushed by KVM) may sit at fetch.  Harvests look for them until
@@ -57,14 +63,15 @@ void kd_ring_unmap(struct kd_ring *ring);
  * Harvest the ring into out[0 .. cap) and reset until KVM's reset index
  * caught up with fetch, so that every entry returned has been re-protected
  * (protect before read: publish them only after this returns).  cap must
- * be at least the ring size.  ghosts: look for ghost entries even if the
- * ring is not suspect (a ring-full exit that found nothing).  Returns how
+ * be at least the ring size.  ring_full: the ring's vCPU is stopped in a
+ * KVM_EXIT_DIRTY_RING_FULL exit (on this thread), so that what KVM said
+ * then may be relied on if no reset took entries since.  Returns how
  * many entries were taken and re-protected (0 if they could not all be:
  * KD_RING_UNPROTECTED is then set in *loss), or -errno of the reset.
  * Callers never collect two rings at once, nor one ring from two threads.
  * *kernel_ns grows by the time spent in KVM_RESET_DIRTY_RINGS.
  */
 int64_t kd_ring_collect(struct kd_ring *ring, struct kd_kvm *kvm, struct kd_ring_entry *out, uint32_t cap,
-			bool ghosts, unsigned int *loss, uint64_t *kernel_ns);
+			bool ring_full, unsigned int *loss, uint64_t *kernel_ns);
 
 #endif

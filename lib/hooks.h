@@ -16,9 +16,11 @@
 enum kd_hook_point {
 	/* vCPU thread, KVM_EXIT_DIRTY_RING_FULL seen, nothing taken yet; obj: the vCPU */
 	KD_HOOK_RING_FULL,
-	/* a harvester holds entries it took (marked RESET), before their reset; obj: the vCPU set */
+	/* a harvester holds entries it took (marked RESET), before their reset; obj: the ring */
 	KD_HOOK_RING_HARVESTED,
-	/* ring recovery marked ghost entries RESET, before its reset; obj: the vCPU */
+	/* a harvest read an entry and has not marked it yet; obj: the ring */
+	KD_HOOK_RING_TAKEN,
+	/* ring recovery marked ghost entries RESET, before its reset; obj: the ring */
 	KD_HOOK_RING_GHOSTS,
 	/* sync took the rings' pages and is about to fetch the regions'; obj: the tracker */
 	KD_HOOK_SYNC_FETCH,

@@ -24,7 +24,7 @@ void kd_vcpus_init(struct kd_vcpus *vs, struct kd_kvm *kvm)
  * only then publish its pages: they are re-protected by now.  Callers
  * hold the lock.
  */
-static int collect(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, bool ghosts)
+static int collect(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, bool ring_full)
 {
 	const struct kd_ring_sink *sink = vs->sink;
 	unsigned int loss = 0;
@@ -32,7 +32,7 @@ static int collect(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, bool ghosts)
 
 	if (!v->ring.gfns)
 		return 0;
-	n = kd_ring_collect(&v->ring, vs->kvm, vs->buf, vs->buf_cap, ghosts, &loss, &vs->kernel_ns);
+	n = kd_ring_collect(&v->ring, vs->kvm, vs->buf, vs->buf_cap, ring_full, &loss, &vs->kernel_ns);
 	if (loss && sink)
 		sink->lost(vs->sink_ctx, v, loss);
 	if (n > 0 && sink)

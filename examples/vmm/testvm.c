@@ -133,7 +133,8 @@ static void set_seg(struct kvm_segment *s, uint16_t sel, uint8_t type, bool code
 
 static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpuid)
 {
-	uint8_t dpl = tv->ring0 ? 0 : 3;
+	bool ring0 = (tv->ring0_vcpus >> i) & 1;
+	uint8_t dpl = ring0 ? 0 : 3;
 	struct kvm_sregs sregs;
 	struct kvm_regs regs;
 	int ret, fd;
@@ -176,7 +177,7 @@ static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpui
 	regs.rip = GUEST_CODE_GPA;
 	regs.rsp = GUEST_SYS_SIZE - i * GUEST_STACK_SIZE;
 	regs.rdi = GUEST_MAILBOX_GPA + i * sizeof(struct guest_vcpu);
-	regs.rflags = RFLAGS_FIXED | (tv->ring0 ? 0 : RFLAGS_IOPL3);
+	regs.rflags = RFLAGS_FIXED | (ring0 ? 0 : RFLAGS_IOPL3);
 	ret = sys_ioctl(fd, KVM_SET_REGS, &regs);
 	if (ret < 0)
 		return ret;
@@ -186,6 +187,35 @@ static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpui
 		if (ret > 0)
 			tv->tsc_khz = (uint64_t)ret;
 	}
+	return 0;
+}
+
+int testvm_set_ring0(struct testvm *tv, unsigned int i, bool ring0)
+{
+	struct kvm_sregs sregs;
+	struct kvm_regs regs;
+	int fd, ret;
+
+	if (i >= tv->nr_vcpus)
+		return -EINVAL;
+	fd = kvmdirty_vcpu_fd(tv->vcpu[i]);
+	ret = sys_ioctl(fd, KVM_GET_SREGS, &sregs);
+	if (ret < 0)
+		return ret;
+	set_seg(&sregs.cs, ring0 ? SEL_KERNEL_CS : SEL_USER_CS, 0xb, true, ring0 ? 0 : 3);
+	set_seg(&sregs.ss, ring0 ? SEL_KERNEL_DS : SEL_USER_DS, 0x3, false, ring0 ? 0 : 3);
+	sregs.ds = sregs.es = sregs.fs = sregs.gs = sregs.ss;
+	ret = sys_ioctl(fd, KVM_SET_SREGS, &sregs);
+	if (ret < 0)
+		return ret;
+	ret = sys_ioctl(fd, KVM_GET_REGS, &regs);
+	if (ret < 0)
+		return ret;
+	regs.rflags = (regs.rflags & ~RFLAGS_IOPL3) | (ring0 ? 0 : RFLAGS_IOPL3);
+	ret = sys_ioctl(fd, KVM_SET_REGS, &regs);
+	if (ret < 0)
+		return ret;
+	tv->ring0_vcpus = ring0 ? tv->ring0_vcpus | (1ull << i) : tv->ring0_vcpus & ~(1ull << i);
 	return 0;
 }
 
@@ -225,7 +255,7 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	tv = calloc(1, sizeof(*tv));
 	if (!tv)
 		return -ENOMEM;
-	tv->ring0 = opts->ring0;
+	tv->ring0_vcpus = opts->ring0 ? ~0ull : opts->ring0_vcpus;
 	pthread_mutex_init(&tv->lock, NULL);
 	pthread_cond_init(&tv->cond, NULL);
 

@@ -27,7 +27,7 @@ struct testvm {
 	uint8_t *sys; /* host view of the system region */
 	struct kvmdirty_region *sys_region;
 	unsigned int nr_vcpus;
-	bool ring0;
+	uint64_t ring0_vcpus; /* bit i: vCPU i runs its workload at CPL 0 */
 	uint64_t tsc_khz;
 	struct kvmdirty_vcpu *vcpu[GUEST_MAX_VCPUS];
 	/* testvm_spawn() threads */
@@ -44,6 +44,7 @@ struct testvm {
 struct testvm_opts {
 	unsigned int nr_vcpus; /* 1 .. GUEST_MAX_VCPUS */
 	bool ring0;	       /* run the workload at CPL 0 (KVM's emulator here) */
+	uint64_t ring0_vcpus;  /* the same for the vCPUs of these bits only */
 	/* create a tracker (before the vCPUs, as the dirty ring needs) */
 	bool track;
 	struct kvmdirty_tracker_opts track_opts;
@@ -82,6 +83,13 @@ int testvm_add_memory(struct testvm *tv, uint64_t gpa, uint64_t size, uint32_t f
 		      void **ret_hva, struct kvmdirty_region **ret_region);
 void *testvm_map(uint64_t size);
 void testvm_unmap(void *hva, uint64_t size);
+
+/*
+ * Move vCPU i's workload to CPL 0 or back to CPL 3, between two runs (it
+ * is stopped at an exit): the same code goes on at the other privilege
+ * level.  Returns 0 or -errno.
+ */
+int testvm_set_ring0(struct testvm *tv, unsigned int i, bool ring0);
 
 /* Pages/second to GUEST's tsc_per_page, from the vCPU's TSC frequency. */
 uint64_t testvm_tsc_per_page(const struct testvm *tv, uint64_t pages_per_sec);

@@ -1,0 +1,436 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The ring backend (lib/dirty-ring.c) against a model of KVM's dirty ring,
+ * with no KVM: the test build's ioctl hook answers KVM_RESET_DIRTY_RINGS
+ * with the model's reset, and its named points push entries while a
+ * harvest holds some marked (a vCPU running meanwhile) or reset behind the
+ * library's back.  The model does what KVM does (virt/kvm/dirty_ring.c):
+ *
+ *   push:  write slot and offset, then flags = DIRTY, at dirty_index,
+ *          whatever the entry held (this host's KVM pushes past a full
+ *          ring); dirty_index++;
+ *   reset: from reset_index, while the entry's flags have RESET: zero it,
+ *          reset_index++; returns the count.
+ *
+ * What must hold, whatever the order of pushes, harvests and resets:
+ *   - KVM's reset never passes its write position (reset_index <=
+ *     dirty_index): a free entry marked RESET would let it, and the vCPU
+ *     would then see its ring full on every entry;
+ *   - every entry handed back by kd_ring_collect() was reset before it
+ *     returned (protect before read);
+ *   - every push is handed back, unless a loss was reported: an entry
+ *     overwritten before its harvest must be followed by a loss report;
+ *   - the ring recovers: once pushes stop outrunning it, a few harvests
+ *     bring KVM's reset index to its write position.
+ * Pure: never skips.
+ */
+#include <check.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+#include <linux/kvm.h>
+
+#include "dirty-ring.h"
+#include "hooks.h"
+#include "rng.h"
+#include "test-util.h"
+
+#define MAX_PUSHES (1u << 20)
+
+static struct model {
+	struct kvm_dirty_gfn *gfns;
+	uint32_t size, soft, di, ri;
+	/* per push (by position): delivered, overwritten before harvest, reset by KVM */
+	uint8_t *delivered, *lost, *reprotected;
+	/* pushes made before a collect that reported some harvested entries unprotected */
+	uint32_t excused_below;
+	uint64_t pushes, resets_outside, full_exits;
+	/* what the hooks do */
+	uint32_t push_at_harvested; /* entries a running vCPU pushes at KD_HOOK_RING_HARVESTED */
+	bool push_once;		    /* ... at the first one only */
+	bool reset_at_ghosts;	    /* another thread resets at KD_HOOK_RING_GHOSTS */
+	bool in_handler;	    /* the vCPU is stopped in its ring-full exit: it pushes nothing */
+	bool overwrite_taken;	    /* at KD_HOOK_RING_TAKEN, once: push over the entry being taken */
+	uint64_t rng;
+} m;
+
+static void model_push(void)
+{
+	struct kvm_dirty_gfn *e = &m.gfns[m.di & (m.size - 1)];
+
+	expect(m.di < MAX_PUSHES, "more than %u pushes", MAX_PUSHES);
+	/* an entry pushed and never harvested is lost when overwritten */
+	if (__atomic_load_n(&e->flags, __ATOMIC_ACQUIRE) == KVM_DIRTY_GFN_F_DIRTY)
+		m.lost[(uint32_t)e->offset] = 1;
+	e->slot = 1;
+	e->offset = m.di; /* the offset names the push */
+	__atomic_store_n(&e->flags, KVM_DIRTY_GFN_F_DIRTY, __ATOMIC_RELEASE);
+	m.di++;
+	m.pushes++;
+}
+
+static int model_reset(void)
+{
+	int n = 0;
+
+	while (__atomic_load_n(&m.gfns[m.ri & (m.size - 1)].flags, __ATOMIC_ACQUIRE) & KVM_DIRTY_GFN_F_RESET) {
+		struct kvm_dirty_gfn *e = &m.gfns[m.ri & (m.size - 1)];
+
+		/* KVM protects the page the entry names now, whichever push wrote it */
+		m.reprotected[(uint32_t)e->offset] = 1;
+		__atomic_store_n(&e->flags, 0, __ATOMIC_RELEASE);
+		m.ri++;
+		n++;
+	}
+	expect((int32_t)(m.di - m.ri) >= 0, "KVM's reset ran past its write position: reset_index %u, dirty_index %u",
+	       m.ri, m.di);
+	return n;
+}
+
+static bool model_full(void)
+{
+	return m.di - m.ri >= m.soft;
+}
+
+static int hook_ioctl(int fd, unsigned long req, void *arg)
+{
+	(void)fd;
+	(void)arg;
+	expect(req == KVM_RESET_DIRTY_RINGS, "ioctl 0x%lx", req);
+	return model_reset();
+}
+
+static void hook_point(enum kd_hook_point p, void *obj)
+{
+	struct kd_ring *ring = obj;
+	uint32_t i;
+
+	if (p == KD_HOOK_RING_TAKEN && m.overwrite_taken) {
+		m.overwrite_taken = false;
+		while ((m.di & (m.size - 1)) != (ring->fetch & (m.size - 1)))
+			model_push();
+		model_push();
+	}
+	if (p == KD_HOOK_RING_HARVESTED && !m.in_handler) {
+		for (i = 0; i < m.push_at_harvested; i++)
+			model_push();
+		if (m.push_once)
+			m.push_at_harvested = 0;
+	}
+	if (p == KD_HOOK_RING_GHOSTS && m.reset_at_ghosts) {
+		model_reset();
+		m.resets_outside++;
+	}
+}
+
+static void model_init(uint32_t size, uint64_t seed)
+{
+	free(m.gfns);
+	free(m.delivered);
+	free(m.lost);
+	free(m.reprotected);
+	memset(&m, 0, sizeof(m));
+	m.size = size;
+	m.soft = size - 64; /* KVM's reserve without PML */
+	m.gfns = calloc(size, sizeof(*m.gfns));
+	m.delivered = calloc(MAX_PUSHES, 1);
+	m.lost = calloc(MAX_PUSHES, 1);
+	m.reprotected = calloc(MAX_PUSHES, 1);
+	m.rng = seed;
+	kd_test_hooks.ioctl = hook_ioctl;
+	kd_test_hooks.point = hook_point;
+}
+
+static struct kd_kvm kvm = { .vm_fd = -1 };
+static struct kd_ring_entry *buf;
+static unsigned int loss_seen;
+
+/* One collect; checks that what it returns was protected again; returns its loss bits. */
+static unsigned int collect(struct kd_ring *ring, bool ring_full)
+{
+	unsigned int loss = 0;
+	uint64_t ns = 0;
+	int64_t n, i;
+
+	m.in_handler = ring_full;
+	n = kd_ring_collect(ring, &kvm, buf, 2 * m.size, ring_full, &loss, &ns);
+	m.in_handler = false;
+	expect(n >= 0, "collect: %" PRId64, n);
+	for (i = 0; i < n; i++) {
+		uint64_t pos = buf[i].offset;
+
+		expect(buf[i].slot == 1, "slot %u", buf[i].slot);
+		expect(pos < m.di, "collect returned push %" PRIu64 ", only %u were made", pos, m.di);
+		/* protected again before it was handed back, or a loss reported (the tracker then protects all) */
+		expect(m.reprotected[pos] || (loss & (KD_RING_OVERFLOW | KD_RING_UNPROTECTED)),
+		       "push %" PRIu64 " handed back before its reset, no loss reported (reset_index %u)", pos, m.ri);
+		m.delivered[pos] = 1;
+	}
+	/* entries taken but not protected again are not handed back: the tracker protects all, all pending */
+	if (loss & KD_RING_UNPROTECTED)
+		m.excused_below = m.di;
+	loss_seen |= loss;
+	return loss;
+}
+
+/*
+ * The vCPU runs: it pushes up to n entries, and over more past its soft
+ * limit (this host's emulator overshoots).  KVM checks the soft limit
+ * before entering the guest and after each push: returns true if the vCPU
+ * stopped in a ring-full exit.  progress gets the entries pushed.
+ */
+static bool vcpu_run(uint32_t n, uint32_t over, uint32_t *progress)
+{
+	uint32_t done = 0;
+
+	if (model_full()) {
+		*progress = 0;
+		return true;
+	}
+	while (done < n) {
+		if (model_full() && !over--)
+			break;
+		model_push();
+		done++;
+	}
+	*progress = done;
+	return model_full();
+}
+
+/* A ring-full exit, handled: sometimes a sync takes the ring first (after the exit, before the handler). */
+static void ring_full_exit(struct kd_ring *ring, bool sync_first)
+{
+	m.full_exits++;
+	if (sync_first)
+		collect(ring, false);
+	collect(ring, true);
+}
+
+static void check_silent_loss(uint64_t seed, unsigned int round)
+{
+	uint64_t p;
+
+	for (p = 0; p < m.di; p++)
+		if (m.lost[p] && !m.delivered[p] && !(loss_seen & (KD_RING_OVERFLOW | KD_RING_UNPROTECTED)))
+			ck_abort_msg("seed %" PRIu64 " round %u: push %" PRIu64 " lost without a loss report", seed, round, p);
+}
+
+/*
+ * A vCPU that overshoots its ring now and then, harvests from a sync at
+ * random moments (sometimes between a ring-full exit and its handler),
+ * pushes while a sync holds marked entries, resets from outside.  Then
+ * a quiet phase: the vCPU must make progress and the ring come back to
+ * KVM's count.
+ */
+static void stress(uint32_t size, uint64_t seed, uint32_t push_at_harvested, bool reset_at_ghosts, uint32_t max_over)
+{
+	struct kd_ring ring = { 0 };
+	uint64_t lost = 0, p, exits_quiet = 0, quiet_pushes = 0;
+	unsigned int round;
+	uint32_t progress;
+
+	model_init(size, seed);
+	loss_seen = 0;
+	m.push_at_harvested = push_at_harvested;
+	m.reset_at_ghosts = reset_at_ghosts;
+	buf = realloc(buf, 2 * size * sizeof(*buf));
+	ring.gfns = m.gfns;
+	ring.size = size;
+	for (round = 0; round < 2000 && m.di < MAX_PUSHES / 2; round++) {
+		uint64_t r = xorshift64(&m.rng);
+		uint32_t over = (r % 4 == 0) ? (uint32_t)(r >> 8) % (max_over + 1) : 0;
+
+		if (vcpu_run((uint32_t)(r >> 20) % size, over, &progress))
+			ring_full_exit(&ring, (r >> 40) % 3 == 0);
+		else if ((r >> 44) % 2)
+			collect(&ring, false);
+		if (round % 64 == 0)
+			check_silent_loss(seed, round);
+	}
+	/* quiet: no overshoot; every ring-full exit handled; the vCPU must get on */
+	m.push_at_harvested = 0;
+	for (round = 0; round < 200; round++) {
+		uint64_t r = xorshift64(&m.rng);
+
+		if (vcpu_run(size / 8, 0, &progress)) {
+			exits_quiet++;
+			ring_full_exit(&ring, (r >> 40) % 3 == 0);
+		} else if (r % 2) {
+			collect(&ring, false);
+		}
+		quiet_pushes += progress;
+	}
+	ck_assert_msg(quiet_pushes >= 100 * (size / 8),
+		      "seed %" PRIu64 ": the vCPU made no progress: %" PRIu64 " pushes in 200 runs, %" PRIu64
+		      " ring-full exits (KVM reset %u, write %u; library fetch %u, reset %u)",
+		      seed, quiet_pushes, exits_quiet, m.ri, m.di, ring.fetch, ring.reset_pos);
+	/* run to a ring-full exit and handle it: then the library and KVM agree */
+	while (!vcpu_run(size, 0, &progress))
+		;
+	ring_full_exit(&ring, false);
+	ck_assert_msg(m.ri == m.di && ring.fetch == m.di && ring.reset_pos == m.ri,
+		      "seed %" PRIu64 ": the ring did not come back: KVM reset %u, write %u; library fetch %u, reset %u",
+		      seed, m.ri, m.di, ring.fetch, ring.reset_pos);
+	/* every push not overwritten came back, or a collect said it could not protect it */
+	for (p = 0; p < m.di; p++) {
+		lost += m.lost[p];
+		expect(m.delivered[p] || m.lost[p] || p < m.excused_below,
+		       "seed %" PRIu64 ": push %" PRIu64 " never handed back, no loss reported", seed, p);
+	}
+	check_silent_loss(seed, round);
+	printf("ring model size %u seed %" PRIu64 " overshoot <= %u%s%s: %" PRIu64 " pushes, %" PRIu64
+	       " overwritten (reported), %" PRIu64 " ring-full exits, losses seen 0x%x, %" PRIu64
+	       " resets from outside\n",
+	       size, seed, max_over, push_at_harvested ? ", pushes while marked" : "",
+	       reset_at_ghosts ? ", outside resets" : "", m.pushes, lost, m.full_exits, loss_seen, m.resets_outside);
+}
+
+/* Without overshoot nothing is lost, nothing recovered, and every push comes back once. */
+START_TEST(quiet_ring_needs_no_recovery)
+{
+	struct kd_ring ring = { 0 };
+	unsigned int i;
+	uint32_t progress;
+
+	model_init(256, 1);
+	loss_seen = 0;
+	buf = realloc(buf, 512 * sizeof(*buf));
+	ring.gfns = m.gfns;
+	ring.size = 256;
+	for (i = 0; i < 2000; i++) {
+		uint64_t r = xorshift64(&m.rng);
+
+		if (vcpu_run((uint32_t)(r % 300), 0, &progress))
+			ring_full_exit(&ring, (r >> 32) % 2);
+		else if ((r >> 40) % 2)
+			collect(&ring, false);
+	}
+	collect(&ring, false);
+	ck_assert_uint_eq(m.ri, m.di);
+	ck_assert_uint_eq(loss_seen, 0);
+	for (i = 0; i < m.di; i++)
+		expect(m.delivered[i], "push %u never handed back", i);
+}
+END_TEST
+
+/*
+ * A ring-full exit handled after a sync took the ring: nothing to take,
+ * and nothing may be marked (the entries past KVM's write position are
+ * free, not ghosts).
+ */
+START_TEST(empty_ring_at_ring_full)
+{
+	struct kd_ring ring = { 0 };
+	unsigned int i;
+	uint32_t progress;
+
+	model_init(256, 2);
+	loss_seen = 0;
+	buf = realloc(buf, 512 * sizeof(*buf));
+	ring.gfns = m.gfns;
+	ring.size = 256;
+	for (i = 0; i < 300; i++) {
+		ck_assert(vcpu_run(1000, 0, &progress));
+		ring_full_exit(&ring, true);
+		ck_assert_uint_eq(m.ri, m.di);
+		ck_assert_uint_eq(ring.fetch, m.di);
+	}
+	ck_assert_uint_eq(loss_seen, 0);
+}
+END_TEST
+
+/*
+ * KVM pushes over entries a harvest marked and has not reset yet: the reset
+ * stops at the first of them, and the pages of the entries it overwrote
+ * are not protected again.  The collect must say so.  100 entries are
+ * taken; while they await their reset 166 more are pushed, the last 10 of
+ * them over the first 10 taken.
+ */
+START_TEST(reset_stops_at_overwrite)
+{
+	struct kd_ring ring = { 0 };
+	unsigned int loss, i;
+
+	model_init(256, 3);
+	loss_seen = 0;
+	buf = realloc(buf, 512 * sizeof(*buf));
+	ring.gfns = m.gfns;
+	ring.size = 256;
+	for (i = 0; i < 100; i++)
+		model_push();
+	m.push_at_harvested = 166;
+	m.push_once = true;
+	loss = collect(&ring, false);
+	ck_assert_msg(loss & (KD_RING_OVERFLOW | KD_RING_UNPROTECTED), "loss 0x%x: entries overwritten while marked, "
+		      "not reported", loss);
+	collect(&ring, false);
+	ck_assert_uint_eq(m.ri, m.di);
+	for (i = 0; i < m.di; i++)
+		expect(m.delivered[i], "push %u never handed back", i);
+}
+END_TEST
+
+/* KVM pushes over the very entry a harvest is taking: both are handed back, and a loss reported. */
+START_TEST(push_over_entry_being_taken)
+{
+	struct kd_ring ring = { 0 };
+	unsigned int loss, i;
+	uint32_t progress;
+
+	model_init(256, 4);
+	loss_seen = 0;
+	buf = realloc(buf, 512 * sizeof(*buf));
+	ring.gfns = m.gfns;
+	ring.size = 256;
+	for (i = 0; i < 10; i++)
+		model_push();
+	m.overwrite_taken = true;
+	loss = collect(&ring, false);
+	ck_assert_msg(loss & KD_RING_OVERFLOW, "loss 0x%x: an entry overwritten while taken, not reported", loss);
+	/* the vCPU runs on to its next ring-full exit: the ghost this left is taken care of */
+	while (!vcpu_run(256, 0, &progress))
+		;
+	ring_full_exit(&ring, false);
+	collect(&ring, false);
+	ck_assert_uint_eq(m.ri, m.di);
+	for (i = 0; i < m.di; i++)
+		expect(m.delivered[i] || m.lost[i], "push %u never handed back", i);
+	ck_assert_uint_eq(m.delivered[256], 1);
+}
+END_TEST
+
+START_TEST(stress_overshoot)
+{
+	/* up to 1,024 entries past the soft limit: the emulator's run between exits */
+	stress(_i < 3 ? 256 : 4096, 0x1234567ull + (uint64_t)_i * 7919, 0, false, 1024);
+}
+END_TEST
+
+START_TEST(stress_pushes_while_marked)
+{
+	stress(256, 0x9e3779b9ull + (uint64_t)_i * 104729, 1 + (uint32_t)_i * 37, false, 512);
+}
+END_TEST
+
+START_TEST(stress_outside_resets)
+{
+	stress(256, 0xdeadbeefull + (uint64_t)_i * 31, (uint32_t)_i * 20, true, 512);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("ring-model");
+	TCase *tc = tcase_create("ring-model");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, quiet_ring_needs_no_recovery);
+	tcase_add_test(tc, empty_ring_at_ring_full);
+	tcase_add_test(tc, reset_stops_at_overwrite);
+	tcase_add_test(tc, push_over_entry_being_taken);
+	tcase_add_loop_test(tc, stress_overshoot, 0, 6);
+	tcase_add_loop_test(tc, stress_pushes_while_marked, 0, 6);
+	tcase_add_loop_test(tc, stress_outside_resets, 0, 6);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
