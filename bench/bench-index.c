@@ -290,7 +290,7 @@ int main(void)
 	uint8_t *host;
 	unsigned int i;
 
-	kd_test_hooks.ioctl = time_memslot_ioctl;
+	kd_test_hooks_set(time_memslot_ioctl, NULL, false);
 	/* address space only: no guest runs, nothing is touched */
 	host = mmap(NULL, host_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (host == MAP_FAILED) {

@@ -8,20 +8,36 @@
  * Conventions, for every function below:
  * - Functions returning int return >= 0 on success and a negative errno on
  *   failure.  A failed call changes nothing: no slot, index entry or
- *   allocation is left behind.
+ *   allocation is left behind.  Pointer arguments are checked first: a
+ *   NULL object gives -EINVAL (getters return 0, NULL or -EINVAL as they
+ *   say; the *_free functions do nothing).
  * - Out-parameters are named ret_* and are written only on success.
  * - The library never prints, exits or aborts.
- * - Threading: a struct kvmdirty_vm is not locked.  Lookups
- *   (kvmdirty_region_from_*, kvmdirty_vm_gpa_to_hva, getters) may run
- *   concurrently with each other from any thread; calls that change regions
- *   (add, remove, move, logging on/off) must not run concurrently with any
- *   other call on the same VM.  Different VMs are independent.
- * - Tracking threads: one thread (the migration thread, say) owns the
- *   tracker and calls sync, next, start, stop and the region calls; vCPU
- *   threads call kvmdirty_vcpu_run() meanwhile (its ring-full handling
- *   may run concurrently with a sync); any thread may call
- *   kvmdirty_tracker_mark_dirty_*().  vCPUs may be created or freed while
- *   a sync or the ring reaper runs.
+ * - Memslots, dirty logging and ring resets go through the library only:
+ *   a VMM that issues KVM_SET_USER_MEMORY_REGION(2) or
+ *   KVM_RESET_DIRTY_RINGS on the VM fd itself can make tracking report
+ *   all of memory (it is detected, and nothing is lost in bitmap modes) or
+ *   hide writes from it (dirty ring).
+ *
+ * Threading, per VM (different VMs are independent):
+ * - Changes: region add, remove, move and logging on/off, and tracker
+ *   start and stop, may be called from any thread but not concurrently
+ *   with each other.  They may run concurrently with everything below.
+ * - The tracker's owner: sync and next, from one thread at a time (the
+ *   migration thread, say).
+ * - Marks (kvmdirty_tracker_mark_dirty_*): any thread, any time, also
+ *   while regions are added, moved or removed: a mark sees each region
+ *   whole, before or after a change.
+ * - vCPUs: kvmdirty_vcpu_run() from each vCPU's thread, concurrently with
+ *   everything else; its ring-full handling and the reaper may harvest
+ *   while a sync does.  vCPUs may be created or freed meanwhile (a vCPU is
+ *   freed only when its thread is out of kvmdirty_vcpu_run()).
+ * - Lookups (kvmdirty_region_from_*, kvmdirty_vm_gpa_to_hva,
+ *   kvmdirty_region_next, the region getters) take no lock: they may run
+ *   concurrently with each other, with sync, next and marks, but not with
+ *   a change of the regions they look at.
+ * - kvmdirty_tracker_free() and kvmdirty_vm_free() run when nothing else
+ *   uses the object; vCPUs may go on running across a tracker's free.
  */
 
 #include <stdbool.h>
@@ -78,7 +94,7 @@ void kvmdirty_vm_free(struct kvmdirty_vm *vm);
  * The VM fd and the /dev/kvm fd, for the VMM's own ioctls; owned by the
  * handle (or by the caller, when adopted).  Memslots must go through
  * kvmdirty_region_*: a slot made behind the library's back may collide
- * with the ids it hands out.
+ * with the ids it hands out.  -EINVAL for NULL.
  */
 int kvmdirty_vm_fd(const struct kvmdirty_vm *vm);
 int kvmdirty_vm_kvm_fd(const struct kvmdirty_vm *vm);
@@ -109,13 +125,13 @@ enum kvmdirty_cap {
 
 /*
  * Value of one probed capability, read from the handle (no ioctl).
- * Returns >= 0, or -EINVAL for an unknown cap.  Headers older than the
+ * Returns >= 0, or -EINVAL for an unknown cap or NULL.  Headers older than the
  * running kernel do not limit the probe: the uapi the library needs is
  * vendored.
  */
 int64_t kvmdirty_vm_cap(const struct kvmdirty_vm *vm, enum kvmdirty_cap cap);
 
-/* Host page size the VM's slots are aligned to (4096 on x86-64). */
+/* Host page size the VM's slots are aligned to (4096 on x86-64); 0 for NULL. */
 uint64_t kvmdirty_vm_page_size(const struct kvmdirty_vm *vm);
 
 /* ---- Regions (memslots) --------------------------------------------- */
@@ -148,7 +164,9 @@ int kvmdirty_region_add(struct kvmdirty_vm *vm, uint64_t gpa, uint64_t size, voi
 /*
  * Delete the memslot and free region (the pointer is dead afterwards; the
  * next region given the same slot id may reuse its storage).  The host
- * memory stays the caller's.
+ * memory stays the caller's.  A tracked region stops being tracked and its
+ * pending pages are dropped (they are no longer guest memory): sync first
+ * if they matter.
  * Errors: -EINVAL region is NULL or not of this VM; errno of the ioctl (the
  * region then stays as it was).
  */
@@ -156,23 +174,32 @@ int kvmdirty_region_remove(struct kvmdirty_vm *vm, struct kvmdirty_region *regio
 
 /*
  * Move a region to another guest physical address, keeping its slot, host
- * memory and flags (KVM's MOVE).  Errors: -EINVAL unaligned or wrapping
- * new_gpa, region not of this VM; -EEXIST the new range overlaps another
- * region; errno of the ioctl.  Moving to the current gpa is a no-op.
+ * memory and flags (KVM's MOVE).  Tracking goes on: pending pages and
+ * marks stay with the region's pages.  Errors: -EINVAL unaligned or
+ * wrapping new_gpa, region not of this VM; -EEXIST the new range overlaps
+ * another region; errno of the ioctl.  Moving to the current gpa is a
+ * no-op.
  */
 int kvmdirty_region_move(struct kvmdirty_vm *vm, struct kvmdirty_region *region, uint64_t new_gpa);
 
 /*
  * Turn KVM's dirty logging on or off for one region (its LOG_DIRTY flag).
  * Setting the state a region already has is a no-op.  Errors: -EINVAL;
- * errno of the ioctl.
+ * errno of the ioctl (the region then stays as it was).
+ *
+ * On a tracked region this loses no write: while logging is off, nothing
+ * can tell what the guest writes there, so every page of the region is
+ * pending again at every sync; when logging comes back on, every page is
+ * pending once more (the writes between the last sync and then), and is
+ * protected again before next() hands it out.  The region stays tracked
+ * throughout.  kvmdirty_tracker_stop() is the way to stop tracking it.
  */
 int kvmdirty_region_set_logging(struct kvmdirty_vm *vm, struct kvmdirty_region *region, bool enable);
 
 /*
- * The same for every region.  All or nothing: when one region fails, those
- * already switched are switched back (best effort) and the first error is
- * returned.
+ * The same for every region, tracked ones as above.  All or nothing: when
+ * one region fails, those already switched are switched back (best effort)
+ * and the first error is returned.
  */
 int kvmdirty_vm_set_logging(struct kvmdirty_vm *vm, bool enable);
 
@@ -195,10 +222,10 @@ void *kvmdirty_vm_gpa_to_hva(const struct kvmdirty_vm *vm, uint64_t gpa);
  */
 struct kvmdirty_region *kvmdirty_region_next(const struct kvmdirty_vm *vm,
 					     const struct kvmdirty_region *prev);
-/* Number of regions. */
+/* Number of regions; 0 for NULL. */
 unsigned int kvmdirty_vm_region_count(const struct kvmdirty_vm *vm);
 
-/* Region attributes; the pointer must be a live region. */
+/* Region attributes of a live region; 0 (NULL, UINT32_MAX for the slot) for NULL. */
 uint64_t kvmdirty_region_gpa(const struct kvmdirty_region *region);
 uint64_t kvmdirty_region_size(const struct kvmdirty_region *region);
 void *kvmdirty_region_hva(const struct kvmdirty_region *region);
@@ -259,10 +286,15 @@ struct kvmdirty_tracker_opts {
 int kvmdirty_tracker_new(struct kvmdirty_vm *vm, const struct kvmdirty_tracker_opts *opts,
 			 struct kvmdirty_tracker **ret_tracker);
 
-/* Stop tracking everything and free the tracker.  NULL is a no-op. */
+/*
+ * Stop tracking everything and free the tracker.  NULL is a no-op.  The
+ * dirty ring, once enabled, stays the VM's: vCPUs may keep running in
+ * kvmdirty_vcpu_run() (also while this runs); their rings are then
+ * harvested, reset and dropped.  A later tracker must use the same mode.
+ */
 void kvmdirty_tracker_free(struct kvmdirty_tracker *tracker);
 
-/* The mode in use (AUTO resolved). */
+/* The mode in use (AUTO resolved); AUTO for NULL. */
 enum kvmdirty_mode kvmdirty_tracker_mode(const struct kvmdirty_tracker *tracker);
 
 /*
@@ -270,14 +302,19 @@ enum kvmdirty_mode kvmdirty_tracker_mode(const struct kvmdirty_tracker *tracker)
  * KVM's dirty logging on for it and marks every page of it pending, so
  * that the first pass after start reports all of memory.  Starting a
  * tracked region again is a no-op.  Regions added later are not tracked
- * until started.  Errors: -EINVAL; -ENOMEM; errno of the memslot update
- * (with NULL, regions already started stay started).
+ * until started.  Sync, next and marks walk tracked regions only: a VM
+ * with many memslots pays for the ones it tracks.  Errors: -EINVAL;
+ * -ENOMEM; errno of the memslot update (with NULL, regions already started
+ * stay started).
  */
 int kvmdirty_tracker_start(struct kvmdirty_tracker *tracker, struct kvmdirty_region *region);
 
 /*
  * Stop tracking one region (or all): dirty logging off, its pending pages
- * dropped.  Removing a tracked region stops its tracking first.
+ * dropped.  If KVM refuses the memslot update the region stays tracked,
+ * pending pages and all, and the errno is returned; with NULL the others
+ * are still stopped and the first error returned.  Stopping an untracked
+ * region is a no-op.  Removing a tracked region stops its tracking too.
  */
 int kvmdirty_tracker_stop(struct kvmdirty_tracker *tracker, struct kvmdirty_region *region);
 
@@ -286,15 +323,27 @@ int kvmdirty_tracker_stop(struct kvmdirty_tracker *tracker, struct kvmdirty_regi
  * tracked region, or a harvest of every vCPU's ring and
  * KVM_RESET_DIRTY_RINGS; plus pages marked with kvmdirty_tracker_mark_*.
  * Returns how many pages became pending (were not already), or -errno.
+ * Cost: the ioctls plus O(tracked regions), whatever the memslot count.
+ *
+ * A sync that fails partway (an ioctl error on one region) keeps every
+ * page it fetched pending, with consistent counts, still takes the marks,
+ * and returns the error; a later sync goes on.  In DIRTY_RING mode, if
+ * ring entries were lost (KVM pushed past a full ring, as this host's KVM
+ * does under emulated guest writes, or a reset failed), the sync first
+ * switches dirty logging off and on for every tracked region, which
+ * write-protects all of it again, and makes every page pending: nothing
+ * lost is handed out unprotected.  The statistics count such events
+ * (ring_overflows, ring_recoveries).
  *
  * For a complete final sync (stop-and-copy) the VMM first stops every
  * vCPU (out of KVM_RUN: a signal, or immediate_exit), so that buffered
  * hardware state (PML) is flushed to the rings and no write races the
- * last harvest; then calls sync once more.
+ * last harvest; then calls sync once more.  A ring-full exit or a reaper
+ * sweep still harvesting then finishes first: sync waits for it.
  */
 int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *tracker);
 
-/* Pages pending (synced, not yet handed out); O(1). */
+/* Pages pending (synced, not yet handed out); O(1), from any thread; 0 for NULL. */
 uint64_t kvmdirty_tracker_pending(const struct kvmdirty_tracker *tracker);
 
 /* A run of dirty pages inside one region. */
@@ -329,7 +378,12 @@ int kvmdirty_tracker_next(struct kvmdirty_tracker *tracker, struct kvmdirty_rang
  * [addr, addr + len), by guest physical or host address; pages outside
  * tracked regions are ignored, and a host range aliased by several
  * regions marks each.  Reported by the next sync.  Safe from any thread,
- * concurrently with sync and next.  Errors: -EINVAL len 0 or wrapping.
+ * concurrently with sync, next and region changes; a guest physical
+ * address is resolved when the mark is made, so a device whose writes may
+ * straddle a move of their region marks by host address, which a move
+ * does not change.  Cost: O(min(pages in the range, tracked regions)),
+ * so a huge range over holes costs what the tracked regions do.
+ * Errors: -EINVAL NULL tracker, len 0 or a range that wraps.
  */
 int kvmdirty_tracker_mark_dirty_gpa(struct kvmdirty_tracker *tracker, uint64_t gpa, uint64_t len);
 int kvmdirty_tracker_mark_dirty_hva(struct kvmdirty_tracker *tracker, const void *hva, uint64_t len);
@@ -344,16 +398,16 @@ struct kvmdirty_stats {
 	uint64_t clear_calls;	      /* KVM_CLEAR_DIRTY_LOG issued */
 	uint64_t ring_harvested;      /* ring entries collected */
 	uint64_t ring_full_exits;     /* KVM_EXIT_DIRTY_RING_FULL handled */
-	uint64_t ring_overflows;      /* whole-ring harvests: all tracked pages marked */
-	uint64_t ring_recoveries;     /* stuck rings set going again (pages marked too) */
+	uint64_t ring_overflows;      /* entries KVM pushed over (a whole ring taken, a reset cut short) */
+	uint64_t ring_recoveries;     /* rings KVM left stuck behind zeroed entries, set going again */
 	uint64_t ring_full_ns;	      /* spent handling KVM_EXIT_DIRTY_RING_FULL */
 	uint64_t ring_reaper_runs;    /* sweeps of the reaper thread */
 };
 
 /*
- * Copy the statistics.  size is sizeof(struct kvmdirty_stats) as the
- * caller knows it (fields added later are not written).  -EINVAL if size
- * is 0.
+ * Copy the statistics, from any thread (each field is read atomically).
+ * size is sizeof(struct kvmdirty_stats) as the caller knows it (fields
+ * added later are not written).  -EINVAL if size is 0.
  */
 int kvmdirty_tracker_stats(const struct kvmdirty_tracker *tracker, struct kvmdirty_stats *ret_stats,
 			   size_t size);
@@ -374,26 +428,35 @@ int kvmdirty_vcpu_create(struct kvmdirty_vm *vm, uint32_t id, struct kvmdirty_vc
  */
 int kvmdirty_vcpu_add(struct kvmdirty_vm *vm, int vcpu_fd, struct kvmdirty_vcpu **ret_vcpu);
 
-/* Unmap, unregister and (if created by the library) close.  NULL: no-op. */
+/*
+ * Unregister, harvest what its ring still holds (reset, then reported to
+ * the tracker like any harvest), unmap and (if created by the library)
+ * close.  Call it when the vCPU's thread is out of kvmdirty_vcpu_run().
+ * NULL: no-op.
+ */
 void kvmdirty_vcpu_free(struct kvmdirty_vcpu *vcpu);
 
 /*
  * The vCPU's fd (for KVM_SET_REGS, KVM_SET_CPUID2 and the like) and its
- * kvm_run mapping, both valid until kvmdirty_vcpu_free().  Set
- * kvm_run->immediate_exit and signal the vCPU's thread to take it out of
- * KVM_RUN (kvmdirty_vcpu_run() then returns -EINTR).
+ * kvm_run mapping, both valid until kvmdirty_vcpu_free() (-EINVAL and
+ * NULL for a NULL vCPU).  Set kvm_run->immediate_exit and signal the
+ * vCPU's thread to take it out of KVM_RUN (kvmdirty_vcpu_run() then
+ * returns -EINTR).
  */
 int kvmdirty_vcpu_fd(const struct kvmdirty_vcpu *vcpu);
 struct kvm_run *kvmdirty_vcpu_kvm_run(const struct kvmdirty_vcpu *vcpu);
 
 /*
  * KVM_RUN until an exit the VMM must see.  KVM_EXIT_DIRTY_RING_FULL is
- * handled here (this vCPU's ring harvested, rings reset, a stuck ring set
- * going) and the vCPU resumed; every other exit returns 0 with
- * kvm_run->exit_reason as KVM left it.  The library's cost per exit is one
- * compare.  Returns -errno of KVM_RUN, including -EINTR when a signal
- * kicked the vCPU out.  Call from the vCPU's thread; may run concurrently
- * with kvmdirty_tracker_sync() and with other vCPUs.
+ * handled here (this vCPU's ring harvested and reset, then its pages
+ * reported to the tracker; a ring KVM left stuck set going; without a
+ * tracker the ring is harvested, reset and dropped) and the vCPU resumed;
+ * every other exit returns 0 with kvm_run->exit_reason as KVM left it.
+ * The library's cost per exit is one compare.  Returns -errno of KVM_RUN,
+ * including -EINTR when a signal kicked the vCPU out, or of a ring reset
+ * that failed (the pages it held are then protected again at the next
+ * sync).  Call from the vCPU's thread; may run concurrently with
+ * everything else on the VM.  -EINVAL for NULL.
  */
 int kvmdirty_vcpu_run(struct kvmdirty_vcpu *vcpu);
 

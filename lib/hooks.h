@@ -47,6 +47,15 @@ extern struct kd_test_hooks kd_test_hooks;
 			__fn((p), (obj));                                                       \
 	} while (0)
 #define KD_HOOK_CLEAR_LATE() __atomic_load_n(&kd_test_hooks.clear_late, __ATOMIC_ACQUIRE)
+
+/* For tests: the library's threads may read the hooks at any time. */
+static inline void kd_test_hooks_set(int (*ioctl_fn)(int, unsigned long, void *),
+				     void (*point_fn)(enum kd_hook_point, void *), bool clear_late)
+{
+	__atomic_store_n(&kd_test_hooks.ioctl, ioctl_fn, __ATOMIC_RELEASE);
+	__atomic_store_n(&kd_test_hooks.point, point_fn, __ATOMIC_RELEASE);
+	__atomic_store_n(&kd_test_hooks.clear_late, clear_late, __ATOMIC_RELEASE);
+}
 #else
 #define KD_HOOK_POINT(p, obj) ((void)0)
 #define KD_HOOK_CLEAR_LATE() false

@@ -137,8 +137,7 @@ static void model_init(uint32_t size, uint64_t seed)
 	m.lost = calloc(MAX_PUSHES, 1);
 	m.reprotected = calloc(MAX_PUSHES, 1);
 	m.rng = seed;
-	kd_test_hooks.ioctl = hook_ioctl;
-	kd_test_hooks.point = hook_point;
+	kd_test_hooks_set(hook_ioctl, hook_point, false);
 }
 
 static struct kd_kvm kvm = { .vm_fd = -1 };

@@ -109,14 +109,12 @@ static void hold_set(enum kd_hook_point p, const void *obj, int times, struct ha
 	hold.h = h;
 	hold.bound_ms = bound_ms;
 	hold.raw_reset_fd = -1;
-	__atomic_store_n(&kd_test_hooks.point, hold_point, __ATOMIC_RELEASE);
+	kd_test_hooks_set(NULL, hold_point, false);
 }
 
 static void hooks_off(void)
 {
-	__atomic_store_n(&kd_test_hooks.point, NULL, __ATOMIC_RELEASE);
-	kd_test_hooks.ioctl = NULL;
-	kd_test_hooks.clear_late = false;
+	kd_test_hooks_set(NULL, NULL, false);
 }
 
 static struct rig ring_rig(unsigned int vcpus, uint32_t entries, uint32_t reaper_ms, uint64_t ring0_vcpus)

@@ -27,7 +27,7 @@ static const char *mode_name(enum kvmdirty_mode m)
 /* Every test starts and ends with the hooks off, even when run without fork. */
 static void hooks_off(void)
 {
-	memset(&kd_test_hooks, 0, sizeof(kd_test_hooks));
+	kd_test_hooks_set(NULL, NULL, false);
 }
 
 static struct testvm *new_tracked(enum kvmdirty_mode mode, unsigned int vcpus)
@@ -108,7 +108,7 @@ static void run_scenario(const struct scenario *s)
 	}
 	/* the whole of memory once, before the guest runs */
 	rig_consume(&g);
-	kd_test_hooks.clear_late = s->clear_late;
+	kd_test_hooks_set(NULL, NULL, s->clear_late);
 	ck_assert_ok(testvm_spawn(g.tv));
 	/* the rounds asked for, and the guest passes (bounded by a number of syncs, not by time) */
 	for (i = 0; i < s->rounds || (!s->until_pass && testvm_mailbox(g.tv, 0)->pass < passes && i < 100000);
@@ -130,7 +130,7 @@ static void run_scenario(const struct scenario *s)
 		      testvm_mailbox(g.tv, bad)->err_gpa);
 	/* stop-and-copy: vCPUs are out of KVM_RUN, one last sync sees everything */
 	rig_sync_consume(&g);
-	kd_test_hooks.clear_late = false;
+	kd_test_hooks_set(NULL, NULL, false);
 	ck_assert_uint_eq(kvmdirty_tracker_pending(g.t), 0);
 
 	stale = rig_stale(&g, first, sizeof(first));
@@ -233,7 +233,7 @@ static uint64_t lockstep(enum kvmdirty_mode mode, bool clear_late)
 	rig_work(g.tv, 0, 4 * GIB, size / PAGE, GUEST_SEQUENTIAL, GUEST_F_EXIT_EVERY_PASS | GUEST_F_CHECK);
 	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
 	rig_consume(&g);
-	kd_test_hooks.clear_late = clear_late;
+	kd_test_hooks_set(NULL, NULL, clear_late);
 	for (k = 0; k < 4; k++) {
 		rig_run_pass(g.tv, 0);
 		rig_sync(&g);
@@ -242,7 +242,7 @@ static uint64_t lockstep(enum kvmdirty_mode mode, bool clear_late)
 		ck_assert_int_ge(n, 0);
 		rig_read(&g, rg, n);
 	}
-	kd_test_hooks.clear_late = false;
+	kd_test_hooks_set(NULL, NULL, false);
 	rig_sync_consume(&g);
 	rig_sync_consume(&g);
 	stale = rig_stale(&g, first, sizeof(first));
@@ -415,7 +415,7 @@ static void inject_arm(unsigned long req, unsigned int skip, int err)
 	inject.skip = skip;
 	inject.err = err;
 	inject.seen = inject.failed = 0;
-	kd_test_hooks.ioctl = inject_ioctl;
+	kd_test_hooks_set(inject_ioctl, NULL, false);
 }
 
 /*
@@ -459,7 +459,7 @@ START_TEST(sync_fails_partway)
 	ret = kvmdirty_tracker_sync(g.t);
 	ck_assert_msg(ret == -EIO, "%s: sync with an ioctl failing: %" PRId64 ", expected -EIO", mode_name(mode), ret);
 	ck_assert_uint_eq(inject.failed, 1);
-	kd_test_hooks.ioctl = NULL;
+	kd_test_hooks_set(NULL, NULL, false);
 	pending = kvmdirty_tracker_pending(g.t);
 	ck_assert_msg(pending > 0 && pending <= total, "%s: %" PRIu64 " pages pending after the failed sync (of %" PRIu64
 		      ")", mode_name(mode), pending, total);
@@ -506,7 +506,7 @@ START_TEST(stop_fails_keeps_tracking)
 	ck_assert_errno(kvmdirty_tracker_stop(g.t, r), EIO);
 	inject_arm(req, 1, EIO); /* stop of everything: the system region stops, the data region fails */
 	ck_assert_errno(kvmdirty_tracker_stop(g.t, NULL), EIO);
-	kd_test_hooks.ioctl = NULL;
+	kd_test_hooks_set(NULL, NULL, false);
 	g.copies[0].region = NULL; /* no longer tracked: not compared */
 	ck_assert_uint_eq(kvmdirty_region_flags(g.tv->sys_region) & KVMDIRTY_REGION_LOG_DIRTY, 0);
 	ck_assert_uint_ne(kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY, 0);
