@@ -13,11 +13,11 @@
  *   say; the *_free functions do nothing).
  * - Out-parameters are named ret_* and are written only on success.
  * - The library never prints, exits or aborts.
- * - Memslots, dirty logging and ring resets go through the library only:
- *   a VMM that issues KVM_SET_USER_MEMORY_REGION(2) or
- *   KVM_RESET_DIRTY_RINGS on the VM fd itself can make tracking report
- *   all of memory (it is detected, and nothing is lost in bitmap modes) or
- *   hide writes from it (dirty ring).
+ * - Memslots, dirty logging and ring resets go through the library only.
+ *   Logging switched off behind it is detected in bitmap modes (the region
+ *   is then reported whole), not with the dirty ring; a reset issued
+ *   behind it is noticed in simple cases, but the ring recovery after
+ *   KVM pushed past a full ring relies on knowing every reset.
  *
  * Threading, per VM (different VMs are independent):
  * - Changes: region add, remove, move and logging on/off, and tracker

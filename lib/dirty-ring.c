@@ -159,9 +159,6 @@ static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_
 
 			if (load_acquire(&e->flags) != KVM_DIRTY_GFN_F_DIRTY)
 				break;
-			/* an entry KVM pushed after the last reset: no ghost sits before it */
-			if (!taken)
-				ring->suspect = false;
 			out[n].slot = e->slot;
 			out[n].offset = e->offset;
 			KD_HOOK_POINT(KD_HOOK_RING_TAKEN, ring);
@@ -173,12 +170,14 @@ static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_
 			 */
 			slot = __atomic_load_n(&e->slot, __ATOMIC_ACQUIRE);
 			offset = __atomic_load_n(&e->offset, __ATOMIC_ACQUIRE);
-			if ((slot != out[n].slot || offset != out[n].offset) && n + 1 < max) {
-				n++;
-				out[n].slot = slot;
-				out[n].offset = offset;
+			if (slot != out[n].slot || offset != out[n].offset) {
 				*loss |= KD_RING_OVERFLOW;
 				ring->suspect = true;
+				if (n + 1 < max) {
+					n++;
+					out[n].slot = slot;
+					out[n].offset = offset;
+				}
 			}
 			ring->fetch++;
 		}
@@ -193,6 +192,7 @@ static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_
 			return n;
 		for (i = 0; i < k && mark_zero(ring, ring->fetch); i++)
 			ring->fetch++;
+		ring->suspect = true;
 		*loss |= KD_RING_GHOSTS;
 		KD_HOOK_POINT(KD_HOOK_RING_GHOSTS, ring);
 	}
@@ -280,6 +280,7 @@ int64_t kd_ring_collect(struct kd_ring *ring, struct kd_kvm *kvm, struct kd_ring
 		if (ring_full && !round && !n && !marked) {
 			marked = mark_full_ghosts(ring);
 			if (marked) {
+				ring->suspect = true;
 				*loss |= KD_RING_GHOSTS;
 				KD_HOOK_POINT(KD_HOOK_RING_GHOSTS, ring);
 			}

@@ -39,9 +39,12 @@ struct kd_ring {
 	/* resets that took entries of this ring; its value at the last ring-full exit handled */
 	uint32_t gen, gen_at_full;
 	/*
-	 * KVM may have pushed past the ring: ghost entries (flags 0, counted
-	 * as pushed by KVM) may sit at fetch.  Harvests look for them until
-	 * a DIRTY entry at fetch shows there are none.
+	 * KVM pushed past this ring at least once: ghost entries (flags 0,
+	 * counted as pushed by KVM) may sit at fetch, now or later.  Every
+	 * harvest that stops at a zero entry then looks for them.  Nothing
+	 * short of KVM's write position, which userspace cannot see, would
+	 * tell that none are left (a DIRTY entry at fetch may be a later
+	 * lap's), so it stays set.
 	 */
 	bool suspect;
 };

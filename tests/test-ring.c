@@ -4,7 +4,7 @@
  * test build's hooks (lib/hooks.h) and judged by guest page contents:
  *
  *   a sync harvests between a vCPU's ring-full exit and its handler;
- *   another thread resets while recovery has ghost entries marked;
+ *   a sync runs while a ring-full handler has ghost entries marked;
  *   a sync runs while a ring-full exit, the reaper or a vCPU being freed
  *     holds entries it harvested and has not reset yet;
  *   entries lost to an overflow, then native writes to their pages;
@@ -23,10 +23,11 @@
 static struct {
 	enum kd_hook_point point;
 	const void *obj;       /* only this object (ring or vCPU), NULL: any */
+	bool on_thread;	       /* only on this thread */
+	pthread_t thread;
 	int times;	       /* how many more times to act */
 	struct handoff *h;
 	unsigned int bound_ms; /* 0: wait for go without bound */
-	int raw_reset_fd;      /* KD_HOOK_RING_GHOSTS: reset from here, as another thread would */
 	int abandon;	       /* a failing test lets held threads go */
 	int hits;
 	bool turnstile;	       /* every time: wait until the main thread took its turn */
@@ -82,16 +83,12 @@ static void turn_done(void)
 
 static void hold_point(enum kd_hook_point p, void *obj)
 {
-	if (p != hold.point || (hold.obj && hold.obj != obj) || __atomic_load_n(&hold.abandon, __ATOMIC_ACQUIRE))
+	if (p != hold.point || (hold.obj && hold.obj != obj) || __atomic_load_n(&hold.abandon, __ATOMIC_ACQUIRE) ||
+	    (hold.on_thread && !pthread_equal(hold.thread, pthread_self())))
 		return;
 	if (__atomic_fetch_sub(&hold.times, 1, __ATOMIC_ACQ_REL) <= 0)
 		return;
 	__atomic_fetch_add(&hold.hits, 1, __ATOMIC_RELAXED);
-	if (hold.raw_reset_fd >= 0) {
-		/* not the library's reset: KVM takes the marked ghosts and anything else marked */
-		ioctl(hold.raw_reset_fd, KVM_RESET_DIRTY_RINGS, NULL);
-		return;
-	}
 	if (hold.turnstile) {
 		turn_ask();
 		return;
@@ -108,7 +105,6 @@ static void hold_set(enum kd_hook_point p, const void *obj, int times, struct ha
 	hold.times = times;
 	hold.h = h;
 	hold.bound_ms = bound_ms;
-	hold.raw_reset_fd = -1;
 	kd_test_hooks_set(NULL, hold_point, false);
 }
 
@@ -259,17 +255,31 @@ END_TEST
 
 /*
  * A ring-0 guest overflows the ring (this host's KVM pushes past it) and
- * recovery marks ghost entries; at that moment another thread resets the
- * rings behind the library's back.  The guest must run on and nothing may
- * go stale.
+ * its ring-full handler marks ghost entries; at that moment the main
+ * thread syncs, which harvests and resets too.  The sync must wait until
+ * the handler's own reset is done (otherwise its reset takes the marked
+ * ghosts and the handler's count of KVM's reset index goes wrong); the
+ * guest must run on and nothing may go stale.
  */
-START_TEST(reset_while_ghosts_marked)
+static void *sync_main(void *p);
+
+struct sync_thread {
+	struct rig *g;
+	pthread_t th;
+	int done;
+	int64_t ret;
+};
+
+START_TEST(sync_while_ghosts_marked)
 {
 	uint64_t pages = 16384;
 	struct rig g = ring_rig(1, 4096, 0, 1);
+	struct handoff h = HANDOFF_INIT;
 	struct kvmdirty_stats st;
 	struct kvmdirty_region *r;
+	struct sync_thread s = { .g = &g };
 	struct runner vcpu;
+	bool early = false;
 	unsigned int i;
 	void *mem;
 
@@ -280,11 +290,25 @@ START_TEST(reset_while_ghosts_marked)
 	testvm_mailbox(g.tv, 0)->until_pass = 2;
 	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
 	rig_consume(&g);
-	hold_set(KD_HOOK_RING_GHOSTS, NULL, 1 << 30, NULL, 0);
-	hold.raw_reset_fd = kvmdirty_vm_fd(g.tv->vm);
+	hold_set(KD_HOOK_RING_GHOSTS, NULL, 1, &h, 2000);
 	runner_start(&vcpu, g.tv, 0);
-	/* syncs far apart: the ring fills (and overflows) between them */
+	hold.thread = vcpu.th;
+	__atomic_store_n(&hold.on_thread, true, __ATOMIC_RELEASE);
+	/* syncs far apart, so that the ring fills (and overflows) between them, until the handler is held */
 	for (i = 0; i < 100000 && !__atomic_load_n(&vcpu.done, __ATOMIC_ACQUIRE); i++) {
+		pthread_mutex_lock(&h.lock);
+		if (h.posted && !h.go) {
+			pthread_mutex_unlock(&h.lock);
+			ck_assert_int_eq(pthread_create(&s.th, NULL, sync_main, &s), 0);
+			rig_pause_us(200000);
+			early = __atomic_load_n(&s.done, __ATOMIC_ACQUIRE);
+			handoff_go(&h);
+			pthread_join(s.th, NULL);
+			ck_assert_msg(s.ret >= 0, "sync: %s", strerror((int)-s.ret));
+			rig_consume(&g);
+			continue;
+		}
+		pthread_mutex_unlock(&h.lock);
 		rig_sync_consume(&g);
 		rig_pause_us(100000);
 	}
@@ -292,24 +316,17 @@ START_TEST(reset_while_ghosts_marked)
 	hooks_off();
 	rig_sync_consume(&g);
 	st = stats(g.t);
-	printf("reset while ghosts marked: %d times, %" PRIu64 " full exits, %" PRIu64 " overflows, %" PRIu64
+	printf("sync while ghosts marked: %d times, the sync %s; %" PRIu64 " full exits, %" PRIu64 " overflows, %" PRIu64
 	       " recoveries\n",
-	       hold.hits, st.ring_full_exits, st.ring_overflows, st.ring_recoveries);
-	ck_assert_msg(hold.hits > 0, "no ghost entry was marked: the interleaving never happened");
+	       hold.hits, early ? "did not wait" : "waited", st.ring_full_exits, st.ring_overflows, st.ring_recoveries);
+	ck_assert_msg(hold.hits > 0, "no ghost entry was marked at a ring-full exit: the interleaving never happened");
 	ck_assert_uint_gt(st.ring_overflows, 0);
-	rig_expect_fresh(&g, "reset while ghosts marked");
+	rig_expect_fresh(&g, "sync while ghosts marked");
 	testvm_free(g.tv);
 	testvm_unmap(mem, pages * PAGE);
 	rig_free(&g);
 }
 END_TEST
-
-struct sync_thread {
-	struct rig *g;
-	pthread_t th;
-	int done;
-	int64_t ret;
-};
 
 static void *sync_main(void *p)
 {
@@ -549,7 +566,7 @@ int main(void)
 	}
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, sync_between_ring_full_and_handler);
-	tcase_add_test(tc, reset_while_ghosts_marked);
+	tcase_add_test(tc, sync_while_ghosts_marked);
 	tcase_add_loop_test(tc, pages_published_after_reset, 0, 3);
 	tcase_add_test(tc, native_writes_after_overflow);
 	tcase_add_loop_test(tc, tracker_freed_while_vcpu_runs, 0, 2);
