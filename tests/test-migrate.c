@@ -21,6 +21,7 @@
 #include <sys/wait.h>
 
 #include "dest.h"
+#include "migrate-util.h"
 #include "rng.h"
 #include "source.h"
 #include "stream.h"
@@ -207,13 +208,12 @@ END_TEST
 
 struct recording {
 	uint8_t *buf;
-	size_t len, cap;
+	size_t len;
 	struct {
 		size_t off;
 		struct mig_record r;
 	} *recs;
 	size_t nrec;
-	int fd;
 };
 
 static int note_record(size_t off, const struct mig_record *r, void *opaque)
@@ -226,44 +226,26 @@ static int note_record(size_t off, const struct mig_record *r, void *opaque)
 	return 0;
 }
 
-/* A destination that records the stream to its end, then says ok. */
-static void *recorder(void *p)
-{
-	struct recording *r = p;
-	struct mig_ack ack = { .status = 0, .message = "ok" };
-	ssize_t k;
-
-	do {
-		if (r->len == r->cap) {
-			r->cap = r->cap ? r->cap * 2 : 1 << 20;
-			r->buf = realloc(r->buf, r->cap);
-		}
-		k = read(r->fd, r->buf + r->len, r->cap - r->len);
-		if (k > 0)
-			r->len += (size_t)k;
-	} while (k > 0);
-	if (k < 0 || write(r->fd, &ack, sizeof(ack)) != sizeof(ack))
-		return NULL;
-	return r;
-}
-
 /* Migrate g into a recorder; the recording framed by the engine's own walker. */
 static int record_migration(const struct mig_guest *g, const struct mig_send_opts *o, struct recording *rec,
 			    struct mig_result *r, char *err, size_t len)
 {
+	struct recorder rd = { 0 };
 	pthread_t th;
 	void *ok;
 	int sv[2], ret;
 
 	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-	memset(rec, 0, sizeof(*rec));
-	rec->fd = sv[1];
-	ck_assert_int_eq(pthread_create(&th, NULL, recorder, rec), 0);
+	rd.fd = sv[1];
+	ck_assert_int_eq(pthread_create(&th, NULL, recorder_run, &rd), 0);
 	ret = mig_send(g, sv[0], o, r, err, len);
 	close(sv[0]);
 	pthread_join(th, &ok);
 	close(sv[1]);
 	ck_assert_msg(ok, "recorder failed");
+	memset(rec, 0, sizeof(*rec));
+	rec->buf = rd.buf;
+	rec->len = rd.len;
 	ck_assert_msg(ret < 0 || mig_stream_walk(rec->buf, rec->len, note_record, rec, NULL) == 0,
 		      "the recording (%zu bytes) is not one framed stream", rec->len);
 	return ret;
