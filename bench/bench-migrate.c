@@ -95,7 +95,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 		close(fd);
 	waitpid(pid, &st, 0);
 	unlink(addr + 5);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 	if (ret != 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, ret ? err : "destination failed");
 		return -1;

@@ -200,7 +200,7 @@ START_TEST(migrate)
 	       addr, c->vcpus, c->mode, c->ws_mib, r.passes, r.total_ms, r.downtime_ms, r.zero_pages, r.verified_pages);
 	ck_assert_uint_ge(r.zero_pages, 1);
 	ck_assert_uint_eq(r.lost_pages, 0);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 }
 END_TEST
 
@@ -443,7 +443,7 @@ static void record_stream(bool verify)
 
 	o.verify = verify;
 	ck_assert_msg(record_migration(&g, &o, &rec, &r, err, sizeof(err)) == 0, "recording a stream: %s", err);
-	testvm_free(src);
+	mig_testvm_free(src);
 	if (!dst) {
 		ck_assert_msg(mig_testvm_new(&bad_guest, false, &dst, err, sizeof(err)) == 0, "%s", err);
 		ck_assert_ok(mig_testvm_guest(dst, &dst_g));
@@ -452,7 +452,7 @@ static void record_stream(bool verify)
 
 static void bad_streams_done(void)
 {
-	testvm_free(dst);
+	mig_testvm_free(dst);
 	dst = NULL;
 	recording_free(&rec);
 }
@@ -742,7 +742,7 @@ START_TEST(listener_outlives_bad_peers)
 		      ack.status, ack.message);
 	close(silent);
 	close(bad);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 }
 END_TEST
 
@@ -766,7 +766,7 @@ static int resume_with(uint64_t tsc_per_page, bool stopped, char *err, size_t le
 		mb->stop = stopped;
 	}
 	ret = mig_testvm_resume_check(tv, 100, err, len);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 	return ret;
 }
 
@@ -834,7 +834,7 @@ START_TEST(verify_off_the_downtime)
 	ck_assert_uint_eq(r.verified_pages, total);
 	ck_assert_uint_eq(r.lost_pages, 0);
 	recording_free(&rec);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 }
 END_TEST
 
@@ -874,7 +874,7 @@ START_TEST(verify_catches_a_lost_write)
 	ck_assert_ok(mig_testvm_guest(dst, &dst_g));
 	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "destination: %s", err);
 	bad_streams_done();
-	testvm_free(tv);
+	mig_testvm_free(tv);
 }
 END_TEST
 
@@ -939,7 +939,7 @@ START_TEST(connection_drop)
 	make_addr("unix", addr, sizeof(addr));
 	ret = migrate_once(&g, &o, addr, &r, err, sizeof(err));
 	ck_assert_msg(ret == 0, "second migration: %d (%s)", ret, err);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 }
 END_TEST
 

@@ -209,7 +209,7 @@ static int destination(const struct args *a, int lfd)
 	ret = take_stream(a, lfd, &g, &res);
 	close(lfd);
 	if (ret < 0) {
-		testvm_free(tv);
+		mig_testvm_free(tv);
 		return 1;
 	}
 	printf("destination: stream complete, every page arrived%s; resuming the guest\n",
@@ -220,7 +220,7 @@ static int destination(const struct args *a, int lfd)
 		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
 	else
 		printf("destination: guest ran %" PRIu64 " ms after resume, %s, self-check ok\n", a->run_ms, err);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 	return ret < 0;
 }
 
@@ -251,7 +251,7 @@ static int source_guest(const struct args *a, struct testvm **ret_tv)
 	ret = testvm_spawn(*ret_tv);
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: source: starting vCPUs: %s\n", strerror(-ret));
-		testvm_free(*ret_tv);
+		mig_testvm_free(*ret_tv);
 		return -1;
 	}
 	sleep_ms(200);
@@ -306,7 +306,7 @@ static int cmd_send(const struct args *a)
 	if (source_guest(a, &tv) < 0)
 		return 1;
 	status = migrate_to(a, tv);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 	return status;
 }
 
@@ -347,7 +347,7 @@ static int cmd_demo(struct args *a)
 	}
 	status = migrate_to(a, tv);
 	fflush(stdout);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 	ret = waitpid(pid, &wstatus, 0);
 	unlink(addr + 5);
 	if (ret < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus))

@@ -55,6 +55,16 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 	return 0;
 }
 
+void mig_testvm_free(struct testvm *tv)
+{
+	struct kvmdirty_region *r = tv ? kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA) : NULL;
+	void *hva = r ? kvmdirty_region_hva(r) : NULL;
+	uint64_t size = r ? kvmdirty_region_size(r) : 0;
+
+	testvm_free(tv);
+	testvm_unmap(hva, size);
+}
+
 void mig_testvm_fill(struct testvm *tv, uint64_t zero_every)
 {
 	struct kvmdirty_region *r = kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA);

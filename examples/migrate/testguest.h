@@ -31,6 +31,8 @@ struct mig_testvm_opts {
  * stream, as a VMM allocates a guest's RAM before it starts it.
  */
 int mig_testvm_new(const struct mig_testvm_opts *o, bool source, struct testvm **ret_tv, char *err, size_t len);
+/* testvm_free(), and the data memory it does not unmap. */
+void mig_testvm_free(struct testvm *tv);
 /*
  * Fill the data memory with non-zero bytes (every zero_every-th page left
  * zero; 0: none), so zero pages do not flatter a run.
