@@ -115,8 +115,8 @@ static inline void mem_describe(void *ctx, int ret, char *buf, size_t len)
 }
 
 /* Receive buf into f; mig_recv_stream()'s result, and *ret_used the bytes it read. */
-static inline int fake_receive(struct fake_guest *f, const uint8_t *buf, size_t len, char *err, size_t elen,
-			       size_t *ret_used)
+static inline int fake_receive(struct fake_guest *f, const uint8_t *buf, size_t len, bool inline_hash, char *err,
+			       size_t elen, size_t *ret_used)
 {
 	struct mem_stream m = { .buf = buf, .len = len };
 	struct mig_reader rd = { .read = mem_read, .describe = mem_describe, .ctx = &m };
@@ -124,7 +124,7 @@ static inline int fake_receive(struct fake_guest *f, const uint8_t *buf, size_t 
 	int ret;
 
 	f->loads = 0;
-	ret = mig_recv_stream(&f->g, &rd, &res, err, elen);
+	ret = mig_recv_stream(&f->g, &rd, inline_hash, &res, err, elen);
 	if (ret_used)
 		*ret_used = m.off;
 	return ret;

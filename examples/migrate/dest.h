@@ -29,13 +29,16 @@ struct mig_recv_result {
  * refusal the vCPUs are untouched (never loaded from a refused stream)
  * and guest memory may hold part of the stream: another stream can be
  * received into the same guest, and must then bring every page again.
+ * Pages are hashed on a thread of their own while the next ones are
+ * received, or with inline_hash on the calling thread.
  */
-int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, struct mig_recv_result *res,
-		    char *err, size_t len);
+int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, bool inline_hash,
+		    struct mig_recv_result *res, char *err, size_t len);
 
 struct mig_recv_opts {
 	uint64_t timeout_ms;  /* each wait for the peer (0: none) */
 	uint64_t deadline_ms; /* the whole stream (0: none) */
+	bool inline_hash;     /* see mig_recv_stream() */
 };
 
 /*

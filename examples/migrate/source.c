@@ -1,15 +1,18 @@
 // SPDX-License-Identifier: MIT
 /*
  * The source.  Pages go out in runs straight from guest memory (one iovec
- * per run), zero pages as a record without payload.  With verify each
- * DATA run carries its pages' hashes, taken just before the send and kept
- * (sent_hash, a slot per page): the iovec of the hashes points into that
- * array, so nothing is copied.  The destination checks them as pages land;
- * after its answer, with the guest running over there, the source checks
- * its own final memory against sent_hash, off the downtime path.
+ * per run), zero pages as a record without payload, in batches of about
+ * 512 KiB.  With verify each DATA run carries its pages' hashes, taken
+ * just before the send by a thread of its own that hashes one batch while
+ * the main thread sends the one before (in stop-and-copy the paused vCPUs
+ * leave their CPUs to it), and kept (sent_hash, a slot per page).  The
+ * destination checks them as pages land; after its answer, with the guest
+ * running over there, the source checks its final memory against
+ * sent_hash, off the downtime path.
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -17,27 +20,49 @@
 #include "errf.h"
 #include "source.h"
 #include "transport.h"
+#include "worker.h"
 
 #define PAGE ((uint64_t)MIG_PAGE_SIZE)
 #define BATCH_RECORDS 256
-#define BATCH_BYTES (512u << 10) /* sent while the pages just hashed are in cache */
-#define LOST_NAMED 4		 /* pages the one-line report names */
-#define LOST_STATS 64		 /* ... and the stats */
+#define BATCH_BYTES (512u << 10) /* a batch, hashed while the one before is sent */
+#define BATCH_HASHES (BATCH_BYTES / MIG_PAGE_SIZE + MIG_RUN_PAGES)
+#define LOST_NAMED 4 /* pages the one-line report names */
+#define LOST_STATS 64 /* ... and the stats */
+
+/* Pages of a batch to hash: into out (the batch's hashes) and sent_hash. */
+struct hash_run {
+	const uint8_t *hva;
+	uint32_t region;
+	bool zero; /* sent as ZERO: no hashes in the stream, the zero page's in sent_hash */
+	uint64_t first, count;
+	uint64_t *out;
+};
+
+struct batch {
+	struct mig_record hdr[BATCH_RECORDS];
+	struct iovec iov[3 * BATCH_RECORDS];
+	struct hash_run runs[BATCH_RECORDS];
+	uint64_t hashes[BATCH_HASHES];
+	int nh, ni, nruns, nhashes;
+	uint64_t bytes;
+};
 
 struct source {
 	const struct mig_guest *g;
 	const struct mig_send_opts *o;
 	struct mig_conn *c;
 	struct mig_encoder enc;
-	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest copy */
+	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest copy; the hasher's */
 	uint64_t zero_hash;
 	struct mig_vcpu_state *vs;
-	uint64_t pages, zero_pages, hashed;
-	/* the batch */
-	struct mig_record hdr[BATCH_RECORDS];
-	struct iovec iov[3 * BATCH_RECORDS];
-	int nh, ni;
-	uint64_t batch_bytes;
+	uint64_t pages, zero_pages;
+	uint64_t hashed; /* the hasher's */
+	/* a batch is filled, handed to the hasher, and sent while the next one is filled and hashed */
+	struct batch batch[2];
+	struct batch *cur, *pending;
+	/* the hasher thread */
+	struct mig_worker w;
+	struct batch *todo; /* handed to the hasher, not yet hashed */
 };
 
 static double now_ms(void)
@@ -48,32 +73,131 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int flush(struct source *s)
+static void hash_batch(struct source *s, struct batch *b)
 {
-	int ret = s->ni ? mig_conn_writev(s->c, s->iov, s->ni) : 0;
+	int i;
+	uint64_t k;
 
-	s->nh = s->ni = 0;
-	s->batch_bytes = 0;
+	for (i = 0; i < b->nruns; i++) {
+		const struct hash_run *r = &b->runs[i];
+		uint64_t *sent = s->sent_hash[r->region] + r->first;
+
+		for (k = 0; k < r->count; k++) {
+			sent[k] = r->zero ? s->zero_hash : mig_page_hash(r->hva + k * PAGE);
+			if (!r->zero)
+				r->out[k] = sent[k];
+		}
+		if (!r->zero)
+			s->hashed += r->count;
+	}
+}
+
+static void *hasher(void *p)
+{
+	struct source *s = p;
+
+	pthread_mutex_lock(&s->w.lock);
+	for (;;) {
+		while (!s->todo && !s->w.quit)
+			pthread_cond_wait(&s->w.cond, &s->w.lock);
+		if (!s->todo)
+			break;
+		pthread_mutex_unlock(&s->w.lock);
+		hash_batch(s, s->todo);
+		pthread_mutex_lock(&s->w.lock);
+		s->todo = NULL;
+		pthread_cond_broadcast(&s->w.cond);
+	}
+	pthread_mutex_unlock(&s->w.lock);
+	return NULL;
+}
+
+/* Wait until the hasher is done with what it was given. */
+static void hasher_wait(struct source *s)
+{
+	if (!s->w.running)
+		return;
+	pthread_mutex_lock(&s->w.lock);
+	while (s->todo)
+		pthread_cond_wait(&s->w.cond, &s->w.lock);
+	pthread_mutex_unlock(&s->w.lock);
+}
+
+static void hasher_give(struct source *s, struct batch *b)
+{
+	if (!s->w.running) {
+		if (s->sent_hash[0])
+			hash_batch(s, b);
+		return;
+	}
+	pthread_mutex_lock(&s->w.lock);
+	s->todo = b;
+	pthread_cond_broadcast(&s->w.cond);
+	pthread_mutex_unlock(&s->w.lock);
+}
+
+static int send_batch(struct source *s, struct batch *b)
+{
+	int ret = b->ni ? mig_conn_writev(s->c, b->iov, b->ni) : 0;
+
+	b->nh = b->ni = b->nruns = b->nhashes = 0;
+	b->bytes = 0;
 	return ret;
 }
 
-/* Queue a record (encoded just before, in stream order) and up to two payload pieces. */
-static int put(struct source *s, struct mig_record rec, const void *p1, size_t l1, const void *p2, size_t l2)
+/* Hand the batch being filled to the hasher, and send the one before (hashed by now) meanwhile. */
+static int ship(struct source *s)
 {
+	struct batch *b = s->cur;
+	int ret = 0;
+
+	hasher_wait(s);
+	hasher_give(s, b);
+	if (s->pending)
+		ret = send_batch(s, s->pending);
+	s->pending = b;
+	s->cur = b == &s->batch[0] ? &s->batch[1] : &s->batch[0];
+	return ret;
+}
+
+/* Everything queued, out. */
+static int flush(struct source *s)
+{
+	int ret = ship(s);
+
+	hasher_wait(s);
+	if (ret == 0)
+		ret = send_batch(s, s->pending);
+	s->pending = NULL;
+	return ret;
+}
+
+/* Queue a record (encoded just before, in stream order), its payload and the pages to hash. */
+static int put(struct source *s, struct mig_record rec, const void *payload, size_t plen, const struct hash_run *run)
+{
+	struct batch *b = s->cur;
 	int ret;
 
-	if (s->nh == BATCH_RECORDS || s->batch_bytes >= BATCH_BYTES) {
-		ret = flush(s);
+	if (b->nh == BATCH_RECORDS || b->bytes >= BATCH_BYTES) {
+		ret = ship(s);
 		if (ret < 0)
 			return ret;
+		b = s->cur;
 	}
-	s->hdr[s->nh] = rec;
-	s->iov[s->ni++] = (struct iovec){ &s->hdr[s->nh++], sizeof(rec) };
-	if (l1)
-		s->iov[s->ni++] = (struct iovec){ (void *)p1, l1 };
-	if (l2)
-		s->iov[s->ni++] = (struct iovec){ (void *)p2, l2 };
-	s->batch_bytes += sizeof(rec) + l1 + l2;
+	b->hdr[b->nh] = rec;
+	b->iov[b->ni++] = (struct iovec){ &b->hdr[b->nh++], sizeof(rec) };
+	if (run && s->sent_hash[0]) {
+		b->runs[b->nruns] = *run;
+		if (!run->zero) {
+			b->runs[b->nruns].out = b->hashes + b->nhashes;
+			b->iov[b->ni++] = (struct iovec){ b->hashes + b->nhashes, run->count * sizeof(uint64_t) };
+			b->nhashes += (int)run->count;
+		}
+		b->nruns++;
+	}
+	if (plen)
+		b->iov[b->ni++] = (struct iovec){ (void *)payload, plen };
+	b->bytes += sizeof(rec) + plen;
 	return 0;
 }
 
@@ -86,21 +210,15 @@ static bool page_is_zero(const uint8_t *p)
 
 static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t count, const uint8_t *hva, bool zero)
 {
-	uint64_t *h = s->sent_hash[idx], k;
+	/* out is set by put(): slots of the batch's hashes */
+	struct hash_run run = { .hva = hva, .region = idx, .zero = zero, .first = first, .count = count };
 
 	s->pages += count;
 	if (zero) {
-		for (k = 0; h && k < count; k++)
-			h[first + k] = s->zero_hash;
 		s->zero_pages += count;
-		return put(s, mig_encode_zero(&s->enc, idx, first, count), NULL, 0, NULL, 0);
+		return put(s, mig_encode_zero(&s->enc, idx, first, count), NULL, 0, &run);
 	}
-	for (k = 0; h && k < count; k++)
-		h[first + k] = mig_page_hash(hva + k * PAGE);
-	if (h)
-		s->hashed += count;
-	return put(s, mig_encode_data(&s->enc, idx, first, count, h ? h + first : NULL), h ? h + first : NULL,
-		   h ? count * sizeof(*h) : 0, hva, count * PAGE);
+	return put(s, mig_encode_data(&s->enc, idx, first, count), hva, count * PAGE, &run);
 }
 
 /* One handed-out range, split into zero runs and data runs of at most MIG_RUN_PAGES. */
@@ -242,7 +360,7 @@ static int precopy(struct source *s, struct mig_result *res, double t0, char *er
 		res->passes++;
 		ret = drain(s);
 		if (ret == 0)
-			ret = put(s, mig_encode_pass(&s->enc, res->passes), NULL, 0, NULL, 0);
+			ret = put(s, mig_encode_pass(&s->enc, res->passes), NULL, 0, NULL);
 		if (ret < 0)
 			return net_fail(s, ret, "pre-copy: sending to the destination", err, len);
 		ms = now_ms() - tp;
@@ -279,10 +397,10 @@ static int stop_and_copy(struct source *s, char *err, size_t len)
 		ret = g->ops->vcpu_save(g->ctx, i, &s->vs[i]);
 		if (ret < 0)
 			return mig_errf(err, len, ret, "reading vCPU %u state: %s", i, strerror(-ret));
-		ret = put(s, mig_encode_vcpu(&s->enc, i, &s->vs[i]), &s->vs[i], sizeof(s->vs[i]), NULL, 0);
+		ret = put(s, mig_encode_vcpu(&s->enc, i, &s->vs[i]), &s->vs[i], sizeof(s->vs[i]), NULL);
 	}
 	if (ret >= 0)
-		ret = put(s, mig_encode_end(&s->enc), NULL, 0, NULL, 0);
+		ret = put(s, mig_encode_end(&s->enc), NULL, 0, NULL);
 	if (ret >= 0)
 		ret = flush(s);
 	if (ret >= 0)
@@ -316,7 +434,8 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 	err[0] = 0;
 	if (!s)
 		return mig_errf(err, len, -ENOMEM, "out of memory");
-	*s = (struct source){ .g = g, .o = o };
+	s->g = g;
+	s->o = o;
 	if (!g->tracker || g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS) {
 		ret = mig_errf(err, len, -EINVAL, "the source guest has no tracker, or more than %u regions or %u vCPUs",
 			       MIG_MAX_REGIONS, MIG_MAX_VCPUS);
@@ -333,6 +452,11 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 		goto out;
 	}
 	s->zero_hash = mig_zero_page_hash();
+	s->cur = &s->batch[0];
+	if (o->verify && !o->inline_hash && (ret = mig_worker_start(&s->w, hasher, s)) < 0) {
+		mig_errf(err, len, ret, "starting the hasher thread: %s", strerror(-ret));
+		goto out;
+	}
 	for (i = 0; i < g->nr_regions; i++)
 		desc[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
 	ret = kvmdirty_tracker_start(g->tracker, NULL);
@@ -388,6 +512,7 @@ out:
 			ret < 0 ? "false" : "true", res->total_ms, res->downtime_ms, res->bytes, res->passes, s->pages,
 			s->zero_pages, res->converged ? "true" : "false", res->downtime_pages,
 			ret == 0 && o->verify ? "true" : "false", res->lost_pages);
+	mig_worker_stop(&s->w);
 	mig_conn_free(s->c);
 	free(s->vs);
 	for (i = 0; i < MIG_MAX_REGIONS; i++)

@@ -23,6 +23,7 @@ struct mig_send_opts {
 	uint64_t timeout_ms;	  /* ... or after this long */
 	uint64_t peer_timeout_ms; /* each wait for the destination (0: none) */
 	bool verify;		  /* page hashes, and the check after switchover */
+	bool inline_hash;	  /* hash on the sending thread, not on a thread of its own */
 	FILE *stats;		  /* JSON lines, or NULL */
 	bool progress;		  /* a status line on stderr */
 };

@@ -37,74 +37,81 @@ static uint64_t fold128(uint64_t a, uint64_t b)
 	return (uint64_t)p ^ (uint64_t)(p >> 64);
 }
 
-static uint64_t hash_finish(const uint64_t acc[8])
+/* Fold the lanes: each pair's 128-bit product, summed, then an avalanche. */
+static uint64_t hash_finish(const uint64_t prod[8], const uint64_t sum[8])
 {
 	uint64_t h = 0x27d4eb2f165667c5ull;
 	int j;
 
-	for (j = 0; j < 8; j += 2)
-		h += fold128(acc[j] ^ hash_step[j], acc[j + 1] ^ hash_key[j + 1]);
+	for (j = 0; j < 8; j++)
+		h += fold128(prod[j] ^ hash_step[j], sum[j] ^ hash_key[(j + 1) % 8]);
 	h ^= h >> 37;
 	h *= 0x165667919e3779f9ull;
 	return h ^ (h >> 32);
 }
 
 /*
- * Per 64-byte stripe s and lane j: x = w ^ (key[j] + s * step[j]);
- * acc[j] += lo32(x) * hi32(x); acc[j ^ 1] += w.  The product mixes each
- * word non-linearly, the plain sum keeps a word whose product is zero from
- * vanishing, and the stripe-dependent key makes the position count.
+ * Eight lanes; word w of 64-byte stripe s goes to lane j = w % 8 with the
+ * key k = key[j] + s * step[j]: x = w ^ k, prod[j] += lo32(x) * hi32(x)
+ * (NH, as in UMAC and XXH3: a word's halves multiplied, non-linear in
+ * the word), sum[j] += w (so a word whose product is zero still counts).
+ * The stripe-dependent key makes a word's position count.
  */
 uint64_t mig_page_hash_portable(const void *page)
 {
 	const uint64_t *w = page;
-	uint64_t acc[8], key[8];
+	uint64_t prod[8], sum[8], key[8];
 	unsigned int s, j;
 
-	memcpy(acc, hash_key, sizeof(acc));
+	memcpy(prod, hash_key, sizeof(prod));
+	memcpy(sum, hash_key, sizeof(sum));
 	memcpy(key, hash_key, sizeof(key));
 	for (s = 0; s < HASH_WORDS / 8; s++, w += 8) {
-		uint64_t add[8];
-
 		for (j = 0; j < 8; j++) {
 			uint64_t x = w[j] ^ key[j];
 
-			acc[j] += (x & 0xffffffffu) * (x >> 32);
-			add[j ^ 1] = w[j];
+			prod[j] += (x & 0xffffffffu) * (x >> 32);
+			sum[j] += w[j];
 			key[j] += hash_step[j];
 		}
-		for (j = 0; j < 8; j++)
-			acc[j] += add[j];
 	}
-	return hash_finish(acc);
+	return hash_finish(prod, sum);
 }
 
+/* The same, two stripes a turn (few enough registers that no accumulator spills). */
 __attribute__((target("avx2"))) static uint64_t page_hash_avx2(const void *page)
 {
+#define LD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define NH(x) _mm256_mul_epu32((x), _mm256_srli_epi64((x), 32))
 	const __m256i *w = page;
-	__m256i a0 = _mm256_loadu_si256((const __m256i *)hash_key);
-	__m256i a1 = _mm256_loadu_si256((const __m256i *)hash_key + 1);
-	__m256i k0 = a0, k1 = a1;
-	const __m256i s0 = _mm256_loadu_si256((const __m256i *)hash_step);
-	const __m256i s1 = _mm256_loadu_si256((const __m256i *)hash_step + 1);
-	uint64_t acc[8];
+	const __m256i s0 = LD(hash_step), s1 = LD(hash_step + 4);
+	const __m256i t0 = _mm256_add_epi64(s0, s0), t1 = _mm256_add_epi64(s1, s1);
+	__m256i k0 = LD(hash_key), k1 = LD(hash_key + 4), l0 = _mm256_add_epi64(k0, s0), l1 = _mm256_add_epi64(k1, s1);
+	__m256i p0 = k0, p1 = k1, a0 = k0, a1 = k1;
+	uint64_t prod[8], sum[8];
 	unsigned int s;
 
-	for (s = 0; s < HASH_WORDS / 8; s++, w += 2) {
-		__m256i d0 = _mm256_loadu_si256(w), d1 = _mm256_loadu_si256(w + 1);
+	for (s = 0; s < HASH_WORDS / 8; s += 2, w += 4) {
+		__m256i d0 = LD(w), d1 = LD(w + 1), d2 = LD(w + 2), d3 = LD(w + 3);
 		__m256i x0 = _mm256_xor_si256(d0, k0), x1 = _mm256_xor_si256(d1, k1);
+		__m256i x2 = _mm256_xor_si256(d2, l0), x3 = _mm256_xor_si256(d3, l1);
 
-		a0 = _mm256_add_epi64(a0, _mm256_mul_epu32(x0, _mm256_srli_epi64(x0, 32)));
-		a1 = _mm256_add_epi64(a1, _mm256_mul_epu32(x1, _mm256_srli_epi64(x1, 32)));
-		/* lane j ^ 1: swap the 64-bit halves of each 128-bit lane */
-		a0 = _mm256_add_epi64(a0, _mm256_shuffle_epi32(d0, _MM_SHUFFLE(1, 0, 3, 2)));
-		a1 = _mm256_add_epi64(a1, _mm256_shuffle_epi32(d1, _MM_SHUFFLE(1, 0, 3, 2)));
-		k0 = _mm256_add_epi64(k0, s0);
-		k1 = _mm256_add_epi64(k1, s1);
+		p0 = _mm256_add_epi64(p0, _mm256_add_epi64(NH(x0), NH(x2)));
+		p1 = _mm256_add_epi64(p1, _mm256_add_epi64(NH(x1), NH(x3)));
+		a0 = _mm256_add_epi64(a0, _mm256_add_epi64(d0, d2));
+		a1 = _mm256_add_epi64(a1, _mm256_add_epi64(d1, d3));
+		k0 = _mm256_add_epi64(k0, t0);
+		k1 = _mm256_add_epi64(k1, t1);
+		l0 = _mm256_add_epi64(l0, t0);
+		l1 = _mm256_add_epi64(l1, t1);
 	}
-	_mm256_storeu_si256((__m256i *)acc, a0);
-	_mm256_storeu_si256((__m256i *)acc + 1, a1);
-	return hash_finish(acc);
+	_mm256_storeu_si256((__m256i *)prod, p0);
+	_mm256_storeu_si256((__m256i *)prod + 1, p1);
+	_mm256_storeu_si256((__m256i *)sum, a0);
+	_mm256_storeu_si256((__m256i *)sum + 1, a1);
+	return hash_finish(prod, sum);
+#undef NH
+#undef LD
 }
 
 uint64_t mig_page_hash(const void *page)
@@ -152,11 +159,9 @@ uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec)
 	}
 }
 
-/* The payload bytes END's checksum covers: hashes and vCPU state, not pages. */
-static uint64_t covered_len(uint32_t flags, const struct mig_record *rec)
+/* The payload bytes END's checksum covers: vCPU state; DATA payloads are the page hashes' job. */
+static uint64_t covered_len(const struct mig_record *rec)
 {
-	if (rec->kind == MIG_DATA)
-		return flags & MIG_F_PAGE_HASH ? rec->count * sizeof(uint64_t) : 0;
 	return rec->kind == MIG_VCPU ? rec->count : 0;
 }
 
@@ -185,14 +190,13 @@ static struct mig_record encode(struct mig_encoder *e, uint32_t kind, uint32_t i
 
 	e->sum = mig_sum(e->sum, &rec, sizeof(rec));
 	if (payload)
-		e->sum = mig_sum(e->sum, payload, covered_len(e->flags, &rec));
+		e->sum = mig_sum(e->sum, payload, covered_len(&rec));
 	return rec;
 }
 
-struct mig_record mig_encode_data(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count,
-				  const uint64_t *hashes)
+struct mig_record mig_encode_data(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count)
 {
-	return encode(e, MIG_DATA, region, first, count, e->flags & MIG_F_PAGE_HASH ? hashes : NULL);
+	return encode(e, MIG_DATA, region, first, count, NULL);
 }
 
 struct mig_record mig_encode_zero(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count)
@@ -393,11 +397,6 @@ int mig_decode_record(struct mig_decoder *d, const struct mig_record *rec, char 
 	}
 }
 
-void mig_decode_hashes(struct mig_decoder *d, const uint64_t *hashes, uint64_t count)
-{
-	d->sum = mig_sum(d->sum, hashes, count * sizeof(*hashes));
-}
-
 int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len)
 {
 	uint64_t nrec = d->nrec - 1; /* the record this payload belongs to */
@@ -451,7 +450,6 @@ int mig_stream_walk(const void *buf, size_t len, int (*fn)(size_t off, const str
 
 struct reseal {
 	uint8_t *buf;
-	uint32_t flags;
 	uint64_t sum;
 };
 
@@ -464,7 +462,7 @@ static int reseal_one(size_t off, const struct mig_record *rec, void *opaque)
 		return 0;
 	}
 	r->sum = mig_sum(r->sum, rec, sizeof(*rec));
-	r->sum = mig_sum(r->sum, r->buf + off + sizeof(*rec), covered_len(r->flags, rec));
+	r->sum = mig_sum(r->sum, r->buf + off + sizeof(*rec), covered_len(rec));
 	return 0;
 }
 
@@ -478,7 +476,6 @@ int mig_stream_reseal(void *buf, size_t len)
 	memcpy(&h, buf, sizeof(h));
 	if ((uint64_t)h.nr_regions * sizeof(struct mig_region) > len - sizeof(h))
 		return -EPROTO;
-	r.flags = h.flags;
 	r.sum = mig_sum(MIG_SUM_INIT, buf, sizeof(h) + h.nr_regions * sizeof(struct mig_region));
 	return mig_stream_walk(buf, len, reseal_one, &r, NULL);
 }

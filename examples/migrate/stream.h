@@ -23,7 +23,7 @@
  *               mig_vcpu_state); payload: that state, whose msrs[i].index
  *               is mig_msr_index[i]
  *     END       index = count = 0; first = FNV-1a 64 of every byte before
- *               it except page contents (headers, hashes, vCPU state)
+ *               it except DATA payloads (which the page hashes check)
  *   (the source then closes its sending side: no byte follows END)
  *   ack         destination -> source: struct mig_ack
  *
@@ -142,7 +142,9 @@ const char *mig_kind_name(uint32_t kind);
  * ---- encoding ----
  * One function a record kind.  Each returns the record to send and folds
  * it, and the payload END covers, into e->sum; the caller sends the record
- * and its payload as mig_payload_len() says, in the order of the calls.
+ * and its payload as mig_payload_len() says, in the order of the calls
+ * (a DATA record's hashes may be computed after the call: END does not
+ * cover them).
  */
 struct mig_encoder {
 	uint32_t flags;
@@ -151,9 +153,7 @@ struct mig_encoder {
 
 void mig_encode_header(struct mig_encoder *e, struct mig_header *ret_h, const struct mig_region *regions,
 		       uint32_t nr_regions, uint32_t nr_vcpus, uint32_t flags);
-/* hashes: count values, or NULL without MIG_F_PAGE_HASH */
-struct mig_record mig_encode_data(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count,
-				  const uint64_t *hashes);
+struct mig_record mig_encode_data(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count);
 struct mig_record mig_encode_zero(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count);
 struct mig_record mig_encode_pass(struct mig_encoder *e, uint64_t pass);
 struct mig_record mig_encode_vcpu(struct mig_encoder *e, uint32_t vcpu, const struct mig_vcpu_state *st);
@@ -188,8 +188,7 @@ int mig_decode_zero(struct mig_decoder *d, const struct mig_record *rec, char *e
 int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
-/* Payloads, after their record was decoded. */
-void mig_decode_hashes(struct mig_decoder *d, const uint64_t *hashes, uint64_t count);
+/* A VCPU record's payload, after its record was decoded. */
 int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len);
 
 /*

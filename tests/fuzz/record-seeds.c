@@ -109,7 +109,7 @@ static struct recorder synthesize(const struct mig_guest *g)
 	do {                                                                    \
 		memset(page, 0x40 + (int)((region) * 16 + (pg)), sizeof(page)); \
 		hash = mig_page_hash(page);                                     \
-		rec = mig_encode_data(&e, region, pg, 1, &hash);               \
+		rec = mig_encode_data(&e, region, pg, 1);                      \
 		EMIT(&rec, sizeof(rec));                                        \
 		EMIT(&hash, sizeof(hash));                                      \
 		EMIT(page, sizeof(page));                                       \
