@@ -24,6 +24,8 @@
 
 #define GUEST_MIB 2048
 
+static bool inline_hash; /* hash on the threads that move the bytes */
+
 static double now_ms(void)
 {
 	struct timespec ts;
@@ -38,7 +40,7 @@ static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int rea
 	pid_t pid = fork();
 
 	if (pid == 0) {
-		struct mig_recv_opts o = { .timeout_ms = 60000 };
+		struct mig_recv_opts o = { .timeout_ms = 60000, .inline_hash = inline_hash };
 		struct mig_recv_result res;
 		struct testvm *tv = NULL;
 		struct mig_guest dg;
@@ -61,7 +63,7 @@ static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int rea
 static int run(const char *name, const struct mig_testvm_opts *g, bool verify, struct mig_result *r)
 {
 	struct mig_send_opts o = { .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
-				   .peer_timeout_ms = 60000, .verify = verify };
+				   .peer_timeout_ms = 60000, .verify = verify, .inline_hash = inline_hash };
 	char addr[108], err[512], c;
 	struct mig_guest sg;
 	struct testvm *tv;
@@ -170,7 +172,7 @@ static double median(double *v, int n)
 static int downtime(uint64_t mib, uint64_t ws_mib, int rounds)
 {
 	struct mig_testvm_opts g = { .mib = mib, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = ws_mib };
-	double ms[2][16], pages[2][16], m[2], p[2];
+	double ms[2][16], pages[2][16], us[2][16], m[2], p[2], u[2];
 	struct mig_result r;
 	int i, k, v;
 
@@ -183,15 +185,19 @@ static int downtime(uint64_t mib, uint64_t ws_mib, int rounds)
 				return -1;
 			ms[v][i] = r.downtime_ms;
 			pages[v][i] = (double)r.downtime_pages;
+			us[v][i] = r.downtime_pages ? r.downtime_ms * 1e3 / (double)r.downtime_pages : 0;
 		}
 	}
 	for (v = 0; v < 2; v++) {
 		m[v] = median(ms[v], rounds);
 		p[v] = median(pages[v], rounds);
+		u[v] = median(us[v], rounds);
 	}
-	printf("migrate downtime guest_mib=%" PRIu64 " ws_mib=%" PRIu64 " runs=%d verify_ms=%.1f noverify_ms=%.1f"
-	       " ratio=%.2f verify_pages=%.0f noverify_pages=%.0f\n",
-	       mib, ws_mib, rounds, m[1], m[0], m[0] > 0 ? m[1] / m[0] : 0, p[1], p[0]);
+	printf("migrate downtime guest_mib=%" PRIu64 " ws_mib=%" PRIu64 " runs=%d%s verify_ms=%.1f noverify_ms=%.1f"
+	       " ratio=%.2f verify_pages=%.0f noverify_pages=%.0f verify_us_per_page=%.3f noverify_us_per_page=%.3f"
+	       " per_page_ratio=%.2f\n",
+	       mib, ws_mib, rounds, inline_hash ? " inline_hash" : "", m[1], m[0], m[0] > 0 ? m[1] / m[0] : 0, p[1],
+	       p[0], u[1], u[0], u[0] > 0 ? u[1] / u[0] : 0);
 	for (v = 1; v >= 0; v--) {
 		printf("  %s:", v ? "verify   " : "no-verify");
 		for (i = 0; i < rounds; i++)
@@ -237,19 +243,24 @@ static int throughput(void)
 	return 0;
 }
 
-/* bench-migrate [throughput|downtime [ROUNDS]]: both by default, 5 rounds */
+/*
+ * bench-migrate [throughput|downtime [ROUNDS [MIB]]]: both by default, 5
+ * rounds, 256 MiB and 2 GiB (MIB: only that one).
+ */
 int main(int argc, char **argv)
 {
 	const char *what = argc > 1 ? argv[1] : "all";
-	int rounds = argc > 2 ? atoi(argv[2]) : 5;
+	int rounds = argc > 2 ? atoi(argv[2]) : 5, only = argc > 3 ? atoi(argv[3]) : 0;
 
 	signal(SIGPIPE, SIG_IGN);
 	if (rounds < 1)
 		rounds = 1;
 	if (strcmp(what, "downtime") && throughput() < 0)
 		return 1;
-	if (strcmp(what, "throughput") &&
-	    (downtime(256, 64, rounds) < 0 || downtime(GUEST_MIB, 512, rounds) < 0))
+	/* as kvmdirty-migrate chooses; BENCH_HASH=inline or thread to choose */
+	inline_hash = getenv("BENCH_HASH") ? !strcmp(getenv("BENCH_HASH"), "inline") : sysconf(_SC_NPROCESSORS_ONLN) <= 2;
+	if (strcmp(what, "throughput") && ((only != GUEST_MIB && downtime(256, 64, rounds) < 0) ||
+					   (only != 256 && downtime(GUEST_MIB, 512, rounds) < 0)))
 		return 1;
 	return 0;
 }
