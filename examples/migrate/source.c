@@ -98,12 +98,15 @@ static void *hasher(void *p)
 
 	pthread_mutex_lock(&s->w.lock);
 	for (;;) {
+		struct batch *b;
+
 		while (!s->todo && !s->w.quit)
 			pthread_cond_wait(&s->w.cond, &s->w.lock);
-		if (!s->todo)
+		b = s->todo;
+		if (!b)
 			break;
 		pthread_mutex_unlock(&s->w.lock);
-		hash_batch(s, s->todo);
+		hash_batch(s, b);
 		pthread_mutex_lock(&s->w.lock);
 		s->todo = NULL;
 		pthread_cond_broadcast(&s->w.cond);
@@ -125,11 +128,6 @@ static void hasher_wait(struct source *s)
 
 static void hasher_give(struct source *s, struct batch *b)
 {
-	if (!s->w.running) {
-		if (s->sent_hash[0])
-			hash_batch(s, b);
-		return;
-	}
 	pthread_mutex_lock(&s->w.lock);
 	s->todo = b;
 	pthread_cond_broadcast(&s->w.cond);
@@ -145,12 +143,21 @@ static int send_batch(struct source *s, struct batch *b)
 	return ret;
 }
 
-/* Hand the batch being filled to the hasher, and send the one before (hashed by now) meanwhile. */
+/*
+ * Hand the batch being filled to the hasher, and send the one before
+ * (hashed by now) meanwhile.  Without a hasher thread: hash it, and send
+ * it while its pages are in cache.
+ */
 static int ship(struct source *s)
 {
 	struct batch *b = s->cur;
 	int ret = 0;
 
+	if (!s->w.running) {
+		if (s->sent_hash[0])
+			hash_batch(s, b);
+		return send_batch(s, b);
+	}
 	hasher_wait(s);
 	hasher_give(s, b);
 	if (s->pending)
@@ -165,6 +172,8 @@ static int flush(struct source *s)
 {
 	int ret = ship(s);
 
+	if (!s->w.running)
+		return ret;
 	hasher_wait(s);
 	if (ret == 0)
 		ret = send_batch(s, s->pending);
