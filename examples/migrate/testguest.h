@@ -46,7 +46,7 @@ int mig_testvm_guest(struct testvm *tv, struct mig_guest *ret_g);
  * Run a received guest for run_ms, then take its vCPUs out of KVM_RUN
  * whatever the guest does, and check it: no vCPU reported a self-check
  * error or stopped otherwise, and each made progress where its own pacing
- * promised some.  One line in err either way.
+ * promised some in the CPU time its thread got.  One line in err either way.
  */
 int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_t len);
 
