@@ -723,7 +723,7 @@ START_TEST(listener_outlives_bad_peers)
 	pid_t pid;
 
 	make_addr("tcp", addr, sizeof(addr));
-	pid = spawn_listener(addr, &o, "1000");
+	pid = spawn_listener(addr, &o, "3000"); /* generous: the real source waits on this listener too */
 	/* first in line: connects and says nothing */
 	silent = connect_retry(addr, pid, err, sizeof(err));
 	ck_assert_msg(silent >= 0, "%s", err);
