@@ -632,16 +632,25 @@ START_TEST(damaged_pages)
 	b[off] ^= 1;
 	expect_refused(b, rec.len, "does not match its hash", "changed hash");
 	free(b);
-	/* a torn copy that a later one replaces is what pre-copy makes of a page written while it was sent */
-	for (i = 0; i < rec.nrec && !superseded(rec.recs[i].off + sizeof(struct mig_record) +
-						rec.recs[i].r.count * sizeof(uint64_t));
-	     i++)
-		;
-	ck_assert_msg(i < rec.nrec, "the guest's working set was sent once: no page to tear");
-	b = patched(0, "", 0, false);
-	b[rec.recs[i].off + sizeof(struct mig_record) + rec.recs[i].r.count * sizeof(uint64_t)] ^= 1;
-	ck_assert_msg(feed_stream(b, rec.len, err, sizeof(err)) == 0, "superseded torn page refused: %s", err);
-	free(b);
+	/*
+	 * A torn copy that a later one replaces is what pre-copy makes of a
+	 * page written while it was sent: the first DATA record once more
+	 * before END, its first copy torn, must be taken.
+	 */
+	i = nth_record(MIG_DATA, 0);
+	{
+		size_t rlen = rec.recs[i + 1].off - rec.recs[i].off, end = rec_off(MIG_END);
+
+		b = malloc(rec.len + rlen);
+		memcpy(b, rec.buf, end);
+		memcpy(b + end, rec.buf + rec.recs[i].off, rlen);
+		memcpy(b + end + rlen, rec.buf + end, rec.len - end);
+		b[rec.recs[i].off + sizeof(struct mig_record) + rec.recs[i].r.count * sizeof(uint64_t)] ^= 1;
+		ck_assert_int_eq(mig_stream_reseal(b, rec.len + rlen), 0);
+		ck_assert_msg(feed_stream(b, rec.len + rlen, err, sizeof(err)) == 0, "a torn copy sent again refused: %s",
+			      err);
+		free(b);
+	}
 
 	/* a random byte flipped anywhere: refused, whatever the field */
 	for (i = 0; i < 300; i++) {
