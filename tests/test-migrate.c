@@ -1,10 +1,13 @@
 // SPDX-License-Identifier: MIT
 /*
- * The example migration daemon end to end: migrations over TCP and Unix
- * sockets that must arrive bit-exact and run on; malformed streams that
- * must be refused with the field named and no guest run; a destination
- * killed mid-migration, after which the source guest runs on and a second
- * migration succeeds.
+ * The migration engine and daemon end to end: migrations over TCP and
+ * Unix sockets that must arrive bit-exact and run on; recorded streams
+ * broken field by field, cut short, left hanging or run past END, which
+ * must be refused with the field (or what was awaited) named and no guest
+ * run; a destination that keeps taking streams after a bad peer; a
+ * post-resume check that ends whatever the guest does; verification whose
+ * downtime share is the pages sent while paused, and whose check after
+ * switchover catches a write tracking never saw.
  */
 #include <arpa/inet.h>
 #include <inttypes.h>
@@ -17,32 +20,29 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
-#include "migrate.h"
+#include "dest.h"
+#include "migrate-util.h"
 #include "rng.h"
+#include "source.h"
 #include "stream.h"
 #include "test-util.h"
+#include "testguest.h"
 
 extern char **environ;
 
 #define MIB (1ull << 20)
+#define PAGE ((uint64_t)MIG_PAGE_SIZE)
 
 static const struct mig_send_opts send_opts = {
-	.downtime_ms = 20, .max_passes = 6, .timeout_ms = 20000, .verify = true,
+	.downtime_ms = 20, .max_passes = 6, .timeout_ms = 20000, .peer_timeout_ms = 60000, .verify = true,
 };
 
-/*
- * The destination is the kvmdirty-migrate binary, started with exec: a
- * forked copy of this process (whose vCPU threads are running) could
- * inherit a lock some thread held and hang.  Its exit status says whether
- * the guest arrived digest-exact and ran on.
- */
-static pid_t spawn_listener(const char *addr, const struct mig_guest *g)
+/* ---- the daemon as a process ---- */
+
+static const char *migrate_exe(void)
 {
 	static char exe[4096];
-	char mib[32], vcpus[32];
 	const char *env = getenv("KVMDIRTY_MIGRATE");
-	char *argv[] = { "kvmdirty-migrate", "listen", (char *)addr, "-m", mib, "-v", vcpus, "--run-ms", "300", NULL };
-	pid_t pid;
 
 	if (env) {
 		snprintf(exe, sizeof(exe), "%s", env);
@@ -53,10 +53,41 @@ static pid_t spawn_listener(const char *addr, const struct mig_guest *g)
 		exe[n] = 0;
 		strcpy(strrchr(exe, '/'), "/../examples/migrate/kvmdirty-migrate");
 	}
+	return exe;
+}
+
+/*
+ * Run kvmdirty-migrate with args (NULL-terminated, after the program
+ * name), stderr to errfd when >= 0.  The destination is the binary, started
+ * with exec: a forked copy of this process (whose vCPU threads run) could
+ * inherit a lock some thread held and hang.
+ */
+static pid_t spawn_migrate(char *const *args, int errfd)
+{
+	char *argv[32] = { "kvmdirty-migrate" };
+	posix_spawn_file_actions_t fa;
+	unsigned int i;
+	pid_t pid;
+
+	for (i = 0; args[i]; i++)
+		argv[i + 1] = args[i];
+	posix_spawn_file_actions_init(&fa);
+	if (errfd >= 0)
+		posix_spawn_file_actions_adddup2(&fa, errfd, 2);
+	ck_assert_int_eq(posix_spawn(&pid, migrate_exe(), &fa, NULL, argv, environ), 0);
+	posix_spawn_file_actions_destroy(&fa);
+	return pid;
+}
+
+static pid_t spawn_listener(const char *addr, const struct mig_testvm_opts *g, const char *timeout_ms)
+{
+	char mib[32], vcpus[32];
+	char *args[] = { "listen", (char *)addr, "-m", mib, "-v", vcpus, "--run-ms", "300", "-T", (char *)timeout_ms,
+			 NULL };
+
 	snprintf(mib, sizeof(mib), "%" PRIu64, g->mib);
 	snprintf(vcpus, sizeof(vcpus), "%u", g->vcpus);
-	ck_assert_int_eq(posix_spawn(&pid, exe, NULL, NULL, argv, environ), 0);
-	return pid;
+	return spawn_migrate(args, -1);
 }
 
 /* Connect once the listener is up (it binds, then builds its guest). */
@@ -65,7 +96,7 @@ static int connect_retry(const char *addr, pid_t listener, char *err, size_t len
 	int i, fd = -1, st;
 
 	for (i = 0; i < 500 && fd < 0; i++) {
-		fd = mig_connect(addr, err, len);
+		fd = mig_connect(addr, 10000, err, len);
 		if (fd < 0) {
 			ck_assert_msg(waitpid(listener, &st, WNOHANG) == 0, "the listener exited: %s", err);
 			usleep(10000);
@@ -82,33 +113,18 @@ static int child_status(pid_t pid)
 	return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
-static struct testvm *running_source(const struct mig_guest *g)
+static struct testvm *running_source(const struct mig_testvm_opts *g, struct mig_guest *ret_g)
 {
 	struct testvm *tv;
 	char err[256];
-	int ret = mig_guest_new(g, true, &tv, err, sizeof(err));
+	int ret = mig_testvm_new(g, true, &tv, err, sizeof(err));
 
 	ck_assert_msg(ret == 0, "source: %s", err);
-	mig_guest_fill(tv, 16);
+	mig_testvm_fill(tv, 16);
+	ck_assert_ok(mig_testvm_guest(tv, ret_g));
 	ck_assert_ok(testvm_spawn(tv));
 	return tv;
 }
-
-struct case_ {
-	const char *addr;
-	unsigned int vcpus;
-	enum kvmdirty_mode mode;
-	uint64_t ws_mib;
-};
-
-static const struct case_ cases[] = {
-	{ "tcp::0", 1, KVMDIRTY_MODE_CLEAR_LOG, 0 },
-	{ "unix", 2, KVMDIRTY_MODE_CLEAR_LOG, 16 },
-	{ "tcp::0", 2, KVMDIRTY_MODE_DIRTY_RING, 16 },
-	{ "unix", 1, KVMDIRTY_MODE_DIRTY_RING, 0 },
-	{ "tcp::0", 1, KVMDIRTY_MODE_DIRTY_LOG, 8 },
-	{ "unix", 2, KVMDIRTY_MODE_DIRTY_RING, 32 },
-};
 
 /* A free loopback port, or a fresh socket path, for a case's address. */
 static void make_addr(const char *kind, char *addr, size_t len)
@@ -129,117 +145,130 @@ static void make_addr(const char *kind, char *addr, size_t len)
 	}
 }
 
-static int migrate_once(struct testvm *tv, const struct mig_guest *g, const char *addr, struct mig_result *r,
-			char *err, size_t len)
+static void drop_addr(const char *addr)
 {
-	pid_t pid = spawn_listener(addr, g);
+	if (!strncmp(addr, "unix:", 5))
+		unlink(addr + 5);
+}
+
+static int migrate_once(const struct mig_guest *g, const struct mig_testvm_opts *o, const char *addr,
+			struct mig_result *r, char *err, size_t len)
+{
+	pid_t pid = spawn_listener(addr, o, "60000");
 	int fd = connect_retry(addr, pid, err, len), ret, status;
 
 	ck_assert_msg(fd >= 0, "%s", err);
-	ret = mig_send(tv, fd, &send_opts, r, err, len);
+	ret = mig_send(g, fd, &send_opts, r, err, len);
 	close(fd);
 	status = child_status(pid);
-	if (!strncmp(addr, "unix:", 5))
-		unlink(addr + 5);
-	return ret < 0 ? ret : status ? -status : 0;
+	drop_addr(addr);
+	return ret < 0 ? ret : ret > 0 ? -EIO : status ? -status : 0;
 }
+
+struct case_ {
+	const char *addr;
+	unsigned int vcpus;
+	enum kvmdirty_mode mode;
+	uint64_t ws_mib;
+};
+
+static const struct case_ cases[] = {
+	{ .addr = "tcp::0", .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 0 },
+	{ .addr = "unix", .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 16 },
+	{ .addr = "tcp::0", .vcpus = 2, .mode = KVMDIRTY_MODE_DIRTY_RING, .ws_mib = 16 },
+	{ .addr = "unix", .vcpus = 1, .mode = KVMDIRTY_MODE_DIRTY_RING, .ws_mib = 0 },
+	{ .addr = "tcp::0", .vcpus = 1, .mode = KVMDIRTY_MODE_DIRTY_LOG, .ws_mib = 8 },
+	{ .addr = "unix", .vcpus = 2, .mode = KVMDIRTY_MODE_DIRTY_RING, .ws_mib = 32 },
+};
 
 START_TEST(migrate)
 {
 	const struct case_ *c = &cases[_i];
-	struct mig_guest g = { .mib = 32, .vcpus = c->vcpus, .mode = c->mode, .ws_mib = c->ws_mib };
-	struct testvm *tv = running_source(&g);
+	struct mig_testvm_opts o = { .mib = 32, .vcpus = c->vcpus, .mode = c->mode, .ws_mib = c->ws_mib };
+	struct mig_guest g;
+	struct testvm *tv = running_source(&o, &g);
 	struct mig_result r;
-	char addr[128], err[256];
+	char addr[128], err[512];
 	int ret;
 
 	make_addr(c->addr, addr, sizeof(addr));
-	ret = migrate_once(tv, &g, addr, &r, err, sizeof(err));
+	ret = migrate_once(&g, &o, addr, &r, err, sizeof(err));
 	ck_assert_msg(ret == 0, "%s, %u vCPU(s), mode %d, %" PRIu64 " MiB dirtied: %d (%s)", addr, c->vcpus,
 		      c->mode, c->ws_mib, ret, ret < -100 ? "destination failed: see its log" : err);
 	printf("migrated over %s, %u vCPU(s), mode %d, %" PRIu64 " MiB dirtied: %" PRIu64 " passes, %.1f ms, "
-	       "downtime %.1f ms, %" PRIu64 " zero pages\n",
-	       addr, c->vcpus, c->mode, c->ws_mib, r.passes, r.total_ms, r.downtime_ms, r.zero_pages);
+	       "downtime %.1f ms, %" PRIu64 " zero pages, %" PRIu64 " pages verified after switchover\n",
+	       addr, c->vcpus, c->mode, c->ws_mib, r.passes, r.total_ms, r.downtime_ms, r.zero_pages, r.verified_pages);
 	ck_assert_uint_ge(r.zero_pages, 1);
-	testvm_free(tv);
+	ck_assert_uint_eq(r.lost_pages, 0);
+	mig_testvm_free(tv);
 }
 END_TEST
 
-/* ---- malformed streams ---- */
+/* ---- streams recorded, and fed back ---- */
 
 struct recording {
 	uint8_t *buf;
-	size_t len, cap;
-	size_t rec_off[65536]; /* where each record header starts */
-	uint32_t rec_kind[65536];
-	struct mig_record recs[65536];
+	size_t len;
+	struct {
+		size_t off;
+		struct mig_record r;
+	} *recs;
 	size_t nrec;
-	int fd;
 };
 
-static int rec_read(struct recording *r, size_t n)
+static int note_record(size_t off, const struct mig_record *r, void *opaque)
 {
-	while (r->len + n > r->cap) {
-		r->cap = r->cap ? r->cap * 2 : 1 << 20;
-		r->buf = realloc(r->buf, r->cap);
-	}
-	while (n) {
-		ssize_t k = read(r->fd, r->buf + r->len, n);
+	struct recording *rec = opaque;
 
-		if (k <= 0)
-			return -1;
-		r->len += (size_t)k;
-		n -= (size_t)k;
-	}
+	rec->recs = realloc(rec->recs, (rec->nrec + 1) * sizeof(rec->recs[0]));
+	rec->recs[rec->nrec].off = off;
+	rec->recs[rec->nrec++].r = *r;
 	return 0;
 }
 
-/* A destination that records the stream, knows where records start, and says ok. */
-static void *recorder(void *p)
+/* Migrate g into a recorder; the recording framed by the engine's own walker. */
+static int record_migration(const struct mig_guest *g, const struct mig_send_opts *o, struct recording *rec,
+			    struct mig_result *r, char *err, size_t len)
 {
-	struct recording *r = p;
-	struct mig_header h;
-	struct mig_ack ack = { .status = 0, .message = "ok" };
+	struct recorder rd = { 0 };
+	pthread_t th;
+	void *ok;
+	int sv[2], ret;
 
-	if (rec_read(r, sizeof(h)))
-		return NULL;
-	memcpy(&h, r->buf, sizeof(h));
-	if (rec_read(r, h.nr_regions * sizeof(struct mig_region)))
-		return NULL;
-	for (;;) {
-		struct mig_record rec;
-		size_t off = r->len;
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	rd.fd = sv[1];
+	ck_assert_int_eq(pthread_create(&th, NULL, recorder_run, &rd), 0);
+	ret = mig_send(g, sv[0], o, r, err, len);
+	close(sv[0]);
+	pthread_join(th, &ok);
+	close(sv[1]);
+	ck_assert_msg(ok, "recorder failed");
+	memset(rec, 0, sizeof(*rec));
+	rec->buf = rd.buf;
+	rec->len = rd.len;
+	ck_assert_msg(ret < 0 || mig_stream_walk(rec->buf, rec->len, note_record, rec, NULL) == 0,
+		      "the recording (%zu bytes) is not one framed stream", rec->len);
+	return ret;
+}
 
-		if (rec_read(r, sizeof(rec)))
-			return NULL;
-		memcpy(&rec, r->buf + off, sizeof(rec));
-		r->rec_off[r->nrec] = off;
-		r->recs[r->nrec] = rec;
-		r->rec_kind[r->nrec++] = rec.kind;
-		if (rec.kind == MIG_END)
-			break;
-		if (rec.kind == MIG_DATA && rec_read(r, rec.count * 4096))
-			return NULL;
-		if ((rec.kind == MIG_VCPU || rec.kind == MIG_DIGEST) &&
-		    rec_read(r, rec.kind == MIG_VCPU ? rec.count : rec.count * 8))
-			return NULL;
-	}
-	if (write(r->fd, &ack, sizeof(ack)) != sizeof(ack))
-		return NULL;
-	return r;
+static void recording_free(struct recording *rec)
+{
+	free(rec->buf);
+	free(rec->recs);
 }
 
 struct feeder {
 	int fd;
 	const uint8_t *buf;
 	size_t len;
+	bool hold; /* keep the connection open after the bytes: a silent peer */
+	struct mig_ack ack;
 };
 
 static void *feed(void *p)
 {
 	struct feeder *f = p;
-	size_t off = 0;
-	char ack[sizeof(struct mig_ack)];
+	size_t off = 0, got = 0;
 
 	while (off < f->len) {
 		ssize_t k = write(f->fd, f->buf + off, f->len - off);
@@ -248,55 +277,48 @@ static void *feed(void *p)
 			break;
 		off += (size_t)k;
 	}
-	shutdown(f->fd, SHUT_WR);
-	while (read(f->fd, ack, sizeof(ack)) > 0)
-		;
+	if (!f->hold)
+		shutdown(f->fd, SHUT_WR);
+	while (got < sizeof(f->ack)) {
+		ssize_t k = read(f->fd, (char *)&f->ack + got, sizeof(f->ack) - got);
+
+		if (k <= 0)
+			break;
+		got += (size_t)k;
+	}
 	return NULL;
 }
 
-static struct mig_guest bad_guest = { .mib = 8, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 2 };
+static struct mig_testvm_opts bad_guest = { .mib = 8, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 2 };
 static struct recording rec;
 static struct testvm *dst;
+static struct mig_guest dst_g;
 
-/* Feed bytes to a destination; returns mig_recv's result, err its reason. */
-static int feed_stream(const uint8_t *buf, size_t len, char *err, size_t elen)
+/* Feed bytes to the destination; mig_recv's result, err its reason, ack what the peer was told. */
+static int feed_stream_to(const uint8_t *buf, size_t len, bool hold, uint64_t timeout_ms, char *err, size_t elen,
+			  struct mig_ack *ack)
 {
-	struct feeder f = { .buf = buf, .len = len };
+	struct feeder f = { .buf = buf, .len = len, .hold = hold };
+	struct mig_recv_opts o = { .timeout_ms = timeout_ms };
+	struct mig_recv_result res;
 	pthread_t th;
-	bool verified;
 	int sv[2], ret;
 
 	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
 	f.fd = sv[1];
 	ck_assert_int_eq(pthread_create(&th, NULL, feed, &f), 0);
-	ret = mig_recv(dst, sv[0], &verified, err, elen);
+	ret = mig_recv(&dst_g, sv[0], &o, &res, err, elen);
 	close(sv[0]);
 	pthread_join(th, NULL);
 	close(sv[1]);
+	if (ack)
+		*ack = f.ack;
 	return ret;
 }
 
-static void record_stream(void)
+static int feed_stream(const uint8_t *buf, size_t len, char *err, size_t elen)
 {
-	struct testvm *src = running_source(&bad_guest);
-	struct mig_result r;
-	char err[256];
-	pthread_t th;
-	void *ok;
-	int sv[2], ret;
-
-	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
-	memset(&rec, 0, sizeof(rec));
-	rec.fd = sv[1];
-	ck_assert_int_eq(pthread_create(&th, NULL, recorder, &rec), 0);
-	ret = mig_send(src, sv[0], &send_opts, &r, err, sizeof(err));
-	ck_assert_msg(ret == 0, "recording a stream: %s", err);
-	pthread_join(th, &ok);
-	ck_assert_ptr_nonnull(ok);
-	close(sv[0]);
-	close(sv[1]);
-	testvm_free(src);
-	ck_assert_msg(mig_guest_new(&bad_guest, false, &dst, err, sizeof(err)) == 0, "%s", err);
+	return feed_stream_to(buf, len, false, 60000, err, elen, NULL);
 }
 
 static void expect_refused(const uint8_t *buf, size_t len, const char *field, const char *what)
@@ -306,147 +328,572 @@ static void expect_refused(const uint8_t *buf, size_t len, const char *field, co
 
 	expect(ret < 0, "%s: accepted", what);
 	expect(!field || strstr(err, field), "%s: refused with '%s', expected it to name '%s'", what, err, field);
+	expect(!strchr(err, '\n'), "%s: the reason is more than one line: '%s'", what, err);
 }
 
-/* A copy of the recording with bytes at off replaced. */
-static uint8_t *patched(size_t off, const void *bytes, size_t n)
+/* A copy of the recording with bytes at off replaced; resealed (END's checksum made right) if asked. */
+static uint8_t *patched(size_t off, const void *bytes, size_t n, bool reseal)
 {
 	uint8_t *b = malloc(rec.len);
 
 	memcpy(b, rec.buf, rec.len);
 	memcpy(b + off, bytes, n);
+	/* where the change leaves the framing whole; the field is refused before END either way */
+	if (reseal)
+		mig_stream_reseal(b, rec.len);
 	return b;
 }
 
 /* The recording with n bytes at off replaced must be refused, naming field. */
-static void refuse_patch(size_t off, const void *bytes, size_t n, const char *field, const char *what)
+static void refuse_patch(size_t off, const void *bytes, size_t n, bool reseal, const char *field, const char *what)
 {
-	uint8_t *b = patched(off, bytes, n);
+	uint8_t *b = patched(off, bytes, n, reseal);
 
 	expect_refused(b, rec.len, field, what);
 	free(b);
 }
 
-static size_t first_record(uint32_t kind)
+static size_t nth_record(uint32_t kind, size_t nth)
 {
 	size_t i;
 
 	for (i = 0; i < rec.nrec; i++)
-		if (rec.rec_kind[i] == kind)
-			return rec.rec_off[i];
+		if (rec.recs[i].r.kind == kind && !nth--)
+			return i;
 	ck_abort_msg("no record of kind %u in the recording", kind);
 	return 0;
 }
 
-/*
- * True if the byte at off is page data that a later record sends again:
- * flipping it changes nothing the destination ends up with.
- */
-static bool superseded(size_t off)
+static size_t rec_off(uint32_t kind)
 {
-	size_t i, j;
+	return rec.recs[nth_record(kind, 0)].off;
+}
 
-	for (i = 0; i + 1 < rec.nrec && rec.rec_off[i + 1] <= off; i++)
-		;
-	if (rec.rec_kind[i] != MIG_DATA || off < rec.rec_off[i] + sizeof(struct mig_record))
-		return false;
-	for (j = i + 1; j < rec.nrec; j++) {
-		uint64_t page = rec.recs[i].first + (off - rec.rec_off[i] - sizeof(struct mig_record)) / 4096;
+/* True if a record in [from, rec.nrec) other than record skip sends page. */
+static bool sent_by_another(size_t from, size_t skip, uint32_t region, uint64_t page)
+{
+	size_t i;
 
-		if ((rec.rec_kind[j] == MIG_DATA || rec.rec_kind[j] == MIG_ZERO) &&
-		    rec.recs[j].index == rec.recs[i].index && page - rec.recs[j].first < rec.recs[j].count)
+	for (i = from; i < rec.nrec; i++) {
+		const struct mig_record *r = &rec.recs[i].r;
+
+		if (i != skip && (r->kind == MIG_DATA || r->kind == MIG_ZERO) && r->index == region &&
+		    page - r->first < r->count)
 			return true;
 	}
 	return false;
 }
 
-START_TEST(bad_streams)
+/*
+ * True if the byte at off is a page's data or hash in a DATA record that a
+ * later record sends again: changing it changes nothing the destination
+ * ends up with.
+ */
+static bool superseded(size_t off)
+{
+	const struct mig_record *r;
+	size_t i, hashes, pages;
+
+	for (i = 0; i + 1 < rec.nrec && rec.recs[i + 1].off <= off; i++)
+		;
+	r = &rec.recs[i].r;
+	hashes = rec.recs[i].off + sizeof(struct mig_record);
+	pages = hashes + r->count * sizeof(uint64_t);
+	if (r->kind != MIG_DATA || off < hashes)
+		return false;
+	return sent_by_another(i + 1, i, r->index,
+			       r->first + (off < pages ? (off - hashes) / sizeof(uint64_t) : (off - pages) / PAGE));
+}
+
+/*
+ * A DATA or ZERO record none of whose pages a later record sends again
+ * (only: nor an earlier one).
+ */
+static size_t last_word_on(uint32_t kind, bool only)
+{
+	size_t i;
+	uint64_t k;
+
+	for (i = rec.nrec; i-- > 0;) {
+		const struct mig_record *r = &rec.recs[i].r;
+
+		if (r->kind != kind)
+			continue;
+		for (k = 0; k < r->count && !sent_by_another(only ? 0 : i + 1, i, r->index, r->first + k); k++)
+			;
+		if (k == r->count)
+			return i;
+	}
+	ck_abort_msg("every %s record is superseded", mig_kind_name(kind));
+	return 0;
+}
+
+/* The recording without record i (and its payload), resealed. */
+static uint8_t *without_record(size_t i, size_t *ret_len)
+{
+	size_t start = rec.recs[i].off, end = rec.recs[i + 1].off;
+	uint8_t *b = malloc(rec.len);
+
+	memcpy(b, rec.buf, start);
+	memcpy(b + start, rec.buf + end, rec.len - end);
+	*ret_len = rec.len - (end - start);
+	ck_assert_int_eq(mig_stream_reseal(b, *ret_len), 0);
+	return b;
+}
+
+static void record_stream(bool verify)
+{
+	struct mig_send_opts o = send_opts;
+	struct mig_guest g;
+	struct testvm *src = running_source(&bad_guest, &g);
+	struct mig_result r;
+	char err[512];
+
+	o.verify = verify;
+	ck_assert_msg(record_migration(&g, &o, &rec, &r, err, sizeof(err)) == 0, "recording a stream: %s", err);
+	mig_testvm_free(src);
+	if (!dst) {
+		ck_assert_msg(mig_testvm_new(&bad_guest, false, &dst, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_ok(mig_testvm_guest(dst, &dst_g));
+	}
+}
+
+static void bad_streams_done(void)
+{
+	mig_testvm_free(dst);
+	dst = NULL;
+	recording_free(&rec);
+}
+
+START_TEST(bad_fields)
 {
 	char err[256];
 	uint32_t u32;
 	uint64_t u64[2];
-	size_t i, data, vcpu, digest, end;
-	uint64_t rng = 0x1234567;
-	uint8_t *b;
+	size_t data, vcpu, pass, end;
 
-	record_stream();
+	record_stream(true);
 	/* the recording itself is fine */
 	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "valid stream refused: %s", err);
 
-	refuse_patch(0, "KVMDMIX", 8, "header.magic", "bad magic");
-	u32 = 2;
-	refuse_patch(offsetof(struct mig_header, version), &u32, 4, "header.version", "unknown version");
-	u32 = 8192;
-	refuse_patch(offsetof(struct mig_header, page_size), &u32, 4, "header.page_size", "page size");
-	u32 = 3;
-	refuse_patch(offsetof(struct mig_header, nr_regions), &u32, 4, "header.nr_regions", "region count");
+	refuse_patch(0, "KVMDMIX", 8, false, "header.magic", "bad magic");
 	u32 = 1;
-	refuse_patch(offsetof(struct mig_header, nr_vcpus), &u32, 4, "header.nr_vcpus", "vCPU count");
+	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 1", "version 1");
+	u32 = 3;
+	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 3", "unknown version");
+	u32 = 8192;
+	refuse_patch(offsetof(struct mig_header, page_size), &u32, 4, true, "header.page_size", "page size");
+	u32 = 3;
+	refuse_patch(offsetof(struct mig_header, nr_regions), &u32, 4, false, "header.nr_regions", "region count");
+	u32 = 1;
+	refuse_patch(offsetof(struct mig_header, nr_vcpus), &u32, 4, true, "header.nr_vcpus", "vCPU count");
+	u32 = 6;
+	refuse_patch(offsetof(struct mig_header, flags), &u32, 4, true, "header.flags: unknown bits 0x6", "flags");
+	u32 = 1;
+	refuse_patch(offsetof(struct mig_header, reserved), &u32, 4, true, "header.reserved: 0x1", "reserved set");
 	u64[0] = 8ull << 30;
-	refuse_patch(sizeof(struct mig_header) + sizeof(struct mig_region), u64, 8, "region[1]", "region table");
+	refuse_patch(sizeof(struct mig_header) + sizeof(struct mig_region), u64, 8, true, "region[1].gpa",
+		     "region gpa");
+	u64[0] = 4096;
+	refuse_patch(sizeof(struct mig_header) + sizeof(struct mig_region) + 8, u64, 8, true, "region[1].size",
+		     "region size");
 
-	data = first_record(MIG_DATA);
+	data = rec_off(MIG_DATA);
 	u32 = 99;
-	refuse_patch(data + offsetof(struct mig_record, kind), &u32, 4, ".kind", "record kind");
+	refuse_patch(data + offsetof(struct mig_record, kind), &u32, 4, true, ".kind: 99", "record kind");
+	u32 = 5;
+	refuse_patch(data + offsetof(struct mig_record, kind), &u32, 4, true, ".kind: 5 (DIGEST)", "version 1 kind");
 	u32 = 7;
-	refuse_patch(data + offsetof(struct mig_record, index), &u32, 4, ".region", "record region");
+	refuse_patch(data + offsetof(struct mig_record, index), &u32, 4, true, "(DATA).index", "record region");
 	u64[0] = 1ull << 40;
-	refuse_patch(data + offsetof(struct mig_record, first), u64, 8, ".pages", "run outside the region");
+	refuse_patch(data + offsetof(struct mig_record, first), u64, 8, true, "(DATA).first", "run outside the region");
 	u64[0] = 1;
 	u64[1] = UINT64_MAX; /* first + count wraps */
-	refuse_patch(data + offsetof(struct mig_record, first), u64, 16, ".pages", "run length that overruns");
-	vcpu = first_record(MIG_VCPU);
+	refuse_patch(data + offsetof(struct mig_record, first), u64, 16, true, "(DATA).count", "run that overruns");
+	u64[0] = MIG_RUN_PAGES + 1;
+	refuse_patch(data + offsetof(struct mig_record, count), u64, 8, true, "(DATA).count: 257", "run too long");
+	vcpu = rec_off(MIG_VCPU);
 	u64[0] = 100;
-	refuse_patch(vcpu + offsetof(struct mig_record, count), u64, 8, "(VCPU).length", "vCPU state length");
-	u32 = 5;
-	refuse_patch(vcpu + offsetof(struct mig_record, index), &u32, 4, "(VCPU).vcpu", "vCPU index");
-	digest = first_record(MIG_DIGEST);
+	refuse_patch(vcpu + offsetof(struct mig_record, count), u64, 8, true, "(VCPU).count", "vCPU state length");
 	u64[0] = 3;
-	refuse_patch(digest + offsetof(struct mig_record, count), u64, 8, "(DIGEST).pages", "digest length");
-	/* a stream that skips from the header to END */
-	end = first_record(MIG_END);
-	b = malloc(rec.len);
-	memcpy(b, rec.buf, rec.rec_off[0]);
-	memcpy(b + rec.rec_off[0], rec.buf + end, sizeof(struct mig_record));
-	expect_refused(b, rec.rec_off[0] + sizeof(struct mig_record), "END", "no vCPU state");
+	refuse_patch(vcpu + offsetof(struct mig_record, first), u64, 8, true, "(VCPU).first: 3", "VCPU first");
+	u32 = 5;
+	refuse_patch(vcpu + offsetof(struct mig_record, index), &u32, 4, true, "(VCPU).index: vCPU 5", "vCPU index");
+	/* the stream chooses no MSR: only the one the engine sends */
+	u32 = 0x1b; /* IA32_APIC_BASE */
+	refuse_patch(vcpu + sizeof(struct mig_record) + offsetof(struct mig_vcpu_state, msrs), &u32, 4, true,
+		     "(VCPU).msrs[0].index: 0x1b", "MSR index");
+	u32 = 1;
+	refuse_patch(vcpu + sizeof(struct mig_record) + offsetof(struct mig_vcpu_state, msrs) + 4, &u32, 4, true,
+		     "(VCPU).msrs[0].reserved", "MSR reserved");
+	pass = rec_off(MIG_PASS);
+	u32 = 1;
+	refuse_patch(pass + offsetof(struct mig_record, index), &u32, 4, true, "(PASS).index", "PASS index");
+	u64[0] = 1;
+	refuse_patch(pass + offsetof(struct mig_record, count), u64, 8, true, "(PASS).count", "PASS count");
+	u64[0] = 7;
+	refuse_patch(pass + offsetof(struct mig_record, first), u64, 8, true, "(PASS).first: pass 7", "PASS order");
+	end = rec_off(MIG_END);
+	u64[0] = 1;
+	refuse_patch(end + offsetof(struct mig_record, count), u64, 8, false, "(END).count", "END count");
+	u32 = 1;
+	refuse_patch(end + offsetof(struct mig_record, index), &u32, 4, false, "(END).index", "END index");
+	/* a checksummed byte changed in flight */
+	u32 = 0x12345;
+	refuse_patch(vcpu + sizeof(struct mig_record) + offsetof(struct mig_vcpu_state, regs), &u32, 4, false,
+		     "(END).first", "vCPU state changed");
+	bad_streams_done();
+}
+END_TEST
+
+START_TEST(incomplete_streams)
+{
+	size_t i, len, data, zero, end;
+	uint8_t *b;
+
+	record_stream(true);
+	/* a page whose only copy is dropped never arrives */
+	data = last_word_on(MIG_DATA, true);
+	b = without_record(data, &len);
+	expect_refused(b, len, "never arrived", "a DATA record dropped");
 	free(b);
-	/* one page changed in flight: the digests see it */
-	b = patched(0, "", 0);
-	b[data + sizeof(struct mig_record) + 100] ^= 0x5a;
-	expect_refused(b, rec.len, "digest", "changed page");
+	zero = last_word_on(MIG_ZERO, true);
+	b = without_record(zero, &len);
+	expect_refused(b, len, "never arrived", "a ZERO record dropped");
+	free(b);
+	/* ... the same with the vCPU state gone */
+	b = without_record(nth_record(MIG_VCPU, 1), &len);
+	expect_refused(b, len, "no VCPU record for vCPU 1", "a VCPU record dropped");
 	free(b);
 
-	/* truncated at every record boundary and inside every record */
+	/* anything after END */
+	b = malloc(rec.len + 1);
+	memcpy(b, rec.buf, rec.len);
+	b[rec.len] = 0;
+	expect_refused(b, rec.len + 1, "after END", "a byte after END");
+	free(b);
+
+	/* cut at every record boundary and inside every record: ended, never "reset" */
 	for (i = 0; i < rec.nrec; i++) {
-		size_t off = rec.rec_off[i];
+		size_t off = rec.recs[i].off;
+		char err[256] = "";
 
-		expect_refused(rec.buf, off, "truncated", "cut before a record");
-		expect_refused(rec.buf, off + 10, "truncated", "cut inside a record header");
-		if (rec.rec_kind[i] == MIG_DATA || rec.rec_kind[i] == MIG_VCPU || rec.rec_kind[i] == MIG_DIGEST)
-			expect_refused(rec.buf, off + sizeof(struct mig_record) + 7, "truncated", "cut inside a payload");
+		expect_refused(rec.buf, off, "the stream ended before END", "cut before a record");
+		expect_refused(rec.buf, off + 10, "the stream ended after 10 of 24", "cut inside a record header");
+		if (rec.recs[i].r.kind == MIG_DATA || rec.recs[i].r.kind == MIG_VCPU)
+			expect_refused(rec.buf, off + sizeof(struct mig_record) + 7, "the stream ended after 7",
+				       "cut inside a payload");
+		feed_stream(rec.buf, off, err, sizeof(err));
+		expect(!strstr(err, "reset"), "a clean end of stream reported as '%s'", err);
 	}
-	expect_refused(rec.buf, rec.len - 1, "truncated", "cut inside END");
-	expect_refused(rec.buf, 20, "truncated", "cut inside the header");
+	expect_refused(rec.buf, rec.len - 1, "ended after 23 of 24", "cut inside END");
+	expect_refused(rec.buf, 20, "header: the stream ended after 20 of 32", "cut inside the header");
+	recording_free(&rec);
+
+	/* without hashes: header, regions, the vCPUs and END, no page at all */
+	record_stream(false);
+	end = rec_off(MIG_END);
+	b = malloc(rec.len);
+	memcpy(b, rec.buf, rec.recs[0].off);
+	len = rec.recs[0].off;
+	for (i = 0; i < rec.nrec; i++) {
+		if (rec.recs[i].r.kind != MIG_VCPU)
+			continue;
+		memcpy(b + len, rec.buf + rec.recs[i].off, rec.recs[i + 1].off - rec.recs[i].off);
+		len += rec.recs[i + 1].off - rec.recs[i].off;
+	}
+	memcpy(b + len, rec.buf + end, sizeof(struct mig_record));
+	len += sizeof(struct mig_record);
+	ck_assert_int_eq(mig_stream_reseal(b, len), 0);
+	expect_refused(b, len, "region 0 page 0 (gpa 0x0) never arrived", "no pages at all");
+	free(b);
+	bad_streams_done();
+}
+END_TEST
+
+START_TEST(damaged_pages)
+{
+	uint64_t rng = 0x1234567;
+	char err[256];
+	size_t i, last, off;
+	uint8_t *b;
+
+	record_stream(true);
+	/* a page changed in flight whose copy is the last: refused before the guest runs */
+	last = last_word_on(MIG_DATA, false);
+	off = rec.recs[last].off + sizeof(struct mig_record) + rec.recs[last].r.count * sizeof(uint64_t) + 100;
+	b = patched(0, "", 0, false);
+	b[off] ^= 0x5a;
+	expect_refused(b, rec.len, "does not match its hash", "changed page");
+	free(b);
+	/* ... its hash changed instead (END's checksum leaves DATA payloads to the hashes) */
+	off = rec.recs[last].off + sizeof(struct mig_record);
+	b = patched(0, "", 0, false);
+	b[off] ^= 1;
+	expect_refused(b, rec.len, "does not match its hash", "changed hash");
+	free(b);
+	/*
+	 * A torn copy that a later one replaces is what pre-copy makes of a
+	 * page written while it was sent: the first DATA record once more
+	 * before END, its first copy torn, must be taken.
+	 */
+	i = nth_record(MIG_DATA, 0);
+	{
+		size_t rlen = rec.recs[i + 1].off - rec.recs[i].off, end = rec_off(MIG_END);
+
+		b = malloc(rec.len + rlen);
+		memcpy(b, rec.buf, end);
+		memcpy(b + end, rec.buf + rec.recs[i].off, rlen);
+		memcpy(b + end + rlen, rec.buf + end, rec.len - end);
+		b[rec.recs[i].off + sizeof(struct mig_record) + rec.recs[i].r.count * sizeof(uint64_t)] ^= 1;
+		ck_assert_int_eq(mig_stream_reseal(b, rec.len + rlen), 0);
+		ck_assert_msg(feed_stream(b, rec.len + rlen, err, sizeof(err)) == 0, "a torn copy sent again refused: %s",
+			      err);
+		free(b);
+	}
 
 	/* a random byte flipped anywhere: refused, whatever the field */
 	for (i = 0; i < 300; i++) {
-		size_t off = xorshift64(&rng) % rec.len;
+		size_t at = xorshift64(&rng) % rec.len;
 		uint8_t flip = (uint8_t)(1u << (xorshift64(&rng) % 8));
 
-		if (superseded(off)) {
+		if (superseded(at)) {
 			i--;
 			continue;
 		}
-		b = patched(0, "", 0);
-		b[off] ^= flip;
-		expect(feed_stream(b, rec.len, err, sizeof(err)) < 0, "byte %zu of %zu flipped (0x%x): accepted", off,
+		b = patched(0, "", 0, false);
+		b[at] ^= flip;
+		expect(feed_stream(b, rec.len, err, sizeof(err)) < 0, "byte %zu of %zu flipped (0x%x): accepted", at,
 		       rec.len, flip);
 		free(b);
 	}
-	testvm_free(dst);
-	free(rec.buf);
+	bad_streams_done();
 }
 END_TEST
+
+/* A peer that sends part of a stream and then nothing: refused once the wait times out, naming what it awaited. */
+START_TEST(silent_peers)
+{
+	const char *awaited[4] = { "awaiting the header:", "awaiting record 3:", " (DATA) pages:", "awaiting record " };
+	size_t cuts[4], data;
+	struct mig_ack ack;
+	char err[256];
+	unsigned int i;
+	int ret;
+
+	record_stream(true);
+	data = nth_record(MIG_DATA, 0);
+	cuts[0] = 20;		       /* half a header */
+	cuts[1] = rec.recs[3].off + 12; /* half a record header */
+	cuts[2] = rec.recs[data].off + sizeof(struct mig_record) + rec.recs[data].r.count * sizeof(uint64_t) + 2000;
+	cuts[3] = rec.recs[rec.nrec - 1].off; /* everything but END */
+	for (i = 0; i < 4; i++) {
+		ret = feed_stream_to(rec.buf, cuts[i], true, 300, err, sizeof(err), &ack);
+		ck_assert_msg(ret == -ETIMEDOUT, "cut at %zu: %d (%s), expected a timeout", cuts[i], ret, err);
+		ck_assert_msg(strstr(err, awaited[i]) && strstr(err, "300 ms"), "cut at %zu: '%s' should name '%s'",
+			      cuts[i], err, awaited[i]);
+		/* the peer is told too */
+		ck_assert_msg(ack.status == -ETIMEDOUT && strstr(ack.message, awaited[i]),
+			      "cut at %zu: the peer heard %d '%.124s'", cuts[i], ack.status, ack.message);
+	}
+	/* the same guest then takes a whole stream */
+	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "valid stream after the silent ones: %s",
+		      err);
+	bad_streams_done();
+}
+END_TEST
+
+/* ---- the listener keeps taking streams ---- */
+
+static void read_ack(int fd, struct mig_ack *ack)
+{
+	size_t got = 0;
+
+	memset(ack, 0, sizeof(*ack));
+	while (got < sizeof(*ack)) {
+		ssize_t k = read(fd, (char *)ack + got, sizeof(*ack) - got);
+
+		if (k <= 0)
+			break;
+		got += (size_t)k;
+	}
+}
+
+START_TEST(listener_outlives_bad_peers)
+{
+	struct mig_testvm_opts o = { .mib = 16, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 4 };
+	struct mig_header h = { .magic = "KVMDMIX", .version = MIG_VERSION };
+	struct mig_result r;
+	struct mig_guest g;
+	struct mig_ack ack;
+	struct testvm *tv;
+	char addr[128], err[512];
+	int silent, bad, fd, ret;
+	pid_t pid;
+
+	make_addr("tcp", addr, sizeof(addr));
+	pid = spawn_listener(addr, &o, "3000"); /* generous: the real source waits on this listener too */
+	/* first in line: connects and says nothing */
+	silent = connect_retry(addr, pid, err, sizeof(err));
+	ck_assert_msg(silent >= 0, "%s", err);
+	/* second: not a stream at all */
+	bad = mig_connect(addr, 10000, err, sizeof(err));
+	ck_assert_msg(bad >= 0, "%s", err);
+	ck_assert_int_eq(write(bad, &h, sizeof(h)), sizeof(h));
+	shutdown(bad, SHUT_WR);
+	/* third: the real source, whose stream waits in the socket meanwhile */
+	tv = running_source(&o, &g);
+	fd = mig_connect(addr, 10000, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	ret = mig_send(&g, fd, &send_opts, &r, err, sizeof(err));
+	close(fd);
+	ck_assert_msg(ret == 0, "the real source, after two bad peers: %d (%s)", ret, err);
+	ck_assert_int_eq(child_status(pid), 0);
+	read_ack(silent, &ack);
+	ck_assert_msg(ack.status == -ETIMEDOUT && strstr(ack.message, "awaiting the header"),
+		      "the silent peer heard %d '%.124s'", ack.status, ack.message);
+	read_ack(bad, &ack);
+	ck_assert_msg(ack.status == -EPROTO && strstr(ack.message, "header.magic"), "the bad peer heard %d '%.124s'",
+		      ack.status, ack.message);
+	close(silent);
+	close(bad);
+	mig_testvm_free(tv);
+}
+END_TEST
+
+/* ---- the check after resume ends whatever the guest does ---- */
+
+/* A destination guest whose mailboxes say what a stream could have set, run and checked. */
+static int resume_with(uint64_t tsc_per_page, bool stopped, char *err, size_t len)
+{
+	struct mig_testvm_opts o = { .mib = 4, .vcpus = 2 };
+	struct testvm *tv;
+	unsigned int i;
+	int ret;
+
+	ck_assert_msg(mig_testvm_new(&o, false, &tv, err, len) == 0, "%s", err);
+	for (i = 0; i < o.vcpus; i++) {
+		struct guest_vcpu *mb = testvm_mailbox(tv, i);
+
+		mb->gpa = MIG_DATA_GPA + i * PAGE;
+		mb->pages = 1;
+		mb->tsc_per_page = tsc_per_page;
+		mb->stop = stopped;
+	}
+	ret = mig_testvm_resume_check(tv, 100, err, len);
+	mig_testvm_free(tv);
+	return ret;
+}
+
+START_TEST(resume_check_bounded)
+{
+	char err[256];
+	int ret;
+
+	/* one page in 2^62 TSC ticks: the guest never looks at its stop flag again, and is too slow to judge */
+	ret = resume_with(1ull << 62, false, err, sizeof(err));
+	ck_assert_msg(ret == 0, "a guest too slow to judge: %d (%s)", ret, err);
+	/* flat out: progress is due, and made */
+	ret = resume_with(0, false, err, sizeof(err));
+	ck_assert_msg(ret == 0, "a guest writing flat out: %d (%s)", ret, err);
+	/* ... and not made, by a guest that stops at once */
+	ret = resume_with(0, true, err, sizeof(err));
+	ck_assert_msg(ret == -EIO && strstr(err, "no progress"), "a guest that did nothing: %d (%s)", ret, err);
+}
+END_TEST
+
+/* `send -w 2 -r 1`: a guest writing a page a second per vCPU; both ends must finish. */
+START_TEST(slow_guest_both_ends_finish)
+{
+	char addr[128], err[256];
+	char *largs[] = { "listen", addr, "-m", "8", "-v", "2", "--run-ms", "300", NULL };
+	char *sargs[] = { "send", addr, "-m", "8", "-v", "2", "-w", "2", "-r", "1", NULL };
+	pid_t listener, source;
+	int fd;
+
+	make_addr("unix", addr, sizeof(addr));
+	listener = spawn_migrate(largs, -1);
+	/* wait for the listener to be up */
+	fd = connect_retry(addr, listener, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	close(fd); /* a peer that leaves at once: refused, and the listener takes the next */
+	source = spawn_migrate(sargs, -1);
+	ck_assert_int_eq(child_status(source), 0);
+	ck_assert_int_eq(child_status(listener), 0);
+	drop_addr(addr);
+}
+END_TEST
+
+/* ---- verification ---- */
+
+START_TEST(verify_off_the_downtime)
+{
+	struct mig_testvm_opts o = { .mib = 32, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 4 };
+	struct mig_guest g;
+	struct testvm *tv = running_source(&o, &g);
+	uint64_t total = 0;
+	struct mig_result r;
+	char err[512];
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < g.nr_regions; i++)
+		total += g.regions[i].size / PAGE;
+	ret = record_migration(&g, &send_opts, &rec, &r, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%d (%s)", ret, err);
+	/* in the downtime: the pages sent then, not the guest */
+	ck_assert_msg(r.downtime_hashed <= r.downtime_pages && r.downtime_pages < total / 2,
+		      "%" PRIu64 " pages hashed in the downtime, %" PRIu64 " sent then, guest %" PRIu64 " pages",
+		      r.downtime_hashed, r.downtime_pages, total);
+	/* after it: every page */
+	ck_assert_uint_eq(r.verified_pages, total);
+	ck_assert_uint_eq(r.lost_pages, 0);
+	recording_free(&rec);
+	mig_testvm_free(tv);
+}
+END_TEST
+
+/* A write tracking cannot see (the host's own, untracked) after the page was sent. */
+static struct {
+	uint8_t *page;
+	const struct mig_guest_ops *ops;
+} scribble;
+
+static void scribbling_pause(void *ctx)
+{
+	scribble.ops->pause(ctx);
+	scribble.page[3000] ^= 0xff;
+}
+
+START_TEST(verify_catches_a_lost_write)
+{
+	struct mig_testvm_opts o = { .mib = 8, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	struct mig_guest g;
+	struct testvm *tv = running_source(&o, &g);
+	struct mig_guest_ops ops = *g.ops;
+	struct mig_result r;
+	char err[512], want[128];
+	int ret;
+
+	/* page 5 of the data region, outside the idle guest's reach */
+	scribble.page = (uint8_t *)g.regions[1].hva + 5 * PAGE;
+	scribble.ops = g.ops;
+	ops.pause = scribbling_pause;
+	g.ops = &ops;
+	ret = record_migration(&g, &send_opts, &rec, &r, err, sizeof(err));
+	ck_assert_msg(ret == 1 && r.lost_pages == 1, "%d, %" PRIu64 " lost (%s)", ret, r.lost_pages, err);
+	snprintf(want, sizeof(want), "region 1 page 5 (gpa 0x%" PRIx64 ")", (uint64_t)(MIG_DATA_GPA + 5 * PAGE));
+	ck_assert_msg(strstr(err, want) && strstr(err, "tracking lost writes"), "'%s' should name %s", err, want);
+	/* the stream itself is consistent: a destination takes it */
+	ck_assert_msg(mig_testvm_new(&o, false, &dst, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dst, &dst_g));
+	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "destination: %s", err);
+	bad_streams_done();
+	mig_testvm_free(tv);
+}
+END_TEST
+
+/* ---- a destination that dies ---- */
 
 /* A destination that takes a megabyte and dies. */
 static pid_t dying_destination(int lfd)
@@ -473,10 +920,11 @@ static pid_t dying_destination(int lfd)
 
 START_TEST(connection_drop)
 {
-	struct mig_guest g = { .mib = 32, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 8 };
+	struct mig_testvm_opts o = { .mib = 32, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 8 };
 	struct timespec ts = { 0, 200 * 1000 * 1000 };
 	struct mig_result r;
-	char addr[128], err[256];
+	struct mig_guest g;
+	char addr[128], err[512];
 	struct testvm *tv;
 	uint64_t pass;
 	int lfd, fd, ret;
@@ -488,10 +936,10 @@ START_TEST(connection_drop)
 	/* forked before the source's vCPU threads exist */
 	pid = dying_destination(lfd);
 	close(lfd);
-	tv = running_source(&g);
-	fd = mig_connect(addr, err, sizeof(err));
+	tv = running_source(&o, &g);
+	fd = mig_connect(addr, 10000, err, sizeof(err));
 	ck_assert_msg(fd >= 0, "%s", err);
-	ret = mig_send(tv, fd, &send_opts, &r, err, sizeof(err));
+	ret = mig_send(&g, fd, &send_opts, &r, err, sizeof(err));
 	close(fd);
 	ck_assert_int_eq(child_status(pid), 128 + SIGKILL);
 	ck_assert_msg(ret < 0, "migration to a dead destination succeeded");
@@ -502,11 +950,11 @@ START_TEST(connection_drop)
 	nanosleep(&ts, NULL);
 	ck_assert_uint_gt(testvm_mailbox(tv, 0)->pass, pass);
 	/* and moves on the second try */
-	unlink(addr + 5);
+	drop_addr(addr);
 	make_addr("unix", addr, sizeof(addr));
-	ret = migrate_once(tv, &g, addr, &r, err, sizeof(err));
+	ret = migrate_once(&g, &o, addr, &r, err, sizeof(err));
 	ck_assert_msg(ret == 0, "second migration: %d (%s)", ret, err);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 }
 END_TEST
 
@@ -521,7 +969,15 @@ int main(void)
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, migrate, 0, (int)(sizeof(cases) / sizeof(cases[0])));
-	tcase_add_test(tc, bad_streams);
+	tcase_add_test(tc, bad_fields);
+	tcase_add_test(tc, incomplete_streams);
+	tcase_add_test(tc, damaged_pages);
+	tcase_add_test(tc, silent_peers);
+	tcase_add_test(tc, listener_outlives_bad_peers);
+	tcase_add_test(tc, resume_check_bounded);
+	tcase_add_test(tc, slow_guest_both_ends_finish);
+	tcase_add_test(tc, verify_off_the_downtime);
+	tcase_add_test(tc, verify_catches_a_lost_write);
 	tcase_add_test(tc, connection_drop);
 	suite_add_tcase(s, tc);
 	return run_suite(s);

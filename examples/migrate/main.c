@@ -3,7 +3,7 @@
  * kvmdirty-migrate: live-migrate the test guest between two processes or
  * two hosts.
  *
- *   kvmdirty-migrate listen ADDR [guest options] [--run-ms MS]
+ *   kvmdirty-migrate listen ADDR [guest options] [--run-ms MS] [-T MS] [--deadline S]
  *   kvmdirty-migrate send ADDR [guest options] [migration options]
  *   kvmdirty-migrate demo
  *
@@ -13,6 +13,15 @@
  * -w MIB working set the vCPUs keep dirtying (0: idle), -r PAGES_PER_SEC
  * per vCPU (0: flat out).  Migration options: -d DOWNTIME_MS (50),
  * -p MAX_PASSES (10), -t TIMEOUT_S (60), --no-verify, --stats FILE.
+ * Both ends: -T MS, how long any wait for the peer may go without
+ * progress (30000); listen: --deadline S for a whole stream (0: none).
+ *
+ * listen takes streams until one is accepted (a refused or silent peer is
+ * dropped with a line on stderr), then runs the guest for --run-ms and
+ * checks it; it exits 0 if the guest ran on, 1 otherwise.  send exits 0
+ * when the guest moved, 1 when it did not (it runs on here), 3 when it
+ * moved but the check after switchover found pages that differ from what
+ * was sent.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -26,22 +35,27 @@
 #include <unistd.h>
 
 #include "../common/cli.h"
-#include "migrate.h"
+#include "dest.h"
+#include "source.h"
+#include "testguest.h"
+
+#define EXIT_LOST 3
 
 struct args {
 	const char *cmd, *addr, *stats;
-	struct mig_guest guest;
+	struct mig_testvm_opts guest;
 	struct mig_send_opts send;
+	struct mig_recv_opts recv;
 	uint64_t run_ms;
 };
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS]\n"
+	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T MS] [--deadline S]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
-			"                              [-d DOWNTIME_MS] [-p MAX_PASSES] [-t TIMEOUT_S] [--no-verify]\n"
-			"                              [--stats FILE]\n"
-			"       kvmdirty-migrate demo\n");
+			"                              [-d DOWNTIME_MS] [-p MAX_PASSES] [-t TIMEOUT_S] [-T MS]\n"
+			"                              [--no-verify] [--stats FILE]\n"
+			"       kvmdirty-migrate demo [--no-verify]\n");
 }
 
 static int parse(int argc, char **argv, struct args *a)
@@ -50,17 +64,27 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "run-ms", required_argument, NULL, 'R' },
 		{ "no-verify", no_argument, NULL, 'N' },
 		{ "stats", required_argument, NULL, 'S' },
+		{ "peer-timeout", required_argument, NULL, 'T' },
+		{ "deadline", required_argument, NULL, 'D' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
 	uint64_t v;
 	int c;
 
-	a->guest = (struct mig_guest){ .mib = 256, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG };
-	a->send = (struct mig_send_opts){ .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000, .verify = true };
+	a->guest = (struct mig_testvm_opts){ .mib = 256, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	/*
+	 * Hashing on threads of their own pays where the host has CPUs to
+	 * spare (in stop-and-copy the paused vCPUs leave theirs); on two CPUs
+	 * shared by both ends it only adds cache traffic between them.
+	 */
+	a->send = (struct mig_send_opts){ .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
+					  .peer_timeout_ms = 30000, .verify = true,
+					  .inline_hash = sysconf(_SC_NPROCESSORS_ONLN) <= 2 };
+	a->recv = (struct mig_recv_opts){ .timeout_ms = 30000, .inline_hash = a->send.inline_hash };
 	a->run_ms = 1000;
 	optind = 2;
-	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:T:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'm':
 			if (cli_number("kvmdirty-migrate", "-m", optarg, 4, 1 << 16, &a->guest.mib))
@@ -110,6 +134,16 @@ static int parse(int argc, char **argv, struct args *a)
 				return -1;
 			a->send.timeout_ms = v * 1000;
 			break;
+		case 'T':
+			if (cli_number("kvmdirty-migrate", "-T", optarg, 1, 86400000, &v))
+				return -1;
+			a->send.peer_timeout_ms = a->recv.timeout_ms = v;
+			break;
+		case 'D':
+			if (cli_number("kvmdirty-migrate", "--deadline", optarg, 0, 864000, &v))
+				return -1;
+			a->recv.deadline_ms = v * 1000;
+			break;
 		case 'R':
 			if (cli_number("kvmdirty-migrate", "--run-ms", optarg, 0, 3600000, &a->run_ms))
 				return -1;
@@ -141,41 +175,58 @@ static void sleep_ms(uint64_t ms)
 	nanosleep(&ts, NULL);
 }
 
-/* Build the guest, take one connection, receive, resume, let it run, check it. */
+/* Take streams until one is accepted; a refused or silent peer is dropped and the next one taken. */
+static int take_stream(const struct args *a, int lfd, const struct mig_guest *g, struct mig_recv_result *res)
+{
+	char err[256];
+	int fd, ret;
+
+	for (;;) {
+		fd = mig_accept(lfd, err, sizeof(err));
+		if (fd < 0) {
+			fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
+			return fd;
+		}
+		ret = mig_recv(g, fd, &a->recv, res, err, sizeof(err));
+		close(fd);
+		if (ret == 0)
+			return 0;
+		/* nothing ran: the next stream must bring every page again */
+		fprintf(stderr, "kvmdirty-migrate: destination: stream refused, waiting for another: %s\n", err);
+	}
+}
+
+/* Build the guest, take a stream, resume, let it run, check it. */
 static int destination(const struct args *a, int lfd)
 {
+	struct mig_recv_result res;
+	struct mig_guest g;
 	struct testvm *tv;
 	char err[256];
-	bool verified;
-	int ret, fd;
+	int ret;
 
-	ret = mig_guest_new(&a->guest, false, &tv, err, sizeof(err));
+	ret = mig_testvm_new(&a->guest, false, &tv, err, sizeof(err));
+	if (ret == 0 && (ret = mig_testvm_guest(tv, &g)) < 0)
+		snprintf(err, sizeof(err), "too many regions");
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
 		return 1;
 	}
-	fd = mig_accept(lfd, err, sizeof(err));
+	ret = take_stream(a, lfd, &g, &res);
 	close(lfd);
-	if (fd < 0) {
-		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
-		testvm_free(tv);
-		return 1;
-	}
-	ret = mig_recv(tv, fd, &verified, err, sizeof(err));
-	close(fd);
 	if (ret < 0) {
-		/* nothing ran: the guest is dropped */
-		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
-		testvm_free(tv);
+		mig_testvm_free(tv);
 		return 1;
 	}
-	printf("destination: stream complete, digests %s; resuming the guest\n", verified ? "match" : "not sent");
-	ret = mig_resume_check(tv, a->run_ms, err, sizeof(err));
+	printf("destination: stream complete, every page arrived%s; resuming the guest\n",
+	       res.hashed ? " and matched its hash" : " (no hashes sent)");
+	fflush(stdout);
+	ret = mig_testvm_resume_check(tv, a->run_ms, err, sizeof(err));
 	if (ret < 0)
 		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
 	else
 		printf("destination: guest ran %" PRIu64 " ms after resume, %s, self-check ok\n", a->run_ms, err);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 	return ret < 0;
 }
 
@@ -195,18 +246,18 @@ static int cmd_listen(const struct args *a)
 static int source_guest(const struct args *a, struct testvm **ret_tv)
 {
 	char err[256];
-	int ret = mig_guest_new(&a->guest, true, ret_tv, err, sizeof(err));
+	int ret = mig_testvm_new(&a->guest, true, ret_tv, err, sizeof(err));
 
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 		return -1;
 	}
 	/* real data in memory, with one page in 16 left zero */
-	mig_guest_fill(*ret_tv, 16);
+	mig_testvm_fill(*ret_tv, 16);
 	ret = testvm_spawn(*ret_tv);
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: source: starting vCPUs: %s\n", strerror(-ret));
-		testvm_free(*ret_tv);
+		mig_testvm_free(*ret_tv);
 		return -1;
 	}
 	sleep_ms(200);
@@ -217,7 +268,8 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 {
 	struct mig_send_opts o = a->send;
 	struct mig_result r;
-	char err[256];
+	struct mig_guest g;
+	char err[512];
 	int fd, ret;
 
 	o.progress = isatty(2);
@@ -228,24 +280,28 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 			return 1;
 		}
 	}
-	fd = mig_connect(a->addr, err, sizeof(err));
+	ret = mig_testvm_guest(tv, &g);
+	fd = ret < 0 ? ret : mig_connect(a->addr, o.peer_timeout_ms, err, sizeof(err));
 	if (fd < 0) {
-		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		fprintf(stderr, "kvmdirty-migrate: %s\n", ret < 0 ? "source: too many regions" : err);
 		ret = fd;
 	} else {
-		ret = mig_send(tv, fd, &o, &r, err, sizeof(err));
+		ret = mig_send(&g, fd, &o, &r, err, sizeof(err));
 		close(fd);
 		if (ret < 0)
 			fprintf(stderr, "kvmdirty-migrate: migration failed, the guest runs on here: %s\n", err);
 		else
 			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero) in %" PRIu64
-			       " passes, %.1f ms total, %.1f ms downtime, %s\n",
+			       " passes, %.1f ms total, %.1f ms downtime, %s; %s\n",
 			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.passes, r.total_ms, r.downtime_ms,
-			       r.converged ? "converged" : "not converged (pass or time limit)");
+			       r.converged ? "converged" : "not converged (pass or time limit)",
+			       !o.verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified");
+		if (ret > 0)
+			fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 	}
 	if (o.stats)
 		fclose(o.stats);
-	return ret < 0 ? 1 : 0;
+	return ret < 0 ? 1 : ret > 0 ? EXIT_LOST : 0;
 }
 
 static int cmd_send(const struct args *a)
@@ -256,7 +312,7 @@ static int cmd_send(const struct args *a)
 	if (source_guest(a, &tv) < 0)
 		return 1;
 	status = migrate_to(a, tv);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 	return status;
 }
 
@@ -297,7 +353,7 @@ static int cmd_demo(struct args *a)
 	}
 	status = migrate_to(a, tv);
 	fflush(stdout);
-	testvm_free(tv);
+	mig_testvm_free(tv);
 	ret = waitpid(pid, &wstatus, 0);
 	unlink(addr + 5);
 	if (ret < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus))

@@ -3,39 +3,63 @@
 #define KVMDIRTY_MIGRATE_STREAM_H
 
 /*
- * The migration stream, version 1.  Everything the two ends exchange is
- * defined here.  Integers are little-endian (both ends are x86-64).
+ * The migration stream, version 2: everything the two ends exchange, and
+ * the one encoder and decoder of it (the source, the destination, the
+ * tests and the fuzzer all use these).  Integers are little-endian (both
+ * ends are x86-64).
  *
  *   header      struct mig_header
  *   regions     struct mig_region[header.nr_regions], in slot order
  *   records     struct mig_record, each followed by its payload:
- *     DATA      index = region, first = page, count = pages;
- *               payload: count * page_size bytes of memory
+ *     DATA      index = region, first = page, count = pages
+ *               (1 .. MIG_RUN_PAGES); payload: with MIG_F_PAGE_HASH,
+ *               count uint64_t mig_page_hash() values, one a page, taken
+ *               as the source sent it; then count * page_size bytes of
+ *               memory
  *     ZERO      index = region, first = page, count = pages; no payload
- *     PASS      a pre-copy pass ended; first = pass number; no payload
- *     VCPU      index = vCPU, count = sizeof(struct mig_vcpu_state);
- *               payload: that state
- *     DIGEST    index = region, count = the region's pages;
- *               payload: one uint64_t hash per page
- *     END       the stream is complete; first = FNV-1a 64 of every byte
- *               before it except DATA payloads (which the digests cover)
- *   ack         destination -> source: struct mig_ack, after END
+ *     PASS      a pre-copy pass ended; first = pass number (1, 2, ...),
+ *               index = count = 0; no payload
+ *     VCPU      index = vCPU, first = 0, count = sizeof(struct
+ *               mig_vcpu_state); payload: that state, whose msrs[i].index
+ *               is mig_msr_index[i]
+ *     END       index = count = 0; first = FNV-1a 64 of every byte before
+ *               it except DATA payloads (which the page hashes check)
+ *   (the source then closes its sending side: no byte follows END)
+ *   ack         destination -> source: struct mig_ack
  *
- * The destination checks every field before it acts on it: a magic,
- * version, page size or region table other than its own, a record kind,
- * region, vCPU or page range outside what it registered, a payload length
- * other than the one the kind fixes, a VCPU or DIGEST record missing or
- * repeated, bytes missing at the end.  Memory is received straight into
- * guest memory, but only after the record header that places it was
- * checked, and the guest runs only after END (and the digests, when sent)
- * checked out.
+ * Version 1 sent a DIGEST record (kind 5) per region after stop-and-copy:
+ * every page hashed on both ends while the guest was paused, so
+ * verification cost downtime in proportion to the guest.  It is refused
+ * by name.
+ *
+ * The destination checks every field before it acts on it and names the
+ * one that is wrong: a magic, version, page size, flag or region table
+ * other than its own, a reserved field set, a record kind, region, vCPU,
+ * page range or length outside what it registered or what the kind fixes,
+ * an MSR other than the one the engine sends, a VCPU record missing or
+ * repeated, a pass out of order, a bad checksum, bytes missing before END
+ * or present after it.  Memory is received straight into guest memory,
+ * but only after the record header that places it was checked.  The guest
+ * runs only from a complete stream: END is refused unless every page of
+ * every region arrived (in a DATA or ZERO record) and, with
+ * MIG_F_PAGE_HASH, the latest copy of every DATA page matched its hash.
+ * (While the source's guest runs, a write between the source's hash and
+ * its send gives a torn copy that does not match; the tracker reports
+ * that write, so the page comes again.  A copy that never does is a
+ * damaged transfer, refused before the guest runs.)
  */
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <linux/kvm.h>
 
 #define MIG_MAGIC "KVMDMIG"
-#define MIG_VERSION 1
+#define MIG_VERSION 2
+#define MIG_PAGE_SIZE 4096u
+#define MIG_MAX_REGIONS 16
+#define MIG_MAX_VCPUS 256
+#define MIG_RUN_PAGES 256u /* pages a DATA record carries at most (1 MiB) */
 
 struct mig_header {
 	char magic[8]; /* MIG_MAGIC, NUL-padded */
@@ -47,7 +71,7 @@ struct mig_header {
 	uint32_t reserved;
 };
 
-#define MIG_F_DIGEST (1u << 0) /* DIGEST records precede END */
+#define MIG_F_PAGE_HASH (1u << 0) /* DATA records carry a hash per page */
 
 struct mig_region {
 	uint64_t gpa;
@@ -59,7 +83,7 @@ enum mig_kind {
 	MIG_ZERO = 2,
 	MIG_PASS = 3,
 	MIG_VCPU = 4,
-	MIG_DIGEST = 5,
+	/* 5 was version 1's DIGEST */
 	MIG_END = 6,
 };
 
@@ -71,6 +95,9 @@ struct mig_record {
 };
 
 #define MIG_NR_MSRS 1 /* IA32_TSC: the guest paces itself with rdtsc */
+
+/* The MSRs a VCPU record carries, in order; the destination writes no other. */
+extern const uint32_t mig_msr_index[MIG_NR_MSRS];
 
 struct mig_vcpu_state {
 	struct kvm_regs regs;
@@ -85,7 +112,95 @@ struct mig_ack {
 };
 
 _Static_assert(sizeof(struct mig_header) == 32, "stream layout");
+_Static_assert(sizeof(struct mig_region) == 16, "stream layout");
 _Static_assert(sizeof(struct mig_record) == 24, "stream layout");
 _Static_assert(sizeof(struct mig_ack) == 128, "stream layout");
+
+/*
+ * A page's hash, part of the format: eight 64-bit lanes of
+ * multiply-accumulate over the page's words with a key that changes from
+ * one 64-byte stripe to the next (so moved or swapped stripes change it),
+ * folded at the end.  The AVX2 code and the portable code give the same
+ * value; mig_page_hash() picks the AVX2 one where the CPU has it.
+ */
+uint64_t mig_page_hash(const void *page);
+uint64_t mig_page_hash_portable(const void *page);
+/* The hash of a page of zeroes. */
+uint64_t mig_zero_page_hash(void);
+
+/* END's checksum: FNV-1a 64. */
+#define MIG_SUM_INIT 0xcbf29ce484222325ull
+uint64_t mig_sum(uint64_t sum, const void *p, size_t n);
+
+/* Payload bytes that follow rec in a stream whose header has flags. */
+uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec);
+
+/* "DATA", "ZERO", ... or "?" */
+const char *mig_kind_name(uint32_t kind);
+
+/*
+ * ---- encoding ----
+ * One function a record kind.  Each returns the record to send and folds
+ * it, and the payload END covers, into e->sum; the caller sends the record
+ * and its payload as mig_payload_len() says, in the order of the calls
+ * (a DATA record's hashes may be computed after the call: END does not
+ * cover them).
+ */
+struct mig_encoder {
+	uint32_t flags;
+	uint64_t sum;
+};
+
+void mig_encode_header(struct mig_encoder *e, struct mig_header *ret_h, const struct mig_region *regions,
+		       uint32_t nr_regions, uint32_t nr_vcpus, uint32_t flags);
+struct mig_record mig_encode_data(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count);
+struct mig_record mig_encode_zero(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count);
+struct mig_record mig_encode_pass(struct mig_encoder *e, uint64_t pass);
+struct mig_record mig_encode_vcpu(struct mig_encoder *e, uint32_t vcpu, const struct mig_vcpu_state *st);
+struct mig_record mig_encode_end(struct mig_encoder *e);
+
+/*
+ * ---- decoding ----
+ * The destination's side: each function checks one part of the stream
+ * against what the destination registered and the stream so far, folds it
+ * into the checksum, and returns 0, or -EPROTO with a one-line reason in
+ * err naming the field ("record 12 (VCPU).first: 3, must be 0").  Pages
+ * (coverage, hashes) are the caller's: the decoder has no memory.
+ */
+struct mig_decoder {
+	const struct mig_region *regions; /* the destination's own */
+	uint32_t nr_regions, nr_vcpus;
+	uint32_t flags; /* the header's */
+	uint64_t sum;
+	uint64_t nrec; /* records decoded so far */
+	uint64_t pass; /* last PASS */
+	uint64_t vcpu_seen[MIG_MAX_VCPUS / 64];
+};
+
+void mig_decoder_init(struct mig_decoder *d, const struct mig_region *regions, uint32_t nr_regions,
+		      uint32_t nr_vcpus);
+int mig_decode_header(struct mig_decoder *d, const struct mig_header *h, char *err, size_t len);
+int mig_decode_regions(struct mig_decoder *d, const struct mig_region *theirs, char *err, size_t len);
+/* Any record header: dispatches on kind to the functions below. */
+int mig_decode_record(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_data(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_zero(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+/* A VCPU record's payload, after its record was decoded. */
+int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len);
+
+/*
+ * ---- streams held in memory (tests, the fuzzer's corpus) ----
+ * Walk the records of a stream framed as above: fn(off, rec, opaque) for
+ * each, up to and including END; a non-zero return from fn stops the walk
+ * and is returned.  *ret_end (when not NULL) gets the offset just past END.
+ * -EPROTO if the buffer ends before END.  Only lengths are checked.
+ */
+int mig_stream_walk(const void *buf, size_t len, int (*fn)(size_t off, const struct mig_record *rec, void *opaque),
+		    void *opaque, size_t *ret_end);
+/* Recompute END's checksum after a change to the stream before it. */
+int mig_stream_reseal(void *buf, size_t len);
 
 #endif

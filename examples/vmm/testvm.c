@@ -299,7 +299,7 @@ void testvm_free(struct testvm *tv)
 	if (!tv)
 		return;
 	if (tv->nr_threads) {
-		testvm_stop_all(tv);
+		testvm_halt_all(tv);
 		testvm_join(tv, NULL, NULL);
 	}
 	/* frees the tracker and the vCPUs too */
@@ -413,6 +413,10 @@ static void *run_thread(void *p)
 	for (;;) {
 		if (__atomic_load_n(&a->tv->pause_req, __ATOMIC_ACQUIRE))
 			park(a->tv);
+		if (__atomic_load_n(&a->tv->halt_req, __ATOMIC_ACQUIRE)) {
+			a->ret = 0;
+			break;
+		}
 		a->ret = testvm_run(a->tv, a->i, &a->exit);
 		if (a->ret == -EINTR)
 			continue; /* paused */
@@ -450,6 +454,12 @@ void testvm_pause_all(struct testvm *tv)
 	while (tv->parked < tv->alive)
 		pthread_cond_wait(&tv->cond, &tv->lock);
 	pthread_mutex_unlock(&tv->lock);
+}
+
+void testvm_halt_all(struct testvm *tv)
+{
+	__atomic_store_n(&tv->halt_req, true, __ATOMIC_RELEASE);
+	testvm_pause_all(tv);
 }
 
 void testvm_resume_all(struct testvm *tv)
@@ -516,6 +526,7 @@ int testvm_join(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exi
 		}
 	}
 	tv->nr_threads = 0;
+	__atomic_store_n(&tv->halt_req, false, __ATOMIC_RELEASE);
 	free(tv->args);
 	tv->args = NULL;
 	return ret;

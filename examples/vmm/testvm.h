@@ -37,7 +37,7 @@ struct testvm {
 	/* testvm_pause_all(): threads still running, and how many are parked */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	bool pause_req;
+	bool pause_req, halt_req;
 	unsigned int alive, parked;
 };
 
@@ -126,6 +126,12 @@ void testvm_stop_all(struct testvm *tv);
  */
 void testvm_pause_all(struct testvm *tv);
 void testvm_resume_all(struct testvm *tv);
+/*
+ * Take every spawned vCPU out of KVM_RUN for good, the same way, whatever
+ * the guest does; testvm_join() then collects the threads (a vCPU that had
+ * not failed counts as done).
+ */
+void testvm_halt_all(struct testvm *tv);
 
 const char *testvm_event_name(enum testvm_event e);
 

@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: MIT
+/* The engine's view of a guest: regions from libkvmdirty, vCPU state from KVM. */
+#include <errno.h>
+#include <string.h>
+#include <sys/ioctl.h>
+
+#include "guest.h"
+
+int mig_guest_set_regions(struct mig_guest *g, const struct kvmdirty_vm *vm)
+{
+	struct kvmdirty_region *r;
+	unsigned int n = 0;
+
+	for (r = kvmdirty_region_next(vm, NULL); r; r = kvmdirty_region_next(vm, r)) {
+		if (n == MIG_MAX_REGIONS)
+			return -E2BIG;
+		g->regions[n++] = (struct mig_guest_region){ .region = r, .gpa = kvmdirty_region_gpa(r),
+							     .size = kvmdirty_region_size(r),
+							     .hva = kvmdirty_region_hva(r) };
+	}
+	g->nr_regions = n;
+	return 0;
+}
+
+struct msrs {
+	struct kvm_msrs hdr;
+	struct kvm_msr_entry e[MIG_NR_MSRS];
+};
+
+int mig_vcpu_save_kvm(int fd, struct mig_vcpu_state *st)
+{
+	struct msrs msrs = { .hdr.nmsrs = MIG_NR_MSRS };
+	unsigned int i;
+
+	memset(st, 0, sizeof(*st));
+	for (i = 0; i < MIG_NR_MSRS; i++)
+		msrs.e[i].index = mig_msr_index[i];
+	if (ioctl(fd, KVM_GET_REGS, &st->regs) < 0 || ioctl(fd, KVM_GET_SREGS, &st->sregs) < 0 ||
+	    ioctl(fd, KVM_GET_XSAVE, &st->xsave) < 0)
+		return -errno;
+	if (ioctl(fd, KVM_GET_MSRS, &msrs) != MIG_NR_MSRS)
+		return -EIO;
+	memcpy(st->msrs, msrs.e, sizeof(st->msrs));
+	return 0;
+}
+
+int mig_vcpu_load_kvm(int fd, const struct mig_vcpu_state *st)
+{
+	struct msrs msrs = { .hdr.nmsrs = MIG_NR_MSRS };
+
+	memcpy(msrs.e, st->msrs, sizeof(st->msrs));
+	if (ioctl(fd, KVM_SET_SREGS, &st->sregs) < 0 || ioctl(fd, KVM_SET_REGS, &st->regs) < 0 ||
+	    ioctl(fd, KVM_SET_XSAVE, &st->xsave) < 0)
+		return -errno;
+	if (ioctl(fd, KVM_SET_MSRS, &msrs) != MIG_NR_MSRS)
+		return -EIO;
+	return 0;
+}

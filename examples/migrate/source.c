@@ -1,0 +1,531 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The source.  Pages go out in runs straight from guest memory (one iovec
+ * per run), zero pages as a record without payload, in batches of about
+ * 512 KiB.  With verify each DATA run carries its pages' hashes, taken
+ * just before the send by a thread of its own that hashes one batch while
+ * the main thread sends the one before (in stop-and-copy the paused vCPUs
+ * leave their CPUs to it), and kept (sent_hash, a slot per page).  The
+ * destination checks them as pages land; after its answer, with the guest
+ * running over there, the source checks its final memory against
+ * sent_hash, off the downtime path.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "errf.h"
+#include "source.h"
+#include "transport.h"
+#include "worker.h"
+
+#define PAGE ((uint64_t)MIG_PAGE_SIZE)
+#define BATCH_RECORDS 256
+#define BATCH_BYTES (512u << 10) /* a batch, hashed while the one before is sent */
+#define BATCH_HASHES (BATCH_BYTES / MIG_PAGE_SIZE + MIG_RUN_PAGES)
+#define LOST_NAMED 4 /* pages the one-line report names */
+#define LOST_STATS 64 /* ... and the stats */
+
+/* Pages of a batch to hash: into out (the batch's hashes) and sent_hash. */
+struct hash_run {
+	const uint8_t *hva;
+	uint32_t region;
+	bool zero; /* sent as ZERO: no hashes in the stream, the zero page's in sent_hash */
+	uint64_t first, count;
+	uint64_t *out;
+};
+
+struct batch {
+	struct mig_record hdr[BATCH_RECORDS];
+	struct iovec iov[3 * BATCH_RECORDS];
+	struct hash_run runs[BATCH_RECORDS];
+	uint64_t hashes[BATCH_HASHES];
+	int nh, ni, nruns, nhashes;
+	uint64_t bytes;
+};
+
+struct source {
+	const struct mig_guest *g;
+	const struct mig_send_opts *o;
+	struct mig_conn *c;
+	struct mig_encoder enc;
+	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest copy; the hasher's */
+	uint64_t zero_hash;
+	struct mig_vcpu_state *vs;
+	uint64_t pages, zero_pages;
+	uint64_t hashed; /* the hasher's */
+	/* a batch is filled, handed to the hasher, and sent while the next one is filled and hashed */
+	struct batch batch[2];
+	struct batch *cur, *pending;
+	/* the hasher thread */
+	struct mig_worker w;
+	struct batch *todo; /* handed to the hasher, not yet hashed */
+};
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void hash_batch(struct source *s, struct batch *b)
+{
+	int i;
+	uint64_t k;
+
+	for (i = 0; i < b->nruns; i++) {
+		const struct hash_run *r = &b->runs[i];
+		uint64_t *sent = s->sent_hash[r->region] + r->first;
+
+		for (k = 0; k < r->count; k++) {
+			sent[k] = r->zero ? s->zero_hash : mig_page_hash(r->hva + k * PAGE);
+			if (!r->zero)
+				r->out[k] = sent[k];
+		}
+		if (!r->zero)
+			s->hashed += r->count;
+	}
+}
+
+static void *hasher(void *p)
+{
+	struct source *s = p;
+
+	pthread_mutex_lock(&s->w.lock);
+	for (;;) {
+		struct batch *b;
+
+		while (!s->todo && !s->w.quit)
+			pthread_cond_wait(&s->w.cond, &s->w.lock);
+		b = s->todo;
+		if (!b)
+			break;
+		pthread_mutex_unlock(&s->w.lock);
+		hash_batch(s, b);
+		pthread_mutex_lock(&s->w.lock);
+		s->todo = NULL;
+		pthread_cond_broadcast(&s->w.cond);
+	}
+	pthread_mutex_unlock(&s->w.lock);
+	return NULL;
+}
+
+/* Wait until the hasher is done with what it was given. */
+static void hasher_wait(struct source *s)
+{
+	if (!s->w.running)
+		return;
+	pthread_mutex_lock(&s->w.lock);
+	while (s->todo)
+		pthread_cond_wait(&s->w.cond, &s->w.lock);
+	pthread_mutex_unlock(&s->w.lock);
+}
+
+static void hasher_give(struct source *s, struct batch *b)
+{
+	pthread_mutex_lock(&s->w.lock);
+	s->todo = b;
+	pthread_cond_broadcast(&s->w.cond);
+	pthread_mutex_unlock(&s->w.lock);
+}
+
+static int send_batch(struct source *s, struct batch *b)
+{
+	int ret = b->ni ? mig_conn_writev(s->c, b->iov, b->ni) : 0;
+
+	b->nh = b->ni = b->nruns = b->nhashes = 0;
+	b->bytes = 0;
+	return ret;
+}
+
+/*
+ * Hand the batch being filled to the hasher, and send the one before
+ * (hashed by now) meanwhile.  Without a hasher thread: hash it, and send
+ * it while its pages are in cache.
+ */
+static int ship(struct source *s)
+{
+	struct batch *b = s->cur;
+	int ret = 0;
+
+	if (!s->w.running) {
+		if (s->sent_hash[0])
+			hash_batch(s, b);
+		return send_batch(s, b);
+	}
+	hasher_wait(s);
+	hasher_give(s, b);
+	if (s->pending)
+		ret = send_batch(s, s->pending);
+	s->pending = b;
+	s->cur = b == &s->batch[0] ? &s->batch[1] : &s->batch[0];
+	return ret;
+}
+
+/* Everything queued, out. */
+static int flush(struct source *s)
+{
+	int ret = ship(s);
+
+	if (!s->w.running)
+		return ret;
+	hasher_wait(s);
+	if (ret == 0)
+		ret = send_batch(s, s->pending);
+	s->pending = NULL;
+	return ret;
+}
+
+/* Queue a record (encoded just before, in stream order), its payload and the pages to hash. */
+static int put(struct source *s, struct mig_record rec, const void *payload, size_t plen, const struct hash_run *run)
+{
+	struct batch *b = s->cur;
+	int ret;
+
+	if (b->nh == BATCH_RECORDS || b->bytes >= BATCH_BYTES) {
+		ret = ship(s);
+		if (ret < 0)
+			return ret;
+		b = s->cur;
+	}
+	b->hdr[b->nh] = rec;
+	b->iov[b->ni++] = (struct iovec){ &b->hdr[b->nh++], sizeof(rec) };
+	if (run && s->sent_hash[0]) {
+		b->runs[b->nruns] = *run;
+		if (!run->zero) {
+			b->runs[b->nruns].out = b->hashes + b->nhashes;
+			b->iov[b->ni++] = (struct iovec){ b->hashes + b->nhashes, run->count * sizeof(uint64_t) };
+			b->nhashes += (int)run->count;
+		}
+		b->nruns++;
+	}
+	if (plen)
+		b->iov[b->ni++] = (struct iovec){ (void *)payload, plen };
+	b->bytes += sizeof(rec) + plen;
+	return 0;
+}
+
+static bool page_is_zero(const uint8_t *p)
+{
+	static const uint8_t zero[PAGE];
+
+	return !memcmp(p, zero, PAGE);
+}
+
+static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t count, const uint8_t *hva, bool zero)
+{
+	/* out is set by put(): slots of the batch's hashes */
+	struct hash_run run = { .hva = hva, .region = idx, .zero = zero, .first = first, .count = count };
+
+	s->pages += count;
+	if (zero) {
+		s->zero_pages += count;
+		return put(s, mig_encode_zero(&s->enc, idx, first, count), NULL, 0, &run);
+	}
+	return put(s, mig_encode_data(&s->enc, idx, first, count), hva, count * PAGE, &run);
+}
+
+/* One handed-out range, split into zero runs and data runs of at most MIG_RUN_PAGES. */
+static int send_range(struct source *s, const struct kvmdirty_range *rg)
+{
+	const uint8_t *p = rg->hva;
+	uint32_t idx;
+	uint64_t i = 0, j;
+	int ret;
+
+	for (idx = 0; idx < s->g->nr_regions && s->g->regions[idx].region != rg->region; idx++)
+		;
+	if (idx == s->g->nr_regions)
+		return -ENOENT;
+	while (i < rg->npages) {
+		bool zero = page_is_zero(p + i * PAGE);
+
+		for (j = i + 1; j < rg->npages && (zero || j - i < MIG_RUN_PAGES) && page_is_zero(p + j * PAGE) == zero;
+		     j++)
+			;
+		ret = send_run(s, idx, rg->page + i, j - i, p + i * PAGE, zero);
+		if (ret < 0)
+			return ret;
+		i = j;
+	}
+	return 0;
+}
+
+/* A failure to send or to hear from the destination, in one line. */
+static int net_fail(struct source *s, int ret, const char *what, char *err, size_t len)
+{
+	char why[96];
+
+	if (ret == -ENOENT)
+		return mig_errf(err, len, ret, "the tracker reported a region the guest lacks");
+	mig_conn_strerror(s->c, ret, why, sizeof(why));
+	return mig_errf(err, len, ret, "%s: %s", what, why);
+}
+
+/* Hand out and send everything pending. */
+static int drain(struct source *s)
+{
+	struct kvmdirty_range rg[64];
+	int n, i, ret;
+
+	while ((n = kvmdirty_tracker_next(s->g->tracker, rg, 64, 0)) > 0) {
+		for (i = 0; i < n; i++) {
+			ret = send_range(s, &rg[i]);
+			if (ret < 0)
+				return ret;
+		}
+	}
+	return n < 0 ? n : flush(s);
+}
+
+static void stats_line(const struct mig_send_opts *o, unsigned int pass, uint64_t pages, uint64_t zero,
+		       uint64_t bytes, double ms, uint64_t remaining, double mib_s, uint64_t rate, double est_ms)
+{
+	if (o->stats)
+		fprintf(o->stats,
+			"{\"pass\":%u,\"pages\":%" PRIu64 ",\"zero_pages\":%" PRIu64 ",\"bytes\":%" PRIu64
+			",\"ms\":%.3f,\"remaining_pages\":%" PRIu64 ",\"mib_per_s\":%.1f,\"dirty_pages_per_s\":%" PRIu64
+			",\"est_downtime_ms\":%.3f}\n",
+			pass, pages, zero, bytes, ms, remaining, mib_s, rate, est_ms);
+	if (o->progress)
+		fprintf(stderr, "\rpass %u: %.1f MiB remaining, %.0f MiB/s, dirty %" PRIu64
+				" pages/s, est. downtime %.1f ms   ",
+			pass, remaining * PAGE / 1048576.0, mib_s, rate, est_ms);
+}
+
+/*
+ * After switchover: the final memory against the hash of what was last
+ * sent of each page.  The vCPUs are paused for good, so memory holds still.
+ */
+static void check_sent(struct source *s, struct mig_result *res, char *err, size_t len)
+{
+	const struct mig_guest *g = s->g;
+	double t0 = now_ms();
+	size_t at = 0;
+	unsigned int i;
+	uint64_t k;
+
+	if (s->o->stats)
+		fprintf(s->o->stats, "{\"lost\":[");
+	for (i = 0; i < g->nr_regions; i++) {
+		const uint8_t *p = g->regions[i].hva;
+		uint64_t n = g->regions[i].size / PAGE;
+
+		for (k = 0; k < n; k++) {
+			uint64_t gpa = g->regions[i].gpa + k * PAGE;
+
+			if (mig_page_hash(p + k * PAGE) == s->sent_hash[i][k])
+				continue;
+			if (!res->lost_pages)
+				at = (size_t)snprintf(err, len, "after switchover: pages differ from what was sent, "
+						 "so tracking lost writes:");
+			if (res->lost_pages < LOST_NAMED && at < len)
+				at += (size_t)snprintf(err + at, len - at, " region %u page %" PRIu64 " (gpa 0x%" PRIx64 ")",
+						       i, k, gpa);
+			if (res->lost_pages < LOST_STATS && s->o->stats)
+				fprintf(s->o->stats, "%s{\"region\":%u,\"page\":%" PRIu64 ",\"gpa\":%" PRIu64 "}",
+					res->lost_pages ? "," : "", i, k, gpa);
+			res->lost_pages++;
+		}
+		res->verified_pages += n;
+	}
+	if (res->lost_pages > LOST_NAMED && at < len)
+		snprintf(err + at, len - at, " and %" PRIu64 " more", res->lost_pages - LOST_NAMED);
+	res->verify_ms = now_ms() - t0;
+	if (s->o->stats)
+		fprintf(s->o->stats, "],\"verified_pages\":%" PRIu64 ",\"lost_pages\":%" PRIu64 ",\"verify_ms\":%.3f}\n",
+			res->verified_pages, res->lost_pages, res->verify_ms);
+}
+
+static int alloc_hashes(struct source *s)
+{
+	unsigned int i;
+
+	for (i = 0; i < s->g->nr_regions; i++) {
+		s->sent_hash[i] = calloc(s->g->regions[i].size / PAGE, sizeof(uint64_t));
+		if (!s->sent_hash[i])
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/* Pre-copy passes until the rest fits the downtime, or a limit. */
+static int precopy(struct source *s, struct mig_result *res, double t0, char *err, size_t len)
+{
+	const struct mig_send_opts *o = s->o;
+	struct kvmdirty_tracker *t = s->g->tracker;
+	struct kvmdirty_stats st;
+
+	for (;;) {
+		uint64_t pages0 = s->pages, zero0 = s->zero_pages, bytes0 = mig_conn_sent(s->c), pending;
+		double tp = now_ms(), ms, mib_s, est;
+		int ret;
+
+		res->passes++;
+		ret = drain(s);
+		if (ret == 0)
+			ret = put(s, mig_encode_pass(&s->enc, res->passes), NULL, 0, NULL);
+		if (ret < 0)
+			return net_fail(s, ret, "pre-copy: sending to the destination", err, len);
+		ms = now_ms() - tp;
+		mib_s = ms > 0 ? (mig_conn_sent(s->c) - bytes0) / 1048576.0 / (ms / 1e3) : 0;
+		ret = (int)kvmdirty_tracker_sync(t);
+		if (ret < 0)
+			return mig_errf(err, len, ret, "dirty log sync: %s", strerror(-ret));
+		pending = kvmdirty_tracker_pending(t);
+		kvmdirty_tracker_stats(t, &st, sizeof(st));
+		est = mib_s > 0 ? pending * PAGE / 1048576.0 / mib_s * 1e3 : 0;
+		stats_line(o, (unsigned int)res->passes, s->pages - pages0, s->zero_pages - zero0,
+			   mig_conn_sent(s->c) - bytes0, ms, pending, mib_s, st.dirty_rate, est);
+		if (est <= (double)o->downtime_ms) {
+			res->converged = true;
+			return 0;
+		}
+		if (res->passes >= o->max_passes || now_ms() - t0 >= (double)o->timeout_ms)
+			return 0;
+	}
+}
+
+/* vCPUs paused: the rest, their state, END; then the destination's answer. */
+static int stop_and_copy(struct source *s, char *err, size_t len)
+{
+	const struct mig_guest *g = s->g;
+	struct mig_ack ack;
+	unsigned int i;
+	int ret = (int)kvmdirty_tracker_sync(g->tracker);
+
+	if (ret < 0)
+		return mig_errf(err, len, ret, "final dirty log sync: %s", strerror(-ret));
+	ret = drain(s);
+	for (i = 0; ret >= 0 && i < g->nr_vcpus; i++) {
+		ret = g->ops->vcpu_save(g->ctx, i, &s->vs[i]);
+		if (ret < 0)
+			return mig_errf(err, len, ret, "reading vCPU %u state: %s", i, strerror(-ret));
+		ret = put(s, mig_encode_vcpu(&s->enc, i, &s->vs[i]), &s->vs[i], sizeof(s->vs[i]), NULL);
+	}
+	if (ret >= 0)
+		ret = put(s, mig_encode_end(&s->enc), NULL, 0, NULL);
+	if (ret >= 0)
+		ret = flush(s);
+	if (ret >= 0)
+		ret = mig_conn_close_write(s->c);
+	if (ret < 0)
+		return net_fail(s, ret, "stop-and-copy: sending to the destination", err, len);
+	ret = mig_conn_read(s->c, &ack, sizeof(ack));
+	if (ret < 0)
+		return net_fail(s, ret, "awaiting the destination's answer", err, len);
+	if (ret < (int)sizeof(ack))
+		return mig_errf(err, len, -EPROTO, "the destination closed the connection without answering");
+	ack.message[sizeof(ack.message) - 1] = 0;
+	if (ack.status)
+		return mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s", ack.message);
+	return 0;
+}
+
+int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, struct mig_result *res, char *err,
+	     size_t len)
+{
+	struct source *s = calloc(1, sizeof(*s));
+	struct mig_region desc[MIG_MAX_REGIONS];
+	struct mig_header h;
+	double t0 = now_ms(), tdown = 0;
+	uint64_t hashed0 = 0, pages0 = 0;
+	bool paused = false, started = false;
+	unsigned int i;
+	int ret;
+
+	memset(res, 0, sizeof(*res));
+	err[0] = 0;
+	if (!s)
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	s->g = g;
+	s->o = o;
+	if (!g->tracker || g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS) {
+		ret = mig_errf(err, len, -EINVAL, "the source guest has no tracker, or more than %u regions or %u vCPUs",
+			       MIG_MAX_REGIONS, MIG_MAX_VCPUS);
+		goto out;
+	}
+	ret = mig_conn_new(fd, o->peer_timeout_ms, &s->c);
+	if (ret < 0) {
+		mig_errf(err, len, ret, "io_uring: %s", strerror(-ret));
+		goto out;
+	}
+	s->vs = calloc(g->nr_vcpus, sizeof(*s->vs));
+	if (!s->vs || (o->verify && alloc_hashes(s) < 0)) {
+		ret = mig_errf(err, len, -ENOMEM, "out of memory for page hashes and vCPU state");
+		goto out;
+	}
+	s->zero_hash = mig_zero_page_hash();
+	s->cur = &s->batch[0];
+	if (o->verify && !o->inline_hash && (ret = mig_worker_start(&s->w, hasher, s)) < 0) {
+		mig_errf(err, len, ret, "starting the hasher thread: %s", strerror(-ret));
+		goto out;
+	}
+	for (i = 0; i < g->nr_regions; i++)
+		desc[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
+	ret = kvmdirty_tracker_start(g->tracker, NULL);
+	if (ret < 0) {
+		mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
+		goto out;
+	}
+	started = true;
+	mig_encode_header(&s->enc, &h, desc, g->nr_regions, g->nr_vcpus, o->verify ? MIG_F_PAGE_HASH : 0);
+	{
+		struct iovec iov[2] = { { &h, sizeof(h) }, { desc, g->nr_regions * sizeof(desc[0]) } };
+
+		ret = mig_conn_writev(s->c, iov, 2);
+		if (ret < 0)
+			net_fail(s, ret, "sending the header", err, len);
+	}
+	if (ret == 0)
+		ret = precopy(s, res, t0, err, len);
+	if (ret == 0) {
+		tdown = now_ms();
+		hashed0 = s->hashed;
+		pages0 = s->pages;
+		g->ops->pause(g->ctx);
+		paused = true;
+		ret = stop_and_copy(s, err, len);
+	}
+	if (ret == 0) {
+		res->downtime_ms = now_ms() - tdown;
+		res->downtime_hashed = s->hashed - hashed0;
+		res->downtime_pages = s->pages - pages0;
+	}
+out:
+	if (o->progress)
+		fprintf(stderr, "\n");
+	res->total_ms = now_ms() - t0;
+	res->bytes = s->c ? mig_conn_sent(s->c) : 0;
+	res->pages = s->pages;
+	res->zero_pages = s->zero_pages;
+	if (started)
+		kvmdirty_tracker_stop(g->tracker, NULL);
+	/* a failed migration leaves the guest running where it was */
+	if (ret < 0 && paused)
+		g->ops->resume(g->ctx);
+	if (ret == 0 && o->verify) {
+		check_sent(s, res, err, len);
+		ret = res->lost_pages > INT32_MAX ? INT32_MAX : (int)res->lost_pages;
+	}
+	if (o->stats)
+		fprintf(o->stats,
+			"{\"summary\":true,\"ok\":%s,\"total_ms\":%.3f,\"downtime_ms\":%.3f,\"bytes\":%" PRIu64
+			",\"passes\":%" PRIu64 ",\"pages\":%" PRIu64 ",\"zero_pages\":%" PRIu64 ",\"converged\":%s"
+			",\"downtime_pages\":%" PRIu64 ",\"verified\":%s,\"lost_pages\":%" PRIu64 "}\n",
+			ret < 0 ? "false" : "true", res->total_ms, res->downtime_ms, res->bytes, res->passes, s->pages,
+			s->zero_pages, res->converged ? "true" : "false", res->downtime_pages,
+			ret == 0 && o->verify ? "true" : "false", res->lost_pages);
+	mig_worker_stop(&s->w);
+	mig_conn_free(s->c);
+	free(s->vs);
+	for (i = 0; i < MIG_MAX_REGIONS; i++)
+		free(s->sent_hash[i]);
+	free(s);
+	return ret;
+}

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_SOURCE_H
+#define KVMDIRTY_MIGRATE_SOURCE_H
+
+/*
+ * The source: pre-copy (all of memory, then what the tracker reports,
+ * until the rest fits the downtime at the bandwidth measured), then
+ * stop-and-copy (vCPUs paused, the rest, their state, END), then the
+ * destination's answer.  With verify, each page's hash goes with it and
+ * the source keeps the hash of each page's latest copy; once the
+ * destination has taken over, the source hashes its final memory against
+ * those: a page that differs is a write tracking lost.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "guest.h"
+
+struct mig_send_opts {
+	uint64_t downtime_ms;	  /* stop-and-copy once the rest fits this */
+	unsigned int max_passes;  /* ... or after this many passes */
+	uint64_t timeout_ms;	  /* ... or after this long */
+	uint64_t peer_timeout_ms; /* each wait for the destination (0: none) */
+	bool verify;		  /* page hashes, and the check after switchover */
+	bool inline_hash;	  /* hash on the sending thread, not on a thread of its own */
+	FILE *stats;		  /* JSON lines, or NULL */
+	bool progress;		  /* a status line on stderr */
+};
+
+struct mig_result {
+	double total_ms;	  /* start to the destination's answer */
+	double downtime_ms;	  /* vCPUs paused to the destination's answer */
+	double verify_ms;	  /* the check after switchover */
+	uint64_t bytes, passes, pages, zero_pages;
+	uint64_t downtime_pages;  /* pages sent while paused */
+	uint64_t downtime_hashed; /* pages hashed while paused */
+	uint64_t verified_pages;  /* pages the check after switchover compared */
+	uint64_t lost_pages;	  /* ... and found changed since they were sent */
+	bool converged;
+};
+
+/*
+ * Migrate g (its vCPUs running, g->tracker covering its regions) over fd.
+ * Returns -errno when the migration failed: the vCPUs run on here,
+ * tracking is stopped, and the guest can be migrated again.  Otherwise
+ * the destination has the guest and the vCPUs here stay paused; returns
+ * 0, or with verify the number of pages (capped at INT_MAX) whose final
+ * contents differ from what was sent, named in err (one line), in the
+ * stats and in res->lost_pages.
+ */
+int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, struct mig_result *res, char *err,
+	     size_t len);
+
+#endif

@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: MIT
+/* The test VM of examples/vmm behind the engine's guest interface. */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "errf.h"
+#include "testguest.h"
+
+#define PAGE GUEST_PAGE_SIZE
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
+/*
+ * A vCPU is judged on progress only if its thread had this much CPU time
+ * (or ended by itself), and its pacing allows this many writes in it: on a
+ * busy host a thread may hardly run in the time the check gives it.
+ */
+#define MIN_CPU_MS 20
+#define MIN_EXPECTED_WRITES 16
+
+int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm **ret_tv, char *err, size_t len)
+{
+	struct testvm_opts o = { .nr_vcpus = g->vcpus, .track = source, .track_opts = { .mode = g->mode } };
+	uint64_t ws = g->ws_mib << 20, per;
+	struct testvm *tv;
+	void *mem;
+	unsigned int i;
+	int ret;
+
+	if (g->ws_mib > g->mib)
+		return mig_errf(err, len, -EINVAL, "working set %" PRIu64 " MiB exceeds memory %" PRIu64 " MiB",
+				g->ws_mib, g->mib);
+	ret = testvm_new(&o, &tv);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "creating the VM: %s", strerror(-ret));
+	ret = testvm_add_memory(tv, MIG_DATA_GPA, g->mib << 20, 0, &mem, NULL);
+	if (ret < 0) {
+		testvm_free(tv);
+		return mig_errf(err, len, ret, "adding %" PRIu64 " MiB of guest memory: %s", g->mib, strerror(-ret));
+	}
+	/* first touches cost about 5 us a page on this nested host: not inside the migration */
+	if (!source && madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
+		memset(mem, 0, g->mib << 20);
+	per = ws / g->vcpus / PAGE;
+	for (i = 0; source && i < g->vcpus; i++) {
+		struct guest_vcpu *mb = testvm_mailbox(tv, i);
+
+		mb->gpa = MIG_DATA_GPA + i * per * PAGE;
+		mb->pages = per;
+		mb->pattern = GUEST_SEQUENTIAL;
+		mb->tsc_per_page = testvm_tsc_per_page(tv, g->rate);
+		mb->flags = GUEST_F_CHECK;
+	}
+	*ret_tv = tv;
+	return 0;
+}
+
+void mig_testvm_free(struct testvm *tv)
+{
+	struct kvmdirty_region *r = tv ? kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA) : NULL;
+	void *hva = r ? kvmdirty_region_hva(r) : NULL;
+	uint64_t size = r ? kvmdirty_region_size(r) : 0;
+
+	testvm_free(tv);
+	testvm_unmap(hva, size);
+}
+
+void mig_testvm_fill(struct testvm *tv, uint64_t zero_every)
+{
+	struct kvmdirty_region *r = kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA);
+	uint8_t *p = kvmdirty_region_hva(r);
+	uint64_t i, n = kvmdirty_region_size(r) / PAGE, x = 0x9e3779b97f4a7c15ull;
+
+	for (i = 0; i < n; i++, p += PAGE) {
+		uint64_t *w = (uint64_t *)p, k;
+
+		if (zero_every && i % zero_every == 0)
+			continue;
+		/* the first 16 bytes are the guest's tag: left to it */
+		for (k = 2; k < PAGE / 8; k++) {
+			x ^= x << 13;
+			x ^= x >> 7;
+			x ^= x << 17;
+			w[k] = x;
+		}
+	}
+}
+
+static int tg_vcpu_save(void *ctx, unsigned int i, struct mig_vcpu_state *st)
+{
+	struct testvm *tv = ctx;
+
+	return mig_vcpu_save_kvm(kvmdirty_vcpu_fd(tv->vcpu[i]), st);
+}
+
+static int tg_vcpu_load(void *ctx, unsigned int i, const struct mig_vcpu_state *st)
+{
+	struct testvm *tv = ctx;
+
+	return mig_vcpu_load_kvm(kvmdirty_vcpu_fd(tv->vcpu[i]), st);
+}
+
+static void tg_pause(void *ctx)
+{
+	testvm_pause_all(ctx);
+}
+
+static void tg_resume(void *ctx)
+{
+	testvm_resume_all(ctx);
+}
+
+static const struct mig_guest_ops tg_ops = {
+	.vcpu_save = tg_vcpu_save,
+	.vcpu_load = tg_vcpu_load,
+	.pause = tg_pause,
+	.resume = tg_resume,
+};
+
+int mig_testvm_guest(struct testvm *tv, struct mig_guest *g)
+{
+	memset(g, 0, sizeof(*g));
+	g->nr_vcpus = tv->nr_vcpus;
+	g->tracker = tv->tracker;
+	g->ops = &tg_ops;
+	g->ctx = tv;
+	return mig_guest_set_regions(g, tv->vm);
+}
+
+/* Page writes vCPU i's pacing allows in ms (UINT64_MAX: not paced, or nothing to write). */
+static uint64_t expected_writes(struct testvm *tv, unsigned int i, uint64_t ms)
+{
+	const struct guest_vcpu *mb = testvm_mailbox(tv, i);
+
+	if (!mb->pages || !mb->tsc_per_page)
+		return UINT64_MAX;
+	return ms * tv->tsc_khz / mb->tsc_per_page;
+}
+
+/* CPU time a vCPU thread used so far; UINT64_MAX if it has ended (it stopped by itself). */
+static uint64_t thread_cpu_ms(pthread_t t)
+{
+	struct timespec ts;
+	clockid_t cid;
+
+	if (pthread_getcpuclockid(t, &cid) || clock_gettime(cid, &ts))
+		return UINT64_MAX;
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_t len)
+{
+	struct timespec ts = { (time_t)(run_ms / 1000), (long)(run_ms % 1000) * 1000000 };
+	uint64_t pass[GUEST_MAX_VCPUS], writes[GUEST_MAX_VCPUS], cpu_ms[GUEST_MAX_VCPUS];
+	struct testvm_exit ex;
+	unsigned int bad = 0, i;
+	int ret;
+
+	for (i = 0; i < tv->nr_vcpus; i++) {
+		pass[i] = testvm_mailbox(tv, i)->pass;
+		writes[i] = testvm_mailbox(tv, i)->writes;
+	}
+	ret = testvm_spawn(tv);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "starting vCPUs: %s", strerror(-ret));
+	nanosleep(&ts, NULL);
+	/* what each vCPU thread got of the CPU: one that hardly ran is not judged on progress */
+	for (i = 0; i < tv->nr_vcpus; i++)
+		cpu_ms[i] = thread_cpu_ms(tv->threads[i]);
+	/* out of KVM_RUN by signal: a guest that never looks at its stop flag cannot hold us */
+	testvm_halt_all(tv);
+	ret = testvm_join(tv, &bad, &ex);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "vCPU %u after resume: %s (page 0x%" PRIx64 ")", bad,
+				ret == -EIO ? testvm_event_name(ex.event) : strerror(-ret), testvm_mailbox(tv, bad)->err_gpa);
+	for (i = 0; i < tv->nr_vcpus; i++) {
+		const struct guest_vcpu *mb = testvm_mailbox(tv, i);
+		uint64_t ran = cpu_ms[i] == UINT64_MAX ? run_ms : cpu_ms[i];
+
+		if (ran >= MIN_CPU_MS && expected_writes(tv, i, ran) >= MIN_EXPECTED_WRITES &&
+		    mb->pass == pass[i] && mb->writes == writes[i])
+			return mig_errf(err, len, -EIO, "vCPU %u made no progress in %" PRIu64 " ms after resume (pass %"
+					PRIu64 ", %" PRIu64 " pages written)", i, run_ms, pass[i], writes[i]);
+	}
+	return mig_errf(err, len, 0, "vCPU 0: pass %" PRIu64 " -> %" PRIu64 ", %" PRIu64 " pages written", pass[0],
+			testvm_mailbox(tv, 0)->pass, testvm_mailbox(tv, 0)->writes - writes[0]);
+}
