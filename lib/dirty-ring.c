@@ -93,6 +93,7 @@ int kd_ring_map(struct kd_ring *ring, const struct kd_kvm *kvm, int vcpu_fd)
 	ring->lapped = false;
 	ring->suspect = false;
 	ring->gen = ring->gen_at_full = 0;
+	ring->reset_failed = false;
 	return 0;
 }
 
@@ -149,10 +150,11 @@ static uint32_t count_ghosts(const struct kd_ring *ring)
 static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_t max, bool ghosts,
 			unsigned int *loss)
 {
-	uint32_t n = 0, taken = 0, k, i;
+	/* slots: ring slots passed by this harvest, entries taken and ghosts marked alike */
+	uint32_t n = 0, slots = 0, k, i;
 
 	for (;;) {
-		for (; n < max && taken < ring->size; n++, taken++) {
+		while (n < max && slots < ring->size) {
 			struct kvm_dirty_gfn *e = gfn_at(ring, ring->fetch);
 			uint32_t slot;
 			uint64_t offset;
@@ -170,31 +172,37 @@ static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_
 			 */
 			slot = __atomic_load_n(&e->slot, __ATOMIC_ACQUIRE);
 			offset = __atomic_load_n(&e->offset, __ATOMIC_ACQUIRE);
-			if (slot != out[n].slot || offset != out[n].offset) {
+			n++;
+			if (slot != out[n - 1].slot || offset != out[n - 1].offset) {
 				*loss |= KD_RING_OVERFLOW;
 				ring->suspect = true;
-				if (n + 1 < max) {
-					n++;
-					out[n].slot = slot;
-					out[n].offset = offset;
-				}
+				if (n < max)
+					out[n++] = (struct kd_ring_entry){ slot, offset };
 			}
 			ring->fetch++;
+			slots++;
 		}
-		if (taken == ring->size) {
+		if (slots == ring->size) {
+			/* a whole lap: KVM may have pushed over what it held */
 			*loss |= KD_RING_OVERFLOW;
 			ring->suspect = true;
+			return n;
 		}
-		if ((!ring->suspect && !ghosts) || n == max || taken == ring->size)
+		if ((!ring->suspect && !ghosts) || n == max)
 			return n;
 		k = count_ghosts(ring);
+		if (k > ring->size - slots)
+			k = ring->size - slots;
 		if (!k)
 			return n;
 		for (i = 0; i < k && mark_zero(ring, ring->fetch); i++)
 			ring->fetch++;
+		slots += i;
 		ring->suspect = true;
 		*loss |= KD_RING_GHOSTS;
 		KD_HOOK_POINT(KD_HOOK_RING_GHOSTS, ring);
+		if (i < k) /* KVM pushed into a slot meanwhile: take it next time */
+			return n;
 	}
 }
 
@@ -295,10 +303,14 @@ int64_t kd_ring_collect(struct kd_ring *ring, struct kd_kvm *kvm, struct kd_ring
 			c = reset(kvm);
 			*kernel_ns += kd_now_ns() - t0;
 		}
+		ring->reset_failed = c < 0;
 		if (c < 0)
 			break;
 		if (c)
 			ring->gen++;
+		/* only this ring has entries marked (callers retry a failed one first): never past fetch */
+		if ((uint64_t)c > ring->fetch - ring->reset_pos)
+			c = ring->fetch - ring->reset_pos;
 		ring->reset_pos += (uint32_t)c;
 		if (ring->reset_pos == ring->fetch) {
 			ring->lapped = false;

@@ -38,6 +38,8 @@ struct kd_ring {
 	bool lapped;
 	/* resets that took entries of this ring; its value at the last ring-full exit handled */
 	uint32_t gen, gen_at_full;
+	/* a reset failed with entries of this ring marked: retry it before any other ring's */
+	bool reset_failed;
 	/*
 	 * KVM pushed past this ring at least once: ghost entries (flags 0,
 	 * counted as pushed by KVM) may sit at fetch, now or later.  Every

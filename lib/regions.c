@@ -262,8 +262,7 @@ out:
 	return ret;
 }
 
-/* Callers hold the write lock. */
-static int set_logging_locked(struct kd_regions *rs, struct kvmdirty_region *r, bool enable)
+int kd_region_set_logging_locked(struct kd_regions *rs, struct kvmdirty_region *r, bool enable)
 {
 	uint32_t flags = enable ? r->flags | KVMDIRTY_REGION_LOG_DIRTY : r->flags & ~KVMDIRTY_REGION_LOG_DIRTY;
 	int ret;
@@ -273,7 +272,8 @@ static int set_logging_locked(struct kd_regions *rs, struct kvmdirty_region *r, 
 	ret = set_slot(rs, r->slot, flags, r->gpa, r->size, r->hva);
 	if (ret < 0)
 		return ret;
-	r->flags = flags;
+	/* lookups read flags without the lock (kvmdirty_region_flags()) */
+	__atomic_store_n(&r->flags, flags, __ATOMIC_RELAXED);
 	if (rs->sink)
 		rs->sink->logging(rs->sink_ctx, r->slot, enable);
 	return 0;
@@ -284,19 +284,7 @@ int kd_region_set_logging(struct kd_regions *rs, struct kvmdirty_region *r, bool
 	int ret;
 
 	pthread_rwlock_wrlock(&rs->lock);
-	ret = kd_region_valid(rs, r) ? set_logging_locked(rs, r, enable) : -EINVAL;
-	pthread_rwlock_unlock(&rs->lock);
-	return ret;
-}
-
-int kd_region_set_logging_slot(struct kd_regions *rs, uint32_t slot, bool enable)
-{
-	struct kvmdirty_region *r;
-	int ret;
-
-	pthread_rwlock_wrlock(&rs->lock);
-	r = kd_region_at_slot(rs, slot);
-	ret = r ? set_logging_locked(rs, r, enable) : -ENOENT;
+	ret = kd_region_valid(rs, r) ? kd_region_set_logging_locked(rs, r, enable) : -EINVAL;
 	pthread_rwlock_unlock(&rs->lock);
 	return ret;
 }
@@ -322,14 +310,14 @@ int kd_regions_set_logging(struct kd_regions *rs, bool enable)
 		if (!r)
 			continue;
 		before = r->flags;
-		ret = set_logging_locked(rs, r, enable);
+		ret = kd_region_set_logging_locked(rs, r, enable);
 		if (r->flags != before)
 			changed[id / 64] |= 1ull << (id % 64);
 	}
 	if (ret < 0) {
 		for (id = 0; id < rs->nr_slots; id++)
 			if (changed[id / 64] & (1ull << (id % 64)))
-				set_logging_locked(rs, kd_region_at_slot(rs, id), !enable);
+				kd_region_set_logging_locked(rs, kd_region_at_slot(rs, id), !enable);
 	}
 	free(changed);
 out:
@@ -386,4 +374,7 @@ KD_EXPORT uint64_t kvmdirty_region_gpa(const struct kvmdirty_region *r) { return
 KD_EXPORT uint64_t kvmdirty_region_size(const struct kvmdirty_region *r) { return r ? r->size : 0; }
 KD_EXPORT void *kvmdirty_region_hva(const struct kvmdirty_region *r) { return r ? r->hva : NULL; }
 KD_EXPORT uint32_t kvmdirty_region_slot(const struct kvmdirty_region *r) { return r ? r->slot : UINT32_MAX; }
-KD_EXPORT uint32_t kvmdirty_region_flags(const struct kvmdirty_region *r) { return r ? r->flags : 0; }
+KD_EXPORT uint32_t kvmdirty_region_flags(const struct kvmdirty_region *r)
+{
+	return r ? __atomic_load_n(&r->flags, __ATOMIC_RELAXED) : 0;
+}

@@ -33,7 +33,7 @@ struct kvmdirty_region {
 	uint64_t size;
 	void *hva;
 	uint32_t slot;
-	uint32_t flags; /* KVMDIRTY_REGION_* */
+	uint32_t flags; /* KVMDIRTY_REGION_*; written atomically (a sync may switch logging) */
 };
 
 struct kd_region_sink {
@@ -70,8 +70,8 @@ int kd_region_add(struct kd_regions *rs, uint64_t gpa, uint64_t size, void *hva,
 int kd_region_remove(struct kd_regions *rs, struct kvmdirty_region *r);
 int kd_region_move(struct kd_regions *rs, struct kvmdirty_region *r, uint64_t new_gpa);
 int kd_region_set_logging(struct kd_regions *rs, struct kvmdirty_region *r, bool enable);
-/* The same by slot id: -ENOENT when no region holds it. */
-int kd_region_set_logging_slot(struct kd_regions *rs, uint32_t slot, bool enable);
+/* The same for a caller that holds the lock for writing. */
+int kd_region_set_logging_locked(struct kd_regions *rs, struct kvmdirty_region *r, bool enable);
 /* Every region; all or nothing (best-effort undo). */
 int kd_regions_set_logging(struct kd_regions *rs, bool enable);
 

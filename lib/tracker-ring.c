@@ -15,7 +15,6 @@
  * write-protects each whole slot, and makes every page pending.
  */
 #include <errno.h>
-#include <stdlib.h>
 #include <time.h>
 
 #include "tracker.h"
@@ -59,41 +58,52 @@ const struct kd_ring_sink kd_track_ring_sink = {
 	.full_exit = ring_full_exit,
 };
 
-int kd_track_reprotect(struct kvmdirty_tracker *t)
+/*
+ * Logging off and on for every tracked region, each pair under one hold
+ * of the regions lock, so that nothing (a VMM switching a region's
+ * logging, a stop, a removal) lands between the two.  A region whose
+ * logging the VMM switched off is left alone: it is all pending at every
+ * sync anyway.  One whose "on" fails stays off, marked as the library's
+ * doing (log_off_ours), all pending at every sync, and is retried next.
+ */
+int kd_track_reprotect(struct kvmdirty_tracker *t, uint64_t *fresh)
 {
-	uint16_t *slots;
-	uint32_t i, n;
-	int ret = 0;
+	int ret, first = 0;
+	uint32_t i;
 
 	if (!__atomic_exchange_n(&t->lost, 0, __ATOMIC_ACQ_REL))
 		return 0;
-	kd_regions_rdlock(t->regions);
-	n = t->nr_tracked;
-	slots = malloc((n ? n : 1) * sizeof(*slots));
-	if (slots)
-		for (i = 0, n = 0; i < t->nr_tracked; i++)
-			/* logging the VMM switched off stays off: such a region is all pending anyway */
-			if (!t->slots[t->tracked[i]].log_off)
-				slots[n++] = t->tracked[i];
+	kd_regions_wrlock(t->regions);
+	t->reprotecting = true; /* the regions sink leaves these toggles to us */
+	for (i = 0; i < t->nr_tracked; i++) {
+		struct kd_track_region *tr = &t->slots[t->tracked[i]];
+		struct kvmdirty_region *r = kd_region_at_slot(t->regions, t->tracked[i]);
+
+		if (!r || (tr->log_off && !tr->log_off_ours))
+			continue;
+		if (!tr->log_off_ours) {
+			ret = kd_region_set_logging_locked(t->regions, r, false);
+			if (ret < 0) {
+				first = first ? first : ret;
+				continue;
+			}
+			tr->log_off = tr->log_off_ours = true;
+			if (tr->to_clear)
+				kvmdirty_bitmap_clear(tr->to_clear, 0, tr->npages);
+		}
+		ret = kd_region_set_logging_locked(t->regions, r, true);
+		if (ret < 0) {
+			first = first ? first : ret;
+			continue;
+		}
+		*fresh += kd_track_rearm(t, tr);
+	}
+	t->reprotecting = false;
 	kd_regions_unlock(t->regions);
-	if (!slots) {
-		ret = -ENOMEM;
-		goto out;
-	}
-	/* each toggle reaches the tracker through the regions sink: on makes the region all pending */
-	for (i = 0; i < n && !ret; i++) {
-		ret = kd_region_set_logging_slot(t->regions, slots[i], false);
-		if (!ret)
-			ret = kd_region_set_logging_slot(t->regions, slots[i], true);
-		if (ret == -ENOENT) /* removed meanwhile */
-			ret = 0;
-	}
-	free(slots);
-out:
 	/* whatever is left is done at the next sync */
-	if (ret < 0)
+	if (first < 0)
 		__atomic_store_n(&t->lost, 1, __ATOMIC_RELEASE);
-	return ret;
+	return first;
 }
 
 /*

@@ -128,13 +128,16 @@ void kd_track_drop(struct kvmdirty_tracker *t, uint32_t slot)
 	kd_track_state_free(tr);
 }
 
-void kd_track_rearm(struct kvmdirty_tracker *t, struct kd_track_region *tr)
+uint64_t kd_track_rearm(struct kvmdirty_tracker *t, struct kd_track_region *tr)
 {
+	uint64_t fresh = tr->npages - tr->pending_count;
+
 	kvmdirty_bitmap_set(tr->pending, 0, tr->npages);
-	kd_track_add_pending(t, tr, tr->npages - tr->pending_count);
+	kd_track_add_pending(t, tr, fresh);
 	to_clear_after_arm(t, tr);
-	tr->log_off = false;
+	tr->log_off = tr->log_off_ours = false;
 	tr->log_lost = false;
+	return fresh;
 }
 
 void kd_track_mark(struct kvmdirty_tracker *t, uint32_t slot, uint64_t first, uint64_t end)

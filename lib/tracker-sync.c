@@ -107,7 +107,7 @@ KD_EXPORT int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *t)
 		/* a reset failure is reported as a loss too, and handled just below */
 		ret = kd_vcpus_harvest(t->vcpus, &kernel_ns);
 	/* entries lost since the last sync: protect again before taking anything */
-	r = kd_track_reprotect(t);
+	r = kd_track_reprotect(t, &fresh);
 	if (r < 0 && !ret)
 		ret = r;
 	KD_HOOK_POINT(KD_HOOK_SYNC_FETCH, t);

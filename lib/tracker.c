@@ -31,7 +31,7 @@ static void on_region_logging(void *ctx, uint32_t slot, bool on)
 	struct kvmdirty_tracker *t = ctx;
 	struct kd_track_region *tr;
 
-	if (slot >= t->nr_slots || !t->slots[slot].tracking)
+	if (slot >= t->nr_slots || !t->slots[slot].tracking || t->reprotecting)
 		return;
 	tr = &t->slots[slot];
 	if (on) {
@@ -166,8 +166,18 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 	ret = kd_track_state_new(t, r->size / t->page_size, &n);
 	if (ret < 0)
 		return ret;
-	/* logging first: every write from now on is seen, and every page is pending */
-	ret = kd_region_set_logging(t->regions, r, true);
+	/*
+	 * Logging first: every write from now on is seen, and every page is
+	 * pending.  With the ring, logging already on (the region was added
+	 * with it) may hide pages left writable by entries an overflow lost
+	 * before tracking: switch it off and on, which protects the slot.
+	 */
+	if (t->mode == KVMDIRTY_MODE_DIRTY_RING && (kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY))
+		ret = kd_region_set_logging(t->regions, r, false);
+	else
+		ret = 0;
+	if (ret == 0)
+		ret = kd_region_set_logging(t->regions, r, true);
 	if (ret < 0) {
 		kd_track_state_free(&n);
 		return ret;

@@ -44,8 +44,10 @@ struct kd_track_region {
 	uint64_t pending_count;
 	uint32_t async_any; /* atomic: async may hold bits */
 	bool tracking;
-	/* the VMM switched logging off: every page is pending at every sync */
+	/* logging is off: every page is pending at every sync */
 	bool log_off;
+	/* ... because a re-protect could not switch it back on (retried; not the VMM's choice) */
+	bool log_off_ours;
 	/* GET said ENOENT (logging off behind the library): all pending when it works again */
 	bool log_lost;
 };
@@ -71,6 +73,7 @@ struct kvmdirty_tracker {
 
 	/* ring entries were lost: sync re-protects every tracked region first */
 	uint32_t lost;
+	bool reprotecting; /* under the regions lock: its logging toggles are not the VMM's */
 
 	struct kvmdirty_stats stats; /* every field read and written atomically */
 	uint64_t rate_ns[KD_RATE_SAMPLES], rate_pages[KD_RATE_SAMPLES];
@@ -108,8 +111,8 @@ void kd_track_state_free(struct kd_track_region *tr);
 /* with the regions lock held for writing */
 void kd_track_install(struct kvmdirty_tracker *t, uint32_t slot, const struct kd_track_region *tr);
 void kd_track_drop(struct kvmdirty_tracker *t, uint32_t slot);
-/* every page of a tracked region pending again, as after start (logging back on) */
-void kd_track_rearm(struct kvmdirty_tracker *t, struct kd_track_region *tr);
+/* every page of a tracked region pending again, as after start (logging back on); returns how many were not */
+uint64_t kd_track_rearm(struct kvmdirty_tracker *t, struct kd_track_region *tr);
 /* with the regions lock held for reading: pages reported by any thread */
 void kd_track_mark(struct kvmdirty_tracker *t, uint32_t slot, uint64_t first, uint64_t end);
 void kd_track_add_pending(struct kvmdirty_tracker *t, struct kd_track_region *tr, uint64_t n);
@@ -122,7 +125,7 @@ extern const struct kd_ring_sink kd_track_ring_sink;
 int kd_track_reaper_start(struct kvmdirty_tracker *t, uint32_t ms);
 void kd_track_reaper_stop(struct kvmdirty_tracker *t);
 /* if entries were lost: logging off and on for every tracked region, each wholly pending */
-int kd_track_reprotect(struct kvmdirty_tracker *t);
+int kd_track_reprotect(struct kvmdirty_tracker *t, uint64_t *fresh);
 
 /* tracker-next.c: the test build's deferred clears, issued (sync calls it first) */
 #ifdef KD_TEST_HOOKS

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* vCPUs: creation or registration, kvm_run and ring mappings, harvests, the run helper. */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -19,25 +20,63 @@ void kd_vcpus_init(struct kd_vcpus *vs, struct kd_kvm *kvm)
 	pthread_mutex_init(&vs->lock, NULL);
 }
 
-/*
- * Collect v's ring (harvest and reset until settled, see dirty-ring.c) and
- * only then publish its pages: they are re-protected by now.  Callers
- * hold the lock.
- */
-static int collect(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, bool ring_full)
+/* Collect one ring and publish what it held (the caller checked no other ring awaits a reset). */
+static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirty_vcpu *v, bool ring_full)
 {
 	const struct kd_ring_sink *sink = vs->sink;
 	unsigned int loss = 0;
 	int64_t n;
 
-	if (!v->ring.gfns)
-		return 0;
-	n = kd_ring_collect(&v->ring, vs->kvm, vs->buf, vs->buf_cap, ring_full, &loss, &vs->kernel_ns);
+	n = kd_ring_collect(ring, vs->kvm, vs->buf, vs->buf_cap, ring_full, &loss, &vs->kernel_ns);
 	if (loss && sink)
 		sink->lost(vs->sink_ctx, v, loss);
 	if (n > 0 && sink)
 		sink->pages(vs->sink_ctx, v, vs->buf, (uint32_t)n);
 	return n < 0 ? (int)n : 0;
+}
+
+/*
+ * A reset that failed left that ring's entries marked: the next reset
+ * would take them too and its count could not be told apart.  Retry it
+ * first; -errno if it still fails, and no other ring may be collected.
+ */
+static int retry_failed(struct kd_vcpus *vs)
+{
+	uint32_t i;
+	int ret;
+
+	for (i = 0; i < vs->n; i++) {
+		if (!vs->v[i]->ring.reset_failed)
+			continue;
+		ret = collect_one(vs, &vs->v[i]->ring, vs->v[i], false);
+		if (ret < 0)
+			return ret;
+	}
+	for (i = 0; i < vs->nr_parked; i++) {
+		if (!vs->parked[i].ring.reset_failed)
+			continue;
+		ret = collect_one(vs, &vs->parked[i].ring, NULL, false);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+/*
+ * Collect a ring (harvest and reset until settled, see dirty-ring.c) and
+ * only then publish its pages: they are re-protected by now.  Callers
+ * hold the lock.
+ */
+static int collect(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirty_vcpu *v, bool ring_full)
+{
+	int ret;
+
+	if (!ring->gfns)
+		return 0;
+	ret = retry_failed(vs);
+	if (ret < 0)
+		return ret;
+	return collect_one(vs, ring, v, ring_full);
 }
 
 int kd_vcpus_harvest(struct kd_vcpus *vs, uint64_t *ret_kernel_ns)
@@ -47,9 +86,12 @@ int kd_vcpus_harvest(struct kd_vcpus *vs, uint64_t *ret_kernel_ns)
 
 	pthread_mutex_lock(&vs->lock);
 	vs->kernel_ns = 0;
-	for (i = 0; i < vs->n; i++) {
-		r = collect(vs, vs->v[i], false);
-		if (r < 0 && !ret)
+	for (i = 0; i < vs->n && !ret; i++)
+		ret = collect(vs, &vs->v[i]->ring, vs->v[i], false);
+	/* freed vCPUs live on in KVM: what their rings hold is still guest writes */
+	for (i = 0; i < vs->nr_parked && !ret; i++) {
+		r = collect(vs, &vs->parked[i].ring, NULL, false);
+		if (r < 0)
 			ret = r;
 	}
 	if (ret_kernel_ns)
@@ -78,9 +120,16 @@ uint32_t kd_vcpus_count(struct kd_vcpus *vs)
 
 static int vcpu_register(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
 {
+	uint32_t i;
 	int ret = 0;
 
 	pthread_mutex_lock(&vs->lock);
+	for (i = 0; i < vs->n; i++) {
+		if (v->id != KD_VCPU_NO_ID && vs->v[i]->id == v->id) {
+			ret = -EEXIST; /* registered already */
+			goto out;
+		}
+	}
 	if (v->ring.gfns && !vs->buf) {
 		/* a collect may go round more than once: room for two rings */
 		vs->buf_cap = 2 * v->ring.size;
@@ -101,10 +150,54 @@ static int vcpu_register(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
 		vs->v = p;
 		vs->cap = cap;
 	}
+	/* registered again: its ring where the library left it */
+	for (i = 0; v->ring.gfns && v->id != KD_VCPU_NO_ID && i < vs->nr_parked; i++) {
+		if (vs->parked[i].id == v->id) {
+			kd_ring_unmap(&v->ring);
+			v->ring = vs->parked[i].ring;
+			vs->parked[i] = vs->parked[--vs->nr_parked];
+			break;
+		}
+	}
 	vs->v[vs->n++] = v;
 out:
 	pthread_mutex_unlock(&vs->lock);
 	return ret;
+}
+
+/* Keep a freed vCPU's ring (mapped, harvested); callers hold the lock.  Unmapped if out of memory. */
+static void park(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
+{
+	if (!v->ring.gfns)
+		return;
+	if (vs->nr_parked == vs->parked_cap) {
+		uint32_t cap = vs->parked_cap ? vs->parked_cap * 2 : 8;
+		struct kd_parked_ring *p = realloc(vs->parked, cap * sizeof(*p));
+
+		if (!p) {
+			kd_ring_unmap(&v->ring);
+			return;
+		}
+		vs->parked = p;
+		vs->parked_cap = cap;
+	}
+	vs->parked[vs->nr_parked++] = (struct kd_parked_ring){ v->id, v->ring };
+	v->ring.gfns = NULL;
+}
+
+/* KVM's id of the vCPU behind fd, from its name ("anon_inode:kvm-vcpu:ID"). */
+static uint32_t vcpu_id_of(int fd)
+{
+	char path[64], name[64];
+	unsigned int id;
+	ssize_t n;
+
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, name, sizeof(name) - 1);
+	if (n <= 0)
+		return KD_VCPU_NO_ID;
+	name[n] = 0;
+	return sscanf(name, "anon_inode:kvm-vcpu:%u", &id) == 1 ? id : KD_VCPU_NO_ID;
 }
 
 static void vcpu_unmap(struct kvmdirty_vcpu *v)
@@ -115,7 +208,7 @@ static void vcpu_unmap(struct kvmdirty_vcpu *v)
 	v->run = NULL;
 }
 
-static int vcpu_setup(struct kd_vcpus *vs, int fd, bool owns, struct kvmdirty_vcpu **ret_vcpu)
+static int vcpu_setup(struct kd_vcpus *vs, int fd, bool owns, uint32_t id, struct kvmdirty_vcpu **ret_vcpu)
 {
 	struct kvmdirty_vcpu *v = calloc(1, sizeof(*v));
 	int ret;
@@ -125,6 +218,7 @@ static int vcpu_setup(struct kd_vcpus *vs, int fd, bool owns, struct kvmdirty_vc
 	v->owner = vs;
 	v->fd = fd;
 	v->owns_fd = owns;
+	v->id = id;
 	ret = kd_ioctl(vs->kvm->kvm_fd, KVM_GET_VCPU_MMAP_SIZE, NULL);
 	if (ret < 0)
 		goto err;
@@ -158,7 +252,7 @@ int kd_vcpu_create(struct kd_vcpus *vs, uint32_t id, struct kvmdirty_vcpu **ret_
 	fd = kd_ioctl(vs->kvm->vm_fd, KVM_CREATE_VCPU, (void *)(uintptr_t)id);
 	if (fd < 0)
 		return fd;
-	ret = vcpu_setup(vs, fd, true, ret_vcpu);
+	ret = vcpu_setup(vs, fd, true, id, ret_vcpu);
 	if (ret < 0)
 		close(fd);
 	return ret;
@@ -168,7 +262,7 @@ int kd_vcpu_add(struct kd_vcpus *vs, int vcpu_fd, struct kvmdirty_vcpu **ret_vcp
 {
 	if (vcpu_fd < 0)
 		return -EBADF;
-	return vcpu_setup(vs, vcpu_fd, false, ret_vcpu);
+	return vcpu_setup(vs, vcpu_fd, false, vcpu_id_of(vcpu_fd), ret_vcpu);
 }
 
 KD_EXPORT void kvmdirty_vcpu_free(struct kvmdirty_vcpu *v)
@@ -186,8 +280,9 @@ KD_EXPORT void kvmdirty_vcpu_free(struct kvmdirty_vcpu *v)
 			break;
 		}
 	}
-	/* what the ring still holds is harvested, reset and published like any harvest */
-	collect(vs, v, false);
+	/* what the ring holds is harvested, reset and published like any harvest; then it is kept */
+	collect(vs, &v->ring, v, false);
+	park(vs, v);
 	pthread_mutex_unlock(&vs->lock);
 	vcpu_unmap(v);
 	if (v->owns_fd)
@@ -197,8 +292,13 @@ KD_EXPORT void kvmdirty_vcpu_free(struct kvmdirty_vcpu *v)
 
 void kd_vcpus_fini(struct kd_vcpus *vs)
 {
+	uint32_t i;
+
 	while (vs->n)
 		kvmdirty_vcpu_free(vs->v[vs->n - 1]);
+	for (i = 0; i < vs->nr_parked; i++)
+		kd_ring_unmap(&vs->parked[i].ring);
+	free(vs->parked);
 	free(vs->v);
 	free(vs->buf);
 	pthread_mutex_destroy(&vs->lock);
@@ -229,7 +329,7 @@ static int ring_full(struct kvmdirty_vcpu *v)
 
 	KD_HOOK_POINT(KD_HOOK_RING_FULL, v);
 	pthread_mutex_lock(&vs->lock);
-	ret = collect(vs, v, true);
+	ret = collect(vs, &v->ring, v, true);
 	if (vs->sink)
 		vs->sink->full_exit(vs->sink_ctx, v, kd_now_ns() - t0);
 	pthread_mutex_unlock(&vs->lock);

@@ -27,15 +27,33 @@ struct kvmdirty_vcpu {
 	struct kd_vcpus *owner;
 	int fd;
 	bool owns_fd;
+	uint32_t id; /* KVM's vCPU id, KD_VCPU_NO_ID when it cannot be told */
 	struct kvm_run *run;
 	size_t run_size;
 	struct kd_ring ring; /* gfns NULL when the VM has no dirty ring */
 };
 
+#define KD_VCPU_NO_ID UINT32_MAX
+
+/*
+ * The ring of a vCPU freed from the library.  The vCPU lives on in KVM
+ * (KVM never destroys one before its VM), and the VMM may run it through
+ * a copy of its fd or register it again: its ring stays mapped and
+ * harvested, and a vCPU registered again with its id takes it over, with
+ * the ring's state (where the library is in it, and KVM's reset index).
+ */
+struct kd_parked_ring {
+	uint32_t id;
+	struct kd_ring ring;
+};
+
 struct kd_ring_sink {
-	/* entries of vcpu's ring, harvested and re-protected: their pages may be read now */
+	/*
+	 * entries of vcpu's ring, harvested and re-protected: their pages may
+	 * be read now (vcpu is NULL for the ring of a vCPU freed from the library)
+	 */
 	void (*pages)(void *ctx, struct kvmdirty_vcpu *vcpu, const struct kd_ring_entry *e, uint32_t n);
-	/* enum kd_ring_loss bits for vcpu's ring */
+	/* enum kd_ring_loss bits for vcpu's ring (NULL: a freed vCPU's) */
 	void (*lost)(void *ctx, struct kvmdirty_vcpu *vcpu, unsigned int loss);
 	/* a KVM_EXIT_DIRTY_RING_FULL of vcpu was handled, in ns */
 	void (*full_exit)(void *ctx, struct kvmdirty_vcpu *vcpu, uint64_t ns);
@@ -47,6 +65,8 @@ struct kd_vcpus {
 	pthread_mutex_t lock;
 	struct kvmdirty_vcpu **v;
 	uint32_t n, cap;
+	struct kd_parked_ring *parked;
+	uint32_t nr_parked, parked_cap;
 	const struct kd_ring_sink *sink;
 	void *sink_ctx;
 	/* one ring's entries between its harvest and its publishing */

@@ -15,9 +15,7 @@
 #include <sys/ioctl.h>
 #include <linux/kvm.h>
 
-#include "hooks.h"
-#include "rig.h"
-#include "vcpu.h"
+#include "ring-util.h"
 
 /* What the hook callback looks at; one test at a time. */
 static struct {
@@ -108,88 +106,6 @@ static void hold_set(enum kd_hook_point p, const void *obj, int times, struct ha
 	kd_test_hooks_set(NULL, hold_point, false);
 }
 
-static void hooks_off(void)
-{
-	kd_test_hooks_set(NULL, NULL, false);
-}
-
-static struct rig ring_rig(unsigned int vcpus, uint32_t entries, uint32_t reaper_ms, uint64_t ring0_vcpus)
-{
-	struct testvm_opts o = { .nr_vcpus = vcpus, .ring0_vcpus = ring0_vcpus, .track = true,
-				 .track_opts = { .mode = KVMDIRTY_MODE_DIRTY_RING, .ring_entries = entries,
-						 .reaper_ms = reaper_ms } };
-	struct rig g = { 0 };
-
-	hooks_off();
-	ck_assert_ok(testvm_new(&o, &g.tv));
-	g.t = g.tv->tracker;
-	return g;
-}
-
-static struct kvmdirty_stats stats(struct kvmdirty_tracker *t)
-{
-	struct kvmdirty_stats st;
-
-	ck_assert_ok(kvmdirty_tracker_stats(t, &st, sizeof(st)));
-	return st;
-}
-
-/* A vCPU on its own thread, run until its guest reports done. */
-struct runner {
-	struct testvm *tv;
-	unsigned int i;
-	pthread_t th;
-	int ret;
-	struct testvm_exit ex;
-	int done;
-};
-
-static void *runner_main(void *p)
-{
-	struct runner *r = p;
-
-	do
-		r->ret = testvm_run(r->tv, r->i, &r->ex);
-	while (!r->ret && (r->ex.event == TESTVM_PASS || r->ex.event == TESTVM_TICK));
-	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
-	turn_done();
-	return NULL;
-}
-
-static void runner_start(struct runner *r, struct testvm *tv, unsigned int i)
-{
-	*r = (struct runner){ .tv = tv, .i = i };
-	ck_assert_int_eq(pthread_create(&r->th, NULL, runner_main, r), 0);
-}
-
-static void on_kick(int sig)
-{
-	(void)sig;
-}
-
-/* Take a vCPU out of KVM_RUN for good: a ring gone wrong can hold it there without running the guest. */
-static void runner_kick(struct runner *r)
-{
-	struct sigaction sa = { .sa_handler = on_kick };
-
-	sigaction(SIGUSR1, &sa, NULL);
-	__atomic_store_n(&r->tv->pause_req, true, __ATOMIC_RELEASE);
-	kvmdirty_vcpu_kvm_run(r->tv->vcpu[r->i])->immediate_exit = 1;
-	pthread_kill(r->th, SIGUSR1);
-}
-
-static void runner_join(struct runner *r)
-{
-	struct guest_vcpu *mb = testvm_mailbox(r->tv, r->i);
-
-	pthread_join(r->th, NULL);
-	ck_assert_msg(r->ret == 0, "vCPU %u: kvmdirty_vcpu_run: %s", r->i, strerror(-r->ret));
-	ck_assert_msg(r->ex.event == TESTVM_DONE, "vCPU %u: %s (exit %u), check page 0x%" PRIx64 " tag (%" PRIu64
-		      ", %" PRIu64 ")",
-		      r->i, testvm_event_name(r->ex.event), r->ex.exit_reason, mb->err_gpa, mb->err_tag[0],
-		      mb->err_tag[1]);
-}
-
 /*
  * Issue: recovery used to mark every zero entry RESET, free ones too, when
  * a sync took the ring between a ring-full exit and its handler; KVM's
@@ -217,7 +133,7 @@ START_TEST(sync_between_ring_full_and_handler)
 	hold_set(KD_HOOK_RING_FULL, g.tv->vcpu[0], 1 << 30, NULL, 0);
 	hold.turnstile = true;
 	turn.asked = turn.taken = turn.done = 0;
-	runner_start(&vcpu, g.tv, 0);
+	runner_start_cb(&vcpu, g.tv, 0, turn_done);
 	/* each pass fills the ring about pages / 4032 times; many more exits mean a ring gone wrong */
 	bound = 10 * passes * (pages / 4032 + 1);
 	while (turn_wait()) {

@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_TEST_RING_UTIL_H
+#define KVMDIRTY_TEST_RING_UTIL_H
+
+/*
+ * What the dirty ring tests share: a tracked test VM in ring mode, the
+ * statistics, and a vCPU run on a thread of its own, which a test can take
+ * out of KVM_RUN for good when a ring went wrong.
+ */
+#include <pthread.h>
+#include <signal.h>
+
+#include "hooks.h"
+#include "rig.h"
+#include "vcpu.h"
+
+static inline void hooks_off(void)
+{
+	kd_test_hooks_set(NULL, NULL, false);
+}
+
+static inline struct rig ring_rig(unsigned int vcpus, uint32_t entries, uint32_t reaper_ms, uint64_t ring0_vcpus)
+{
+	struct testvm_opts o = { .nr_vcpus = vcpus, .ring0_vcpus = ring0_vcpus, .track = true,
+				 .track_opts = { .mode = KVMDIRTY_MODE_DIRTY_RING, .ring_entries = entries,
+						 .reaper_ms = reaper_ms } };
+	struct rig g = { 0 };
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &g.tv));
+	g.t = g.tv->tracker;
+	return g;
+}
+
+static inline struct kvmdirty_stats stats(struct kvmdirty_tracker *t)
+{
+	struct kvmdirty_stats st;
+
+	ck_assert_ok(kvmdirty_tracker_stats(t, &st, sizeof(st)));
+	return st;
+}
+
+/* A vCPU on its own thread, run until its guest reports done. */
+struct runner {
+	struct testvm *tv;
+	unsigned int i;
+	pthread_t th;
+	int ret;
+	struct testvm_exit ex;
+	int done;
+	void (*on_done)(void); /* called on the vCPU's thread once it is done */
+};
+
+static inline void *runner_main(void *p)
+{
+	struct runner *r = p;
+
+	do
+		r->ret = testvm_run(r->tv, r->i, &r->ex);
+	while (!r->ret && (r->ex.event == TESTVM_PASS || r->ex.event == TESTVM_TICK));
+	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+	if (r->on_done)
+		r->on_done();
+	return NULL;
+}
+
+static inline void runner_start_cb(struct runner *r, struct testvm *tv, unsigned int i, void (*on_done)(void))
+{
+	*r = (struct runner){ .tv = tv, .i = i, .on_done = on_done };
+	ck_assert_int_eq(pthread_create(&r->th, NULL, runner_main, r), 0);
+}
+
+static inline void runner_start(struct runner *r, struct testvm *tv, unsigned int i)
+{
+	runner_start_cb(r, tv, i, NULL);
+}
+
+/* Wait for the runner up to ms; true if it finished. */
+static inline bool runner_wait(struct runner *r, unsigned int ms)
+{
+	unsigned int i;
+
+	for (i = 0; i < ms && !__atomic_load_n(&r->done, __ATOMIC_ACQUIRE); i++)
+		rig_pause_us(1000);
+	return __atomic_load_n(&r->done, __ATOMIC_ACQUIRE);
+}
+
+static inline void on_kick(int sig)
+{
+	(void)sig;
+}
+
+/* Take a vCPU out of KVM_RUN for good: a ring gone wrong can hold it there without running the guest. */
+static inline void runner_kick(struct runner *r)
+{
+	struct sigaction sa = { .sa_handler = on_kick };
+
+	sigaction(SIGUSR1, &sa, NULL);
+	__atomic_store_n(&r->tv->pause_req, true, __ATOMIC_RELEASE);
+	kvmdirty_vcpu_kvm_run(r->tv->vcpu[r->i])->immediate_exit = 1;
+	pthread_kill(r->th, SIGUSR1);
+}
+
+static inline void runner_join(struct runner *r)
+{
+	struct guest_vcpu *mb = testvm_mailbox(r->tv, r->i);
+
+	pthread_join(r->th, NULL);
+	ck_assert_msg(r->ret == 0, "vCPU %u: kvmdirty_vcpu_run: %s", r->i, strerror(-r->ret));
+	ck_assert_msg(r->ex.event == TESTVM_DONE, "vCPU %u: %s (exit %u), check page 0x%" PRIx64 " tag (%" PRIu64
+		      ", %" PRIu64 ")",
+		      r->i, testvm_event_name(r->ex.event), r->ex.exit_reason, mb->err_gpa, mb->err_tag[0],
+		      mb->err_tag[1]);
+}
+
+
+#endif
