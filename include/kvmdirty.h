@@ -425,14 +425,21 @@ int kvmdirty_vcpu_create(struct kvmdirty_vm *vm, uint32_t id, struct kvmdirty_vc
 /*
  * Register a vCPU fd the VMM created; the fd stays the VMM's (not closed
  * by kvmdirty_vcpu_free()).  The library maps kvm_run and the ring itself.
+ * A vCPU freed from the library and registered again (a parked fd, or a
+ * copy of it) takes its ring up where the library left it.  Register a
+ * vCPU before it first runs with a dirty ring, or its entries may be
+ * missed.  Errors: -EBADF; -EEXIST this vCPU is registered already;
+ * -ENOMEM; errno of the mappings.
  */
 int kvmdirty_vcpu_add(struct kvmdirty_vm *vm, int vcpu_fd, struct kvmdirty_vcpu **ret_vcpu);
 
 /*
- * Unregister, harvest what its ring still holds (reset, then reported to
- * the tracker like any harvest), unmap and (if created by the library)
- * close.  Call it when the vCPU's thread is out of kvmdirty_vcpu_run().
- * NULL: no-op.
+ * Unregister, harvest what its ring holds (reset, then reported to the
+ * tracker like any harvest), unmap kvm_run and (if created by the
+ * library) close.  The vCPU lives on in KVM until the VM goes, so its
+ * ring stays mapped and harvested by every sync: writes of a vCPU the VMM
+ * keeps running through another fd are still reported.  Call it when the
+ * vCPU's thread is out of kvmdirty_vcpu_run().  NULL: no-op.
  */
 void kvmdirty_vcpu_free(struct kvmdirty_vcpu *vcpu);
 

@@ -36,7 +36,11 @@ enum guest_pattern {
 	GUEST_RANDOM = 1,     /* uniformly random pages (xorshift64), pages writes a pass */
 	GUEST_STRIDED = 2,    /* 0, s, 2s, ..., then 1, 1+s, ...: every page once a pass */
 	GUEST_EXIT_LOOP = 3,  /* no writes: out to GUEST_PORT_TICK in a tight loop */
+	GUEST_COMPUTE = 4,    /* no writes: pages units of arithmetic a pass, counted in writes */
 };
+
+/* xorshift rounds in one GUEST_COMPUTE unit (about a microsecond natively) */
+#define GUEST_COMPUTE_ROUNDS 1024
 
 #define GUEST_F_EXIT_EVERY_PASS (1u << 0) /* out to GUEST_PORT_PASS after each pass */
 #define GUEST_F_CHECK (1u << 1) /* before writing a page, its tag must be its own (or zero), from no later pass */
@@ -60,7 +64,7 @@ struct guest_vcpu {
 	volatile uint64_t stop; /* non-zero: finish this pass and report done */
 	/* guest -> host */
 	volatile uint64_t pass;	    /* last completed pass (the host may preset it) */
-	volatile uint64_t writes;   /* pages written (or exits made), all passes */
+	volatile uint64_t writes;   /* pages written (exits made, units computed), all passes */
 	volatile uint64_t err_gpa;  /* GUEST_PORT_ERROR: the page that failed the check */
 	volatile uint64_t err_tag[2]; /* ... and the tag found there */
 	uint64_t reserved[19];

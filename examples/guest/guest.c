@@ -103,6 +103,16 @@ static bool run_pass(struct guest_vcpu *v, uint64_t pass, uint64_t *rng, uint64_
 			}
 		}
 		break;
+	case GUEST_COMPUTE:
+		/* pages units of work, none writing memory but the mailbox's counter */
+		for (i = 0; i < n; i++) {
+			for (j = 0; j < GUEST_COMPUTE_ROUNDS; j++)
+				next_random(rng, 1);
+			v->writes++;
+			if (v->stop)
+				break;
+		}
+		break;
 	default:
 		for (i = 0; i < n; i++) {
 			pace(v, due);
