@@ -144,6 +144,20 @@ static struct kd_kvm kvm = { .vm_fd = -1 };
 static struct kd_ring_entry *buf;
 static unsigned int loss_seen;
 
+/* A fresh model of size entries and the library's ring over it. */
+static struct kd_ring model_ring(uint32_t size, uint64_t seed)
+{
+	struct kd_ring ring = { 0 };
+
+	model_init(size, seed);
+	loss_seen = 0;
+	buf = realloc(buf, 2 * size * sizeof(*buf));
+	ck_assert_ptr_nonnull(buf);
+	ring.gfns = m.gfns;
+	ring.size = size;
+	return ring;
+}
+
 /* One collect; checks that what it returns was protected again; returns its loss bits. */
 static unsigned int collect(struct kd_ring *ring, bool ring_full)
 {
@@ -246,17 +260,12 @@ static void stop_and_copy(struct kd_ring *ring, uint64_t seed, unsigned int roun
  */
 static void stress(uint32_t size, uint64_t seed, uint32_t push_at_harvested, uint32_t max_over)
 {
-	struct kd_ring ring = { 0 };
+	struct kd_ring ring = model_ring(size, seed);
 	uint64_t lost = 0, p, exits_quiet = 0, quiet_pushes = 0;
 	unsigned int round;
 	uint32_t progress;
 
-	model_init(size, seed);
-	loss_seen = 0;
 	m.push_at_harvested = push_at_harvested;
-	buf = realloc(buf, 2 * size * sizeof(*buf));
-	ring.gfns = m.gfns;
-	ring.size = size;
 	for (round = 0; round < 2000 && m.di < MAX_PUSHES / 2; round++) {
 		uint64_t r = xorshift64(&m.rng);
 		uint32_t over = (r % 4 == 0) ? (uint32_t)(r >> 8) % (max_over + 1) : 0;
@@ -311,15 +320,10 @@ static void stress(uint32_t size, uint64_t seed, uint32_t push_at_harvested, uin
 /* Without overshoot nothing is lost, nothing recovered, and every push comes back once. */
 START_TEST(quiet_ring_needs_no_recovery)
 {
-	struct kd_ring ring = { 0 };
+	struct kd_ring ring = model_ring(256, 1);
 	unsigned int i;
 	uint32_t progress;
 
-	model_init(256, 1);
-	loss_seen = 0;
-	buf = realloc(buf, 512 * sizeof(*buf));
-	ring.gfns = m.gfns;
-	ring.size = 256;
 	for (i = 0; i < 2000; i++) {
 		uint64_t r = xorshift64(&m.rng);
 
@@ -343,15 +347,10 @@ END_TEST
  */
 START_TEST(empty_ring_at_ring_full)
 {
-	struct kd_ring ring = { 0 };
+	struct kd_ring ring = model_ring(256, 2);
 	unsigned int i;
 	uint32_t progress;
 
-	model_init(256, 2);
-	loss_seen = 0;
-	buf = realloc(buf, 512 * sizeof(*buf));
-	ring.gfns = m.gfns;
-	ring.size = 256;
 	for (i = 0; i < 300; i++) {
 		ck_assert(vcpu_run(1000, 0, &progress));
 		ring_full_exit(&ring, true);
@@ -371,14 +370,9 @@ END_TEST
  */
 START_TEST(reset_stops_at_overwrite)
 {
-	struct kd_ring ring = { 0 };
+	struct kd_ring ring = model_ring(256, 3);
 	unsigned int loss, i;
 
-	model_init(256, 3);
-	loss_seen = 0;
-	buf = realloc(buf, 512 * sizeof(*buf));
-	ring.gfns = m.gfns;
-	ring.size = 256;
 	for (i = 0; i < 100; i++)
 		model_push();
 	m.push_at_harvested = 166;
@@ -396,15 +390,10 @@ END_TEST
 /* KVM pushes over the very entry a harvest is taking: both are handed back, and a loss reported. */
 START_TEST(push_over_entry_being_taken)
 {
-	struct kd_ring ring = { 0 };
+	struct kd_ring ring = model_ring(256, 4);
 	unsigned int loss, i;
 	uint32_t progress;
 
-	model_init(256, 4);
-	loss_seen = 0;
-	buf = realloc(buf, 512 * sizeof(*buf));
-	ring.gfns = m.gfns;
-	ring.size = 256;
 	for (i = 0; i < 10; i++)
 		model_push();
 	m.overwrite_taken = true;
@@ -442,15 +431,10 @@ END_TEST
  */
 START_TEST(outside_reset_is_noticed)
 {
-	struct kd_ring ring = { 0 };
+	struct kd_ring ring = model_ring(256, 5);
 	unsigned int i, round;
 	uint32_t progress;
 
-	model_init(256, 5);
-	loss_seen = 0;
-	buf = realloc(buf, 512 * sizeof(*buf));
-	ring.gfns = m.gfns;
-	ring.size = 256;
 	for (round = 0; round < 50; round++) {
 		vcpu_run(100, 0, &progress);
 		m.reset_at_harvested = round % 2;
