@@ -16,6 +16,14 @@ out=$("$rig" --check) || { status=$?; echo "$out"; exit "$status"; }
 leftovers() { # tag
 	ip netns list | grep -c "^$1-" || true
 }
+# the rig's namespaces (kdPID-src, kdPID-dst) not there before: other runs may be going on
+rig_netns() {
+	ip netns list | sed -n 's/^\(kd[0-9]*-[a-z]*\).*/\1/p' | sort
+}
+before=$(rig_netns)
+new_netns() {
+	comm -13 <(echo "$before") <(rig_netns) | grep -c . || true
+}
 
 # bytes across, and the shaping the rig promised, seen from inside the source namespace
 out=$("$rig" --rate 400mbit --burst 128kb --limit 2mb \
@@ -26,7 +34,7 @@ echo "$out"
 [ "$status" = 0 ] || fail "a run over the rig exited with $status"
 echo "$out" | grep -q "received 67108864 bytes" || fail "the destination did not get 64 MiB"
 echo "$out" | grep -q "qdisc tbf .* rate 400Mbit burst 131050b" || fail "no tbf at 400mbit with a 128 KiB burst on the source's veth"
-[ "$(ip netns list | grep -c '^kd[0-9]*-')" = 0 ] || fail "namespaces left after a run: $(ip netns list)"
+[ "$(new_netns)" = 0 ] || fail "namespaces left after a run: $(ip netns list)"
 
 # the source's status is the rig's; a failing destination fails the run
 "$rig" --dst true --src false >/dev/null 2>&1
@@ -72,5 +80,5 @@ if tc qdisc add dev lo root netem delay 1ms 2>/dev/null; then
 else
 	[ "$status" = 2 ] && echo "$out" | grep -q "no netem" || fail "--delay without netem: status $status: $out"
 fi
-[ "$(ip netns list | grep -c '^kd[0-9]*-')" = 0 ] || fail "namespaces left: $(ip netns list)"
+[ "$(new_netns)" = 0 ] || fail "namespaces left: $(ip netns list)"
 echo "check-two-hosts: shaped link, teardown after runs and interrupts, bad command lines: ok"
