@@ -49,7 +49,7 @@ extern "C" {
 #endif
 
 #define KVMDIRTY_VERSION_MAJOR 0
-#define KVMDIRTY_VERSION_MINOR 1
+#define KVMDIRTY_VERSION_MINOR 2
 
 struct kvmdirty_vm;
 struct kvmdirty_region;
@@ -459,13 +459,73 @@ struct kvm_run *kvmdirty_vcpu_kvm_run(const struct kvmdirty_vcpu *vcpu);
  * reported to the tracker; a ring KVM left stuck set going; without a
  * tracker the ring is harvested, reset and dropped) and the vCPU resumed;
  * every other exit returns 0 with kvm_run->exit_reason as KVM left it.
- * The library's cost per exit is one compare.  Returns -errno of KVM_RUN,
- * including -EINTR when a signal kicked the vCPU out, or of a ring reset
- * that failed (the pages it held are then protected again at the next
- * sync).  Call from the vCPU's thread; may run concurrently with
- * everything else on the VM.  -EINVAL for NULL.
+ * A vCPU over its dirty limit (kvmdirty_vcpu_set_dirty_limit()) is held
+ * here, out of KVM_RUN, before it enters again.  The library's cost per
+ * exit is two loads and a compare.  Returns -errno of KVM_RUN, including
+ * -EINTR when a signal kicked the vCPU out, or of a ring reset that
+ * failed (the pages it held are then protected again at the next sync).
+ * A held vCPU returns -EINTR too once kvm_run->immediate_exit is set:
+ * at once with a signal, else within 2 ms (the library reads the flag
+ * while the vCPU is held: set it with an atomic store).  The VMM's kicks
+ * set immediate_exit before they signal, as they must anyway, for a
+ * signal that comes just before KVM_RUN is otherwise lost; an EINTR of
+ * the library's own kick (kvmdirty_vm_set_kick_signal()) without
+ * immediate_exit is not returned.  Call from the vCPU's thread; may run
+ * concurrently with everything else on the VM.  -EINVAL for NULL.
  */
 int kvmdirty_vcpu_run(struct kvmdirty_vcpu *vcpu);
+
+/*
+ * Limit how fast a vCPU may dirty memory, in pages per second (0: no
+ * limit, the default), DIRTY_RING mode only: each harvest of its ring is
+ * charged to it, and a vCPU that used more than its share is held in
+ * kvmdirty_vcpu_run() before it enters KVM_RUN again, for as long as
+ * the excess takes at the limit.  What a harvest brings is taken as
+ * written since the last one, so a vCPU under its limit is never held
+ * however seldom its ring is harvested; quota unused beyond that is saved
+ * up to 10 ms worth.  The limit acts where the library sees the vCPU's entries:
+ * at its ring-full exits (so a ring of N entries lets it write up to N
+ * pages before it is held: at a limit L, choose N near L / 100 for a
+ * hold every 10 ms), at every other exit, and, with a kick signal set,
+ * within one harvest (the reaper's period, a sync) of the vCPU running
+ * over.  Setting a limit forgets what was saved or owed, and frees a
+ * held vCPU.  Any thread, any time.  Errors: -EINVAL NULL vCPU or a
+ * limit above 2^32; -EOPNOTSUPP the VM has no dirty ring.
+ */
+int kvmdirty_vcpu_set_dirty_limit(struct kvmdirty_vcpu *vcpu, uint64_t pages_per_sec);
+
+/*
+ * A signal the library sends a vCPU thread that is over its dirty limit
+ * while in KVM_RUN, so that it is held within a harvest instead of at its
+ * next exit (0, the default: no kicks).  Install a handler for it first
+ * (one that does nothing will do; without SA_RESTART, so that KVM_RUN
+ * returns EINTR); the VMM's own kick signal may be the same one.  The
+ * signal may reach the thread just after kvmdirty_vcpu_run() returned,
+ * never after it returned and the thread exited.  Errors: -EINVAL NULL
+ * VM, a signal out of range or one with no handler installed.
+ */
+int kvmdirty_vm_set_kick_signal(struct kvmdirty_vm *vm, int signo);
+
+/* One vCPU's dirtying, in DIRTY_RING mode (in the others the counts stay 0). */
+struct kvmdirty_vcpu_stats {
+	uint64_t dirtied;	  /* ring entries harvested for it: pages it dirtied */
+	uint64_t dirty_rate;	  /* pages/s over the last 100 ms window (all vCPUs share it) */
+	uint64_t dirty_limit;	  /* pages/s, 0: none */
+	uint64_t held_ns;	  /* time held out of KVM_RUN by the limit */
+	uint64_t holds;		  /* times held */
+	uint64_t kicks;		  /* kick signals sent to it */
+	uint64_t ring_full_exits; /* its KVM_EXIT_DIRTY_RING_FULL exits handled */
+};
+
+/*
+ * Copy a vCPU's statistics, from any thread.  A window closes at the
+ * first harvest after 100 ms; the rates of all vCPUs are over the same
+ * window and add up to the guest's (when no harvest closed a window for
+ * 200 ms, over the time since the last one closed).  Entries of a vCPU
+ * freed from the library count for no vCPU.  size as for
+ * kvmdirty_tracker_stats().  Errors: -EINVAL NULL or size 0.
+ */
+int kvmdirty_vcpu_stats(const struct kvmdirty_vcpu *vcpu, struct kvmdirty_vcpu_stats *ret_stats, size_t size);
 
 /* ---- Bitmap scanner --------------------------------------------------- */
 

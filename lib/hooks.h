@@ -24,6 +24,10 @@ enum kd_hook_point {
 	KD_HOOK_RING_GHOSTS,
 	/* sync took the rings' pages and is about to fetch the regions'; obj: the tracker */
 	KD_HOOK_SYNC_FETCH,
+	/* a vCPU over its dirty limit is about to stay out of KVM_RUN; obj: the vCPU */
+	KD_HOOK_HOLD,
+	/* a harvester found the vCPU in kvmdirty_vcpu_run() and is about to signal it; obj: the vCPU */
+	KD_HOOK_KICK,
 };
 
 /* Returned by the ioctl hook to let the real ioctl run. */

@@ -1,11 +1,14 @@
 // SPDX-License-Identifier: MIT
 /* vCPUs: creation or registration, kvm_run and ring mappings, harvests, the run helper. */
 #include <errno.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "export.h"
@@ -20,6 +23,81 @@ void kd_vcpus_init(struct kd_vcpus *vs, struct kd_kvm *kvm)
 	pthread_mutex_init(&vs->lock, NULL);
 }
 
+#define LOAD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define STORE(x, val) __atomic_store_n(&(x), (val), __ATOMIC_RELAXED)
+
+/*
+ * Signal v's thread if it is in kvmdirty_vcpu_run(), so that a vCPU in
+ * KVM_RUN without exits comes out to be held.  A kick that lands between
+ * the thread's look at hold_until and KVM_RUN is lost; the next harvest
+ * kicks again, as long as the vCPU owes time.
+ */
+static void kick(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
+{
+	int signo = LOAD(vs->kick_signo);
+
+	if (!signo || LOAD(v->holding))
+		return;
+	__atomic_add_fetch(&v->kickers, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&v->in_run, __ATOMIC_SEQ_CST) && !pthread_equal(v->thread, pthread_self())) {
+		KD_HOOK_POINT(KD_HOOK_KICK, v);
+		__atomic_add_fetch(&v->kick_seq, 1, __ATOMIC_SEQ_CST);
+		if (!pthread_kill(v->thread, signo))
+			STORE(v->kicks, v->kicks + 1);
+	}
+	__atomic_sub_fetch(&v->kickers, 1, __ATOMIC_SEQ_CST);
+}
+
+/*
+ * Charge n harvested entries to v (NULL: a freed vCPU's ring, counted for
+ * no one): its count, the rate window, and under a limit its budget,
+ * which sets how long it stays out of KVM_RUN.  Callers hold the lock.
+ */
+static void account(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, uint64_t n)
+{
+	uint64_t now = kd_now_ns(), limit, el;
+	uint32_t i;
+
+	if (!vs->win_start)
+		vs->win_start = now;
+	el = now - vs->win_start;
+	if (el >= KD_RATE_WINDOW_NS) {
+		/* one window for all: the vCPUs' rates add up to the guest's */
+		for (i = 0; i < vs->n; i++) {
+			struct kvmdirty_vcpu *w = vs->v[i];
+
+			STORE(w->rate, w->win_pages * 1000000000ull / el);
+			w->win_pages = 0;
+		}
+		vs->win_start = now;
+	}
+	if (!v || !n)
+		return;
+	STORE(v->dirtied, v->dirtied + n);
+	v->win_pages += n;
+	limit = LOAD(v->limit);
+	if (!limit)
+		return;
+	/*
+	 * The entries were written since the last charge, not at once: the
+	 * time since then is all quota, and only what is saved beyond it is
+	 * capped.  A vCPU under its limit is never held however seldom its
+	 * ring is harvested; one that idled may spend one harvest's worth.
+	 */
+	el = now - v->budget_at;
+	if (el > (uint64_t)INT64_MAX / 2)
+		el = (uint64_t)INT64_MAX / 2;
+	v->budget_ns += (int64_t)el;
+	if (v->budget_ns > KD_LIMIT_BURST_NS && v->budget_ns > (int64_t)el)
+		v->budget_ns = (int64_t)el > KD_LIMIT_BURST_NS ? (int64_t)el : KD_LIMIT_BURST_NS;
+	v->budget_at = now;
+	v->budget_ns -= (int64_t)(n * 1000000000ull / limit);
+	if (v->budget_ns >= 0)
+		return;
+	STORE(v->hold_until, now + (uint64_t)-v->budget_ns);
+	kick(vs, v);
+}
+
 /* Collect one ring and publish what it held (the caller checked no other ring awaits a reset). */
 static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirty_vcpu *v, bool ring_full)
 {
@@ -30,8 +108,11 @@ static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirt
 	n = kd_ring_collect(ring, vs->kvm, vs->buf, vs->buf_cap, ring_full, &loss, &vs->kernel_ns);
 	if (loss && sink)
 		sink->lost(vs->sink_ctx, v, loss);
-	if (n > 0 && sink)
-		sink->pages(vs->sink_ctx, v, vs->buf, (uint32_t)n);
+	if (n > 0) {
+		account(vs, v, (uint64_t)n);
+		if (sink)
+			sink->pages(vs->sink_ctx, v, vs->buf, (uint32_t)n);
+	}
 	return n < 0 ? (int)n : 0;
 }
 
@@ -330,10 +411,68 @@ static int ring_full(struct kvmdirty_vcpu *v)
 	KD_HOOK_POINT(KD_HOOK_RING_FULL, v);
 	pthread_mutex_lock(&vs->lock);
 	ret = collect(vs, &v->ring, v, true);
+	STORE(v->full_exits, v->full_exits + 1);
 	if (vs->sink)
 		vs->sink->full_exit(vs->sink_ctx, v, kd_now_ns() - t0);
 	pthread_mutex_unlock(&vs->lock);
 	return ret;
+}
+
+/*
+ * Stay out of KVM_RUN until hold_until (re-read: a harvest may push it
+ * on, a new limit may drop it), in slices, so that a VMM that sets
+ * immediate_exit gets its vCPU back within a slice, or at once with its
+ * signal.  -EINTR then.
+ */
+static int hold(struct kvmdirty_vcpu *v)
+{
+	uint64_t t0 = kd_now_ns(), now = t0, until;
+	int ret = 0;
+
+	STORE(v->holding, 1);
+	STORE(v->holds, v->holds + 1);
+	KD_HOOK_POINT(KD_HOOK_HOLD, v);
+	while ((until = LOAD(v->hold_until)) > now) {
+		uint64_t ns = until - now < KD_HOLD_SLICE_NS ? until - now : KD_HOLD_SLICE_NS;
+		struct timespec ts = { 0, (long)ns };
+
+		if (LOAD(v->run->immediate_exit)) {
+			ret = -EINTR;
+			break;
+		}
+		nanosleep(&ts, NULL);
+		now = kd_now_ns();
+	}
+	STORE(v->holding, 0);
+	STORE(v->held_ns, v->held_ns + (now - t0));
+	return ret;
+}
+
+static int run_loop(struct kvmdirty_vcpu *v)
+{
+	int ret;
+
+	for (;;) {
+		if (LOAD(v->hold_until) > kd_now_ns()) {
+			ret = hold(v);
+			if (ret < 0)
+				return ret;
+		}
+		v->kick_seen = __atomic_load_n(&v->kick_seq, __ATOMIC_SEQ_CST);
+		if (ioctl(v->fd, KVM_RUN, NULL) < 0) {
+			/* the library's own kick: be held, go on; the VMM's kicks set immediate_exit */
+			if (errno == EINTR && __atomic_load_n(&v->kick_seq, __ATOMIC_SEQ_CST) != v->kick_seen &&
+			    !LOAD(v->run->immediate_exit))
+				continue;
+			return -errno;
+		}
+		/* the one check the library adds to every exit */
+		if (v->run->exit_reason != KVM_EXIT_DIRTY_RING_FULL)
+			return 0;
+		ret = ring_full(v);
+		if (ret < 0)
+			return ret;
+	}
 }
 
 KD_EXPORT int kvmdirty_vcpu_run(struct kvmdirty_vcpu *v)
@@ -342,14 +481,71 @@ KD_EXPORT int kvmdirty_vcpu_run(struct kvmdirty_vcpu *v)
 
 	if (!v)
 		return -EINVAL;
-	for (;;) {
-		if (ioctl(v->fd, KVM_RUN, NULL) < 0)
-			return -errno;
-		/* the one check the library adds to every exit */
-		if (v->run->exit_reason != KVM_EXIT_DIRTY_RING_FULL)
-			return 0;
-		ret = ring_full(v);
-		if (ret < 0)
-			return ret;
+	v->thread = pthread_self();
+	__atomic_store_n(&v->in_run, 1, __ATOMIC_SEQ_CST);
+	ret = run_loop(v);
+	/* a kicker that saw in_run set finishes with v->thread before this returns */
+	__atomic_store_n(&v->in_run, 0, __ATOMIC_SEQ_CST);
+	while (__atomic_load_n(&v->kickers, __ATOMIC_SEQ_CST))
+		sched_yield();
+	return ret;
+}
+
+KD_EXPORT int kvmdirty_vcpu_set_dirty_limit(struct kvmdirty_vcpu *v, uint64_t pages_per_sec)
+{
+	struct kd_vcpus *vs;
+
+	if (!v || pages_per_sec > KD_LIMIT_MAX)
+		return -EINVAL;
+	vs = v->owner;
+	if (!vs->kvm->ring_entries)
+		return -EOPNOTSUPP;
+	pthread_mutex_lock(&vs->lock);
+	STORE(v->limit, pages_per_sec);
+	/* a new limit starts from nothing saved and nothing owed */
+	v->budget_ns = 0;
+	v->budget_at = kd_now_ns();
+	STORE(v->hold_until, 0);
+	pthread_mutex_unlock(&vs->lock);
+	return 0;
+}
+
+KD_EXPORT int kvmdirty_vcpu_stats(const struct kvmdirty_vcpu *v, struct kvmdirty_vcpu_stats *ret_stats,
+				  size_t size)
+{
+	struct kvmdirty_vcpu_stats st = { 0 };
+	struct kd_vcpus *vs;
+	uint64_t now, el;
+
+	if (!v || !ret_stats || !size)
+		return -EINVAL;
+	vs = v->owner;
+	pthread_mutex_lock(&vs->lock);
+	now = kd_now_ns();
+	el = vs->win_start ? now - vs->win_start : 0;
+	st.dirtied = v->dirtied;
+	/* no harvest closed a window for two: the rate is what came since the last one closed */
+	st.dirty_rate = el >= 2 * KD_RATE_WINDOW_NS ? v->win_pages * 1000000000ull / el : v->rate;
+	st.dirty_limit = v->limit;
+	pthread_mutex_unlock(&vs->lock);
+	st.held_ns = LOAD(v->held_ns);
+	st.holds = LOAD(v->holds);
+	st.kicks = LOAD(v->kicks);
+	st.ring_full_exits = LOAD(v->full_exits);
+	memcpy(ret_stats, &st, size < sizeof(st) ? size : sizeof(st));
+	return 0;
+}
+
+int kd_vcpus_set_kick_signal(struct kd_vcpus *vs, int signo)
+{
+	struct sigaction sa;
+
+	if (signo) {
+		if (signo < 1 || signo > SIGRTMAX || sigaction(signo, NULL, &sa) < 0)
+			return -EINVAL;
+		if (!(sa.sa_flags & SA_SIGINFO) && (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN))
+			return -EINVAL;
 	}
+	__atomic_store_n(&vs->kick_signo, signo, __ATOMIC_RELAXED);
+	return 0;
 }

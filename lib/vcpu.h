@@ -31,7 +31,39 @@ struct kvmdirty_vcpu {
 	struct kvm_run *run;
 	size_t run_size;
 	struct kd_ring ring; /* gfns NULL when the VM has no dirty ring */
+
+	/*
+	 * Dirty accounting and the dirty limit (ring mode).  Written under
+	 * the set's lock by whoever harvests this vCPU's ring; the fields
+	 * read elsewhere (stats, the vCPU's own thread) are read atomically.
+	 */
+	uint64_t dirtied;    /* ring entries harvested for this vCPU */
+	uint64_t win_pages;  /* ... in the set's current rate window */
+	uint64_t rate;	     /* pages/s over the last closed window */
+	uint64_t limit;	     /* pages/s, 0: none */
+	int64_t budget_ns;   /* time of quota saved (< 0: owed), as of budget_at */
+	uint64_t budget_at;
+	uint64_t hold_until; /* CLOCK_MONOTONIC ns the vCPU stays out of KVM_RUN until; 0: none */
+	uint64_t held_ns, holds, kicks, full_exits;
+	/*
+	 * Kicks: while the vCPU's thread is in kvmdirty_vcpu_run(), in_run is
+	 * set and thread names it.  A kicker raises kickers before it looks at
+	 * in_run, and the thread, leaving, waits for kickers to drop after
+	 * clearing in_run: so a thread is never signalled once it has left.
+	 */
+	pthread_t thread;
+	int in_run, kickers, holding;
+	uint64_t kick_seq; /* kicks sent; the thread compares it with kick_seen after an EINTR */
+	uint64_t kick_seen;
 };
+
+/* The set's dirty-rate window and the quota a limited vCPU may save up. */
+#define KD_RATE_WINDOW_NS 100000000ull
+#define KD_LIMIT_BURST_NS 10000000ll
+/* The longest a held vCPU sleeps before it looks at immediate_exit again. */
+#define KD_HOLD_SLICE_NS 2000000ull
+/* The highest dirty limit, pages/s (keeps the budget arithmetic in 64 bits). */
+#define KD_LIMIT_MAX (1ull << 32)
 
 #define KD_VCPU_NO_ID UINT32_MAX
 
@@ -73,6 +105,8 @@ struct kd_vcpus {
 	struct kd_ring_entry *buf;
 	uint32_t buf_cap;
 	uint64_t kernel_ns; /* in KVM_RESET_DIRTY_RINGS, for kd_vcpus_harvest() */
+	uint64_t win_start; /* the rate window's start, CLOCK_MONOTONIC ns */
+	int kick_signo;	    /* signal that takes a vCPU over its limit out of KVM_RUN; 0: none */
 };
 
 void kd_vcpus_init(struct kd_vcpus *vs, struct kd_kvm *kvm);
@@ -92,5 +126,8 @@ void kd_vcpus_set_sink(struct kd_vcpus *vs, const struct kd_ring_sink *sink, voi
  * *ret_kernel_ns gets the time spent in the reset ioctl.
  */
 int kd_vcpus_harvest(struct kd_vcpus *vs, uint64_t *ret_kernel_ns);
+
+/* The signal for kicks (0: none); -EINVAL unless a handler is installed for it. */
+int kd_vcpus_set_kick_signal(struct kd_vcpus *vs, int signo);
 
 #endif

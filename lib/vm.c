@@ -210,3 +210,10 @@ KD_EXPORT int kvmdirty_vcpu_add(struct kvmdirty_vm *vm, int vcpu_fd, struct kvmd
 		return -EINVAL;
 	return kd_vcpu_add(&vm->vcpus, vcpu_fd, ret_vcpu);
 }
+
+KD_EXPORT int kvmdirty_vm_set_kick_signal(struct kvmdirty_vm *vm, int signo)
+{
+	if (!vm)
+		return -EINVAL;
+	return kd_vcpus_set_kick_signal(&vm->vcpus, signo);
+}

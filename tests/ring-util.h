@@ -97,7 +97,7 @@ static inline void runner_kick(struct runner *r)
 
 	sigaction(SIGUSR1, &sa, NULL);
 	__atomic_store_n(&r->tv->pause_req, true, __ATOMIC_RELEASE);
-	kvmdirty_vcpu_kvm_run(r->tv->vcpu[r->i])->immediate_exit = 1;
+	__atomic_store_n(&kvmdirty_vcpu_kvm_run(r->tv->vcpu[r->i])->immediate_exit, 1, __ATOMIC_RELAXED);
 	pthread_kill(r->th, SIGUSR1);
 }
 

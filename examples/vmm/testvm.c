@@ -448,7 +448,7 @@ void testvm_pause_all(struct testvm *tv)
 	__atomic_store_n(&tv->pause_req, true, __ATOMIC_RELEASE);
 	/* immediate_exit covers a vCPU about to enter KVM_RUN, the signal one inside */
 	for (i = 0; i < tv->nr_vcpus; i++)
-		kvmdirty_vcpu_kvm_run(tv->vcpu[i])->immediate_exit = 1;
+		__atomic_store_n(&kvmdirty_vcpu_kvm_run(tv->vcpu[i])->immediate_exit, 1, __ATOMIC_RELAXED);
 	for (i = 0; i < tv->nr_threads; i++)
 		pthread_kill(tv->threads[i], SIGUSR1);
 	while (tv->parked < tv->alive)
@@ -468,7 +468,7 @@ void testvm_resume_all(struct testvm *tv)
 
 	pthread_mutex_lock(&tv->lock);
 	for (i = 0; i < tv->nr_vcpus; i++)
-		kvmdirty_vcpu_kvm_run(tv->vcpu[i])->immediate_exit = 0;
+		__atomic_store_n(&kvmdirty_vcpu_kvm_run(tv->vcpu[i])->immediate_exit, 0, __ATOMIC_RELAXED);
 	__atomic_store_n(&tv->pause_req, false, __ATOMIC_RELEASE);
 	pthread_cond_broadcast(&tv->cond);
 	pthread_mutex_unlock(&tv->lock);
