@@ -506,7 +506,7 @@ int kvmdirty_vcpu_set_dirty_limit(struct kvmdirty_vcpu *vcpu, uint64_t pages_per
  */
 int kvmdirty_vm_set_kick_signal(struct kvmdirty_vm *vm, int signo);
 
-/* One vCPU's dirtying, in DIRTY_RING mode (in the others the counts stay 0). */
+/* One vCPU's dirtying: the ring's counts in DIRTY_RING mode (0 in the others), faults in all. */
 struct kvmdirty_vcpu_stats {
 	uint64_t dirtied;	  /* ring entries harvested for it: pages it dirtied */
 	uint64_t dirty_rate;	  /* pages/s over the last 100 ms window (all vCPUs share it) */
@@ -515,6 +515,14 @@ struct kvmdirty_vcpu_stats {
 	uint64_t holds;		  /* times held */
 	uint64_t kicks;		  /* kick signals sent to it */
 	uint64_t ring_full_exits; /* its KVM_EXIT_DIRTY_RING_FULL exits handled */
+	/*
+	 * Page faults KVM took for it, in any mode (KVM's per-vCPU statistic
+	 * pf_taken, Linux 5.14+; 0 where KVM lacks it).  Once memory is
+	 * faulted in and tracking started, these are mostly first writes to
+	 * write-protected pages: how the bitmap modes, which cannot tell
+	 * whose write a dirty bit is, can tell which vCPUs dirty.
+	 */
+	uint64_t faults;
 };
 
 /*

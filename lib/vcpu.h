@@ -31,6 +31,9 @@ struct kvmdirty_vcpu {
 	struct kvm_run *run;
 	size_t run_size;
 	struct kd_ring ring; /* gfns NULL when the VM has no dirty ring */
+	/* KVM's binary statistics of the vCPU, and where its page-fault count is; -1: none */
+	int stats_fd;
+	uint64_t fault_off;
 
 	/*
 	 * Dirty accounting and the dirty limit (ring mode).  Written under

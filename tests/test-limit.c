@@ -432,6 +432,51 @@ START_TEST(kick_while_leaving)
 }
 END_TEST
 
+/*
+ * The bitmap modes cannot say whose write a dirty bit is; KVM's per-vCPU
+ * fault count can: after tracking starts, a vCPU writing 1000 pages takes
+ * a fault for each, one that computes takes next to none.
+ */
+START_TEST(faults_per_vcpu)
+{
+	struct testvm_opts o = { .nr_vcpus = 2, .track = true,
+				 .track_opts = { .mode = _i ? KVMDIRTY_MODE_DIRTY_LOG : KVMDIRTY_MODE_CLEAR_LOG } };
+	struct rig g = { 0 };
+	struct kvmdirty_vcpu_stats a0, a1, b0, b1;
+	struct kvmdirty_region *ra;
+	void *ma;
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &g.tv));
+	g.t = g.tv->tracker;
+	ck_assert_ok(testvm_add_memory(g.tv, L_GPA, 2048 * PAGE, 0, &ma, &ra));
+	rig_add_copy(&g, ra, false, false);
+	rig_add_copy(&g, g.tv->sys_region, true, false);
+	/* a first pass each faults memory in; tracking starts after it */
+	rig_work(g.tv, 0, L_GPA, 1000, GUEST_SEQUENTIAL, GUEST_F_EXIT_EVERY_PASS);
+	rig_work(g.tv, 1, 0, 1000, GUEST_COMPUTE, GUEST_F_EXIT_EVERY_PASS);
+	rig_run_pass(g.tv, 0);
+	rig_run_pass(g.tv, 1);
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	rig_consume(&g);
+	a0 = vstats(g.tv, 0);
+	a1 = vstats(g.tv, 1);
+	ck_assert_msg(a0.faults > 0, "no fault counted for a vCPU that faulted 1000 pages in");
+	rig_run_pass(g.tv, 0);
+	rig_run_pass(g.tv, 1);
+	b0 = vstats(g.tv, 0);
+	b1 = vstats(g.tv, 1);
+	ck_assert_msg(b0.faults - a0.faults >= 1000, "writer: %" PRIu64 " faults for 1000 protected pages",
+		      b0.faults - a0.faults);
+	ck_assert_msg(b1.faults - a1.faults < 16, "computing vCPU: %" PRIu64 " faults", b1.faults - a1.faults);
+	ck_assert_uint_eq(b0.dirtied, 0);
+	rig_sync_consume(&g);
+	rig_expect_fresh(&g, "after the last sync");
+	rig_free(&g);
+	testvm_free(g.tv);
+}
+END_TEST
+
 START_TEST(errors)
 {
 	struct testvm_opts o = { .nr_vcpus = 1, .track = true,
@@ -493,6 +538,7 @@ int main(void)
 	tcase_add_loop_test(tc, kick_holds_vcpu_in_kvm_run, 0, 2);
 	tcase_add_test(tc, pause_while_held);
 	tcase_add_test(tc, kick_while_leaving);
+	tcase_add_loop_test(tc, faults_per_vcpu, 0, 2);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
