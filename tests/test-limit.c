@@ -477,6 +477,49 @@ START_TEST(faults_per_vcpu)
 }
 END_TEST
 
+/*
+ * The test VMM's run share, the bitmap modes' throttle: a vCPU at a
+ * quarter of each period sits out the rest, the other never; the writer
+ * kept out loses no write.
+ */
+START_TEST(run_share)
+{
+	struct testvm_opts o = { .nr_vcpus = 2, .track = true, .track_opts = { .mode = KVMDIRTY_MODE_CLEAR_LOG } };
+	struct rig g = { 0 };
+	struct kvmdirty_region *ra;
+	void *ma;
+	int i;
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &g.tv));
+	g.t = g.tv->tracker;
+	ck_assert_ok(testvm_add_memory(g.tv, L_GPA, 2048 * PAGE, 0, &ma, &ra));
+	rig_add_copy(&g, ra, false, false);
+	rig_add_copy(&g, g.tv->sys_region, true, false);
+	rig_work(g.tv, 0, L_GPA, 2048, GUEST_SEQUENTIAL, 0);
+	rig_work(g.tv, 1, 0, 1000, GUEST_COMPUTE, 0);
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	rig_consume(&g);
+	ck_assert_errno(testvm_set_run_share(g.tv, 0, 250), EAGAIN);
+	ck_assert_ok(testvm_spawn(g.tv));
+	ck_assert_errno(testvm_set_run_share(g.tv, 0, 1001), EINVAL);
+	ck_assert_errno(testvm_set_run_share(g.tv, 2, 250), EINVAL);
+	ck_assert_ok(testvm_set_run_share(g.tv, 0, 250));
+	for (i = 0; i < 20; i++) {
+		rig_pause_us(20000);
+		rig_sync_consume(&g);
+	}
+	ck_assert_msg(testvm_out_ns(g.tv, 0) > 0, "a vCPU at a run share of 250 was never kept out");
+	ck_assert_uint_eq(testvm_out_ns(g.tv, 1), 0);
+	testvm_stop_all(g.tv);
+	ck_assert_ok(testvm_join(g.tv, NULL, NULL));
+	rig_sync_consume(&g);
+	rig_expect_fresh(&g, "after the last sync");
+	rig_free(&g);
+	testvm_free(g.tv);
+}
+END_TEST
+
 START_TEST(errors)
 {
 	struct testvm_opts o = { .nr_vcpus = 1, .track = true,
@@ -539,6 +582,7 @@ int main(void)
 	tcase_add_test(tc, pause_while_held);
 	tcase_add_test(tc, kick_while_leaving);
 	tcase_add_loop_test(tc, faults_per_vcpu, 0, 2);
+	tcase_add_test(tc, run_share);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

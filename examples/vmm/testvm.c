@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <linux/kvm.h>
@@ -258,6 +259,8 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	tv->ring0_vcpus = opts->ring0 ? ~0ull : opts->ring0_vcpus;
 	pthread_mutex_init(&tv->lock, NULL);
 	pthread_cond_init(&tv->cond, NULL);
+	for (i = 0; i < GUEST_MAX_VCPUS; i++)
+		tv->share[i] = 1000;
 
 	ret = kvmdirty_vm_new(&tv->vm);
 	if (ret < 0)
@@ -338,6 +341,32 @@ uint64_t testvm_tsc_per_page(const struct testvm *tv, uint64_t pages_per_sec)
 	return tv->tsc_khz * 1000 / pages_per_sec;
 }
 
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The rest of this period out of KVM_RUN, if the throttler asked (a pause cuts it short). */
+static void sit_out(struct testvm *tv, unsigned int i)
+{
+	uint64_t until = __atomic_load_n(&tv->out_until[i], __ATOMIC_ACQUIRE), t0, now;
+
+	if (!until)
+		return;
+	t0 = now = mono_ns();
+	while (now < until && !__atomic_load_n(&tv->pause_req, __ATOMIC_ACQUIRE)) {
+		struct timespec ts = { (time_t)(until / 1000000000ull), (long)(until % 1000000000ull) };
+
+		clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+		now = mono_ns();
+	}
+	__atomic_compare_exchange_n(&tv->out_until[i], &until, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&tv->out_ns[i], now - t0, __ATOMIC_RELAXED);
+}
+
 int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret)
 {
 	struct kvm_run *run;
@@ -347,6 +376,7 @@ int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret)
 		return -EINVAL;
 	run = kvmdirty_vcpu_kvm_run(tv->vcpu[i]);
 	do {
+		sit_out(tv, i);
 		r = kvmdirty_vcpu_run(tv->vcpu[i]);
 	} while (r == -EINTR && !__atomic_load_n(&tv->pause_req, __ATOMIC_ACQUIRE));
 	if (r < 0)
@@ -474,6 +504,94 @@ void testvm_resume_all(struct testvm *tv)
 	pthread_mutex_unlock(&tv->lock);
 }
 
+#define THROTTLE_PERIOD_NS 10000000ull
+
+/*
+ * Each period: every vCPU under a run share is told how long to stay out
+ * and signalled; the signal takes it out of KVM_RUN (one that lands just
+ * before KVM_RUN is lost, and that vCPU runs the period whole).
+ */
+static void *throttler(void *p)
+{
+	struct testvm *tv = p;
+	uint64_t next = mono_ns();
+	unsigned int i;
+
+	pthread_mutex_lock(&tv->lock);
+	while (!tv->throttler_stop) {
+		struct timespec ts;
+
+		for (i = 0; i < tv->nr_threads; i++) {
+			unsigned int share = __atomic_load_n(&tv->share[i], __ATOMIC_RELAXED);
+
+			if (share >= 1000)
+				continue;
+			__atomic_store_n(&tv->out_until[i], next + (1000 - share) * THROTTLE_PERIOD_NS / 1000,
+					 __ATOMIC_RELEASE);
+			pthread_kill(tv->threads[i], SIGUSR1);
+		}
+		next += THROTTLE_PERIOD_NS;
+		ts.tv_sec = (time_t)(next / 1000000000ull);
+		ts.tv_nsec = (long)(next % 1000000000ull);
+		pthread_mutex_unlock(&tv->lock);
+		clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+		pthread_mutex_lock(&tv->lock);
+		if (mono_ns() > next + THROTTLE_PERIOD_NS)
+			next = mono_ns(); /* fell behind: start afresh */
+	}
+	pthread_mutex_unlock(&tv->lock);
+	return NULL;
+}
+
+int testvm_set_run_share(struct testvm *tv, unsigned int i, unsigned int permille)
+{
+	int ret = 0;
+
+	if (i >= tv->nr_vcpus || permille > 1000)
+		return -EINVAL;
+	pthread_mutex_lock(&tv->lock);
+	if (!tv->nr_threads) {
+		ret = -EAGAIN;
+		goto out;
+	}
+	__atomic_store_n(&tv->share[i], permille, __ATOMIC_RELAXED);
+	if (permille < 1000 && !tv->throttler_on) {
+		tv->throttler_stop = false;
+		if (pthread_create(&tv->throttler, NULL, throttler, tv))
+			ret = -EAGAIN;
+		else
+			tv->throttler_on = true;
+	}
+out:
+	pthread_mutex_unlock(&tv->lock);
+	return ret;
+}
+
+uint64_t testvm_out_ns(const struct testvm *tv, unsigned int i)
+{
+	return i < tv->nr_vcpus ? __atomic_load_n(&tv->out_ns[i], __ATOMIC_RELAXED) : 0;
+}
+
+static void throttler_stop(struct testvm *tv)
+{
+	unsigned int i;
+
+	pthread_mutex_lock(&tv->lock);
+	if (!tv->throttler_on) {
+		pthread_mutex_unlock(&tv->lock);
+		return;
+	}
+	tv->throttler_stop = true;
+	pthread_mutex_unlock(&tv->lock);
+	pthread_kill(tv->throttler, SIGUSR1);
+	pthread_join(tv->throttler, NULL);
+	tv->throttler_on = false;
+	for (i = 0; i < tv->nr_vcpus; i++) {
+		__atomic_store_n(&tv->share[i], 1000, __ATOMIC_RELAXED);
+		__atomic_store_n(&tv->out_until[i], 0, __ATOMIC_RELEASE);
+	}
+}
+
 int testvm_spawn(struct testvm *tv)
 {
 	struct sigaction sa = { .sa_handler = on_kick };
@@ -513,6 +631,7 @@ int testvm_join(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exi
 	unsigned int i, n = tv->nr_threads;
 	int ret = 0;
 
+	throttler_stop(tv); /* it signals the threads joined below */
 	testvm_resume_all(tv); /* parked threads must see the stop */
 	for (i = 0; i < n; i++)
 		pthread_join(tv->threads[i], NULL);

@@ -39,6 +39,12 @@ struct testvm {
 	pthread_cond_t cond;
 	bool pause_req, halt_req;
 	unsigned int alive, parked;
+	/* testvm_set_run_share(): per vCPU, permille of each period in KVM_RUN, and the thread enforcing it */
+	unsigned int share[GUEST_MAX_VCPUS];
+	uint64_t out_until[GUEST_MAX_VCPUS]; /* CLOCK_MONOTONIC ns the vCPU stays out until */
+	uint64_t out_ns[GUEST_MAX_VCPUS];    /* time kept out so far */
+	pthread_t throttler;
+	bool throttler_on, throttler_stop;
 };
 
 struct testvm_opts {
@@ -132,6 +138,17 @@ void testvm_resume_all(struct testvm *tv);
  * not failed counts as done).
  */
 void testvm_halt_all(struct testvm *tv);
+
+/*
+ * Keep spawned vCPU i in KVM_RUN for only permille/1000 of each 10 ms
+ * period (1000: no limit), as a VMM slows a vCPU whose dirty pages it
+ * cannot attribute to a ring: a thread of testvm's signals the vCPU's
+ * thread each period, which then sits out the rest.  Returns 0, -EINVAL
+ * (i or permille out of range) or -EAGAIN (no thread).  testvm_out_ns():
+ * how long vCPU i was kept out so far.
+ */
+int testvm_set_run_share(struct testvm *tv, unsigned int i, unsigned int permille);
+uint64_t testvm_out_ns(const struct testvm *tv, unsigned int i);
 
 const char *testvm_event_name(enum testvm_event e);
 
