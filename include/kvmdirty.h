@@ -468,9 +468,9 @@ struct kvm_run *kvmdirty_vcpu_kvm_run(const struct kvmdirty_vcpu *vcpu);
  * at once with a signal, else within 2 ms (the library reads the flag
  * while the vCPU is held: set it with an atomic store).  The VMM's kicks
  * set immediate_exit before they signal, as they must anyway, for a
- * signal that comes just before KVM_RUN is otherwise lost; an EINTR of
- * the library's own kick (kvmdirty_vm_set_kick_signal()) without
- * immediate_exit is not returned.  Call from the vCPU's thread; may run
+ * signal that comes just before KVM_RUN is otherwise lost; an EINTR
+ * without immediate_exit that follows a kick of the library's
+ * (kvmdirty_vm_set_kick_signal()) is taken as that kick's, not returned.  Call from the vCPU's thread; may run
  * concurrently with everything else on the VM.  -EINVAL for NULL.
  */
 int kvmdirty_vcpu_run(struct kvmdirty_vcpu *vcpu);
@@ -501,15 +501,17 @@ int kvmdirty_vcpu_set_dirty_limit(struct kvmdirty_vcpu *vcpu, uint64_t pages_per
  * (one that does nothing will do; without SA_RESTART, so that KVM_RUN
  * returns EINTR); the VMM's own kick signal may be the same one.  The
  * signal may reach the thread just after kvmdirty_vcpu_run() returned,
- * never after it returned and the thread exited.  Errors: -EINVAL NULL
- * VM, a signal out of range or one with no handler installed.
+ * never after it returned and the thread exited, and none is sent once a
+ * call that changes or clears the signal has returned (one sent just
+ * before may still be delivered after).  Errors: -EINVAL
+ * NULL VM, a signal out of range or one with no handler installed.
  */
 int kvmdirty_vm_set_kick_signal(struct kvmdirty_vm *vm, int signo);
 
 /* One vCPU's dirtying: the ring's counts in DIRTY_RING mode (0 in the others), faults in all. */
 struct kvmdirty_vcpu_stats {
 	uint64_t dirtied;	  /* ring entries harvested for it: pages it dirtied */
-	uint64_t dirty_rate;	  /* pages/s over the last 100 ms window (all vCPUs share it) */
+	uint64_t dirty_rate;	  /* pages/s over the last closed 100 ms window (all vCPUs share it) */
 	uint64_t dirty_limit;	  /* pages/s, 0: none */
 	uint64_t held_ns;	  /* time held out of KVM_RUN by the limit */
 	uint64_t holds;		  /* times held */

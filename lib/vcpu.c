@@ -503,22 +503,52 @@ static int hold(struct kvmdirty_vcpu *v)
 	return ret;
 }
 
+/*
+ * A thread that blocks the kick signal outside KVM_RUN (KVM_SET_SIGNAL_MASK
+ * unblocks it inside) still has it pending after the EINTR, and every
+ * KVM_RUN would end at once: take it.  Unblocked, its handler ran already.
+ */
+static void eat_kick(struct kd_vcpus *vs)
+{
+	int signo = LOAD(vs->kick_signo);
+	struct timespec zero = { 0, 0 };
+	sigset_t cur, one;
+
+	if (!signo || pthread_sigmask(SIG_BLOCK, NULL, &cur) || !sigismember(&cur, signo))
+		return;
+	sigemptyset(&one);
+	sigaddset(&one, signo);
+	while (sigtimedwait(&one, NULL, &zero) > 0)
+		;
+}
+
 static int run_loop(struct kvmdirty_vcpu *v)
 {
 	int ret;
 
 	for (;;) {
-		if (LOAD(v->hold_until) > kd_now_ns()) {
+		uint64_t until = LOAD(v->hold_until);
+
+		if (until && until > kd_now_ns()) {
 			ret = hold(v);
 			if (ret < 0)
 				return ret;
 		}
-		v->kick_seen = __atomic_load_n(&v->kick_seq, __ATOMIC_SEQ_CST);
 		if (ioctl(v->fd, KVM_RUN, NULL) < 0) {
-			/* the library's own kick: be held, go on; the VMM's kicks set immediate_exit */
-			if (errno == EINTR && __atomic_load_n(&v->kick_seq, __ATOMIC_SEQ_CST) != v->kick_seen &&
-			    !LOAD(v->run->immediate_exit))
+			uint64_t seq;
+
+			/*
+			 * An EINTR without immediate_exit after a kick of the
+			 * library's is taken as that kick's (its signal may have
+			 * waited, blocked, for KVM_RUN to unblock it): be held, go
+			 * on.  The VMM's kicks set immediate_exit and are returned.
+			 */
+			if (errno == EINTR && !LOAD(v->run->immediate_exit) &&
+			    (seq = __atomic_load_n(&v->kick_seq, __ATOMIC_SEQ_CST)) != v->kick_seen) {
+				v->kick_seen = seq;
+				eat_kick(v->owner);
 				continue;
+			}
 			return -errno;
 		}
 		/* the one check the library adds to every exit */
@@ -602,6 +632,9 @@ int kd_vcpus_set_kick_signal(struct kd_vcpus *vs, int signo)
 		if (!(sa.sa_flags & SA_SIGINFO) && (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN))
 			return -EINVAL;
 	}
+	/* every kick runs under the lock: none with the old signal is under way once this returns */
+	pthread_mutex_lock(&vs->lock);
 	__atomic_store_n(&vs->kick_signo, signo, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&vs->lock);
 	return 0;
 }

@@ -56,8 +56,8 @@ struct kvmdirty_vcpu {
 	 */
 	pthread_t thread;
 	int in_run, kickers, holding;
-	uint64_t kick_seq; /* kicks sent; the thread compares it with kick_seen after an EINTR */
-	uint64_t kick_seen;
+	uint64_t kick_seq;  /* kicks sent */
+	uint64_t kick_seen; /* kick_seq when the thread last took an EINTR as the library's */
 };
 
 /* The set's dirty-rate window and the quota a limited vCPU may save up. */

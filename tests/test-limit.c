@@ -17,6 +17,7 @@
  */
 #include <inttypes.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <linux/kvm.h>
 
 #include "ring-util.h"
@@ -520,6 +521,245 @@ START_TEST(run_share)
 }
 END_TEST
 
+static void nop_handler(int sig)
+{
+	(void)sig;
+}
+
+static void install_nop(int sig)
+{
+	struct sigaction sa = { .sa_handler = nop_handler };
+
+	/* no SA_RESTART, as the header asks */
+	sigaction(sig, &sa, NULL);
+}
+
+/* The exit's port, or 0 for an exit that is not one of the guest's OUTs. */
+static uint16_t exit_port(struct kvm_run *run)
+{
+	if (run->exit_reason != KVM_EXIT_IO || run->io.direction != KVM_EXIT_IO_OUT)
+		return 0;
+	return run->io.port;
+}
+
+/*
+ * A vCPU thread with the kick signal blocked in user space and unblocked
+ * only inside KVM_RUN (KVM_SET_SIGNAL_MASK, as QEMU did before
+ * immediate_exit), so that a signal never interrupts the VMM's own code;
+ * after an -EINTR it eats the pending signal (sigtimedwait).  It counts the -EINTRs
+ * kvmdirty_vcpu_run() returns although immediate_exit is clear (nobody
+ * but the library signals it in this test).
+ */
+static struct {
+	struct testvm *tv;
+	struct handoff h;
+	int hooked;
+	int eintr_no_ie;
+	int ret;
+	pthread_t th;
+} e2;
+
+static void *e2_thread(void *p)
+{
+	struct kvmdirty_vcpu *v = e2.tv->vcpu[0];
+	struct kvm_run *run = kvmdirty_vcpu_kvm_run(v);
+	struct {
+		struct kvm_signal_mask m;
+		uint8_t set[8];
+	} km = { .m = { .len = 8 } };
+	sigset_t set;
+	int r;
+
+	(void)p;
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR1);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	/* inside KVM_RUN nothing is blocked */
+	if (ioctl(kvmdirty_vcpu_fd(v), KVM_SET_SIGNAL_MASK, &km) < 0) {
+		e2.ret = -errno;
+		return NULL;
+	}
+	for (;;) {
+		r = kvmdirty_vcpu_run(v);
+		if (r == -EINTR) {
+			struct timespec zero = { 0, 0 };
+
+			if (!__atomic_load_n(&run->immediate_exit, __ATOMIC_RELAXED))
+				e2.eintr_no_ie++;
+			/* the signal stays pending (blocked here): eat it, as such VMMs do */
+			while (sigtimedwait(&set, NULL, &zero) > 0)
+				;
+			continue;
+		}
+		if (r < 0) {
+			e2.ret = r;
+			break;
+		}
+		if (exit_port(run) == GUEST_PORT_PASS || exit_port(run) == GUEST_PORT_TICK)
+			continue;
+		e2.ret = exit_port(run) == GUEST_PORT_DONE ? 0 : -EIO;
+		break;
+	}
+	return NULL;
+}
+
+static void e2_point(enum kd_hook_point p, void *obj)
+{
+	if (p != KD_HOOK_RING_FULL || obj != e2.tv->vcpu[0] || e2.hooked++)
+		return;
+	handoff_post(&e2.h);
+	handoff_wait_go(&e2.h, 30000);
+}
+
+/*
+ * Header: "an EINTR of the library's own kick (kvmdirty_vm_set_kick_signal())
+ * without immediate_exit is not returned".  The library tells its kick
+ * from others by kick_seq moving during the KVM_RUN; a kick sent while
+ * the thread is in the library but out of KVM_RUN (here: handling a
+ * ring-full exit, while a sync charges the vCPU) is pending when the
+ * thread loads kick_seen, and the next KVM_RUN's -EINTR is returned to
+ * the VMM as if the VMM had kicked (lib/vcpu.c run_loop(), the
+ * kick_seq != kick_seen test).
+ */
+START_TEST(own_kick_eintr_not_returned)
+{
+	struct rig g = ring_rig(1, 256, 0, 0);
+	struct kvmdirty_region *ra;
+	struct kvmdirty_vcpu_stats st;
+	void *ma;
+
+	install_nop(SIGUSR1);
+	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, SIGUSR1));
+	ck_assert_ok(testvm_add_memory(g.tv, L_GPA, 2048 * PAGE, 0, &ma, &ra));
+	rig_add_copy(&g, ra, false, false);
+	rig_add_copy(&g, g.tv->sys_region, true, false);
+	rig_work(g.tv, 0, L_GPA, 2048, GUEST_SEQUENTIAL, 0);
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	rig_consume(&g);
+	e2 = (typeof(e2)){ .tv = g.tv, .h = HANDOFF_INIT };
+	kd_test_hooks_set(NULL, e2_point, false);
+	ck_assert_int_eq(pthread_create(&e2.th, NULL, e2_thread, NULL), 0);
+	/* the vCPU's first ring-full exit, nothing taken yet */
+	handoff_wait_posted(&e2.h);
+	/* a sync charges its full ring at 1 page/s: in debt, kicked */
+	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 1));
+	rig_sync_consume(&g);
+	st = vstats(g.tv, 0);
+	ck_assert_uint_eq(st.kicks, 1);
+	/* the VMM lifts the limit: the vCPU goes on */
+	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 0));
+	hooks_off();
+	handoff_go(&e2.h);
+	rig_pause_us(200000);
+	testvm_stop_all(g.tv);
+	pthread_join(e2.th, NULL);
+	ck_assert_msg(e2.ret == 0, "vCPU thread: %s", strerror(-e2.ret));
+	ck_assert_msg(e2.eintr_no_ie == 0,
+		      "kvmdirty_vcpu_run() returned -EINTR %d time(s) with immediate_exit clear; the only "
+		      "signal sent was the library's own kick (kicks %" PRIu64 ")",
+		      e2.eintr_no_ie, st.kicks);
+	rig_sync_consume(&g);
+	rig_expect_fresh(&g, "after the last sync");
+	rig_free(&g);
+	testvm_free(g.tv);
+}
+END_TEST
+
+/*
+ * kvmdirty_vm_set_kick_signal(vm, 0) must not return while a harvest that
+ * read the old signal is about to send it, nor may a kick be sent after
+ * it returned (a VMM may then give the signal another use).  Forced with
+ * KD_HOOK_KICK: a sync on another thread is held in kick() after it read
+ * the signal while the VMM turns kicks off; the vCPU stays in debt and
+ * syncs go on after.
+ */
+static struct {
+	struct rig *g;
+	struct kvmdirty_vcpu *v;
+	struct kvmdirty_vm *vm;
+	struct handoff h;
+	int hooked, stop, set_done, set_ret;
+	pthread_t th, setter;
+} e3;
+
+static void *e3_set_off(void *p)
+{
+	(void)p;
+	e3.set_ret = kvmdirty_vm_set_kick_signal(e3.vm, 0);
+	__atomic_store_n(&e3.set_done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+static void e3_point(enum kd_hook_point p, void *obj)
+{
+	if (p != KD_HOOK_KICK || obj != e3.v || e3.hooked++)
+		return;
+	handoff_post(&e3.h);
+	handoff_wait_go(&e3.h, 30000);
+}
+
+static void *e3_syncer(void *p)
+{
+	(void)p;
+	while (!__atomic_load_n(&e3.stop, __ATOMIC_ACQUIRE)) {
+		kvmdirty_tracker_sync(e3.g->t);
+		rig_pause_us(20000);
+	}
+	return NULL;
+}
+
+START_TEST(kick_signal_off_is_off)
+{
+	struct rig g = ring_rig(1, 4096, 0, 0);
+	struct kvmdirty_region *ra;
+	struct guest_vcpu *mb0;
+	struct runner r;
+	uint64_t kicks;
+	void *ma;
+
+	install_nop(SIGUSR1);
+	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, SIGUSR1));
+	ck_assert_ok(testvm_add_memory(g.tv, L_GPA, 4096 * PAGE, 0, &ma, &ra));
+	rig_add_copy(&g, ra, false, false);
+	rig_add_copy(&g, g.tv->sys_region, true, false);
+	rig_work(g.tv, 0, L_GPA, 4096, GUEST_SEQUENTIAL, 0);
+	mb0 = testvm_mailbox(g.tv, 0);
+	mb0->tsc_per_page = testvm_tsc_per_page(g.tv, 2000);
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	rig_consume(&g);
+	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 10));
+	e3 = (typeof(e3)){ .g = &g, .v = g.tv->vcpu[0], .h = HANDOFF_INIT };
+	kd_test_hooks_set(NULL, e3_point, false);
+	runner_start(&r, g.tv, 0);
+	ck_assert_int_eq(pthread_create(&e3.th, NULL, e3_syncer, NULL), 0);
+	handoff_wait_posted(&e3.h);
+	/* the VMM turns kicks off: the call waits for the kick under way */
+	e3.vm = g.tv->vm;
+	ck_assert_int_eq(pthread_create(&e3.setter, NULL, e3_set_off, NULL), 0);
+	rig_pause_us(200000);
+	ck_assert_msg(!__atomic_load_n(&e3.set_done, __ATOMIC_ACQUIRE),
+		      "kicks turned off while a kick with the old signal was under way");
+	hooks_off();
+	handoff_go(&e3.h);
+	pthread_join(e3.setter, NULL);
+	ck_assert_int_eq(e3.set_ret, 0);
+	kicks = vstats(g.tv, 0).kicks;
+	ck_assert_uint_eq(kicks, 1);
+	/* seconds in debt, synced every 20 ms: no kick once they are off */
+	rig_pause_us(300000);
+	__atomic_store_n(&e3.stop, 1, __ATOMIC_RELEASE);
+	pthread_join(e3.th, NULL);
+	ck_assert_uint_eq(vstats(g.tv, 0).kicks, kicks);
+	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 0));
+	testvm_stop_all(g.tv);
+	runner_join(&r);
+	rig_sync_consume(&g);
+	rig_expect_fresh(&g, "after the last sync");
+	rig_free(&g);
+	testvm_free(g.tv);
+}
+END_TEST
+
 START_TEST(errors)
 {
 	struct testvm_opts o = { .nr_vcpus = 1, .track = true,
@@ -583,6 +823,8 @@ int main(void)
 	tcase_add_test(tc, kick_while_leaving);
 	tcase_add_loop_test(tc, faults_per_vcpu, 0, 2);
 	tcase_add_test(tc, run_share);
+	tcase_add_test(tc, own_kick_eintr_not_returned);
+	tcase_add_test(tc, kick_signal_off_is_off);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
