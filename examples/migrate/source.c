@@ -5,7 +5,8 @@
  * 512 KiB.  With verify each DATA run carries its pages' hashes, taken
  * just before the send by a thread of its own that hashes one batch while
  * the main thread sends the one before (in stop-and-copy the paused vCPUs
- * leave their CPUs to it), and kept (sent_hash, a slot per page).  The
+ * leave their CPUs to it), and kept (sent_hash, a slot per page, and
+ * sent_data, which pages' latest copy was data rather than zero).  The
  * destination checks them as pages land; after its answer, with the guest
  * running over there, the source checks its final memory against
  * sent_hash, off the downtime path.
@@ -44,7 +45,7 @@
 struct hash_run {
 	const uint8_t *hva;
 	uint32_t region;
-	bool zero; /* sent as ZERO: no hashes in the stream, the zero page's in sent_hash */
+	bool zero; /* sent as ZERO: no hashes in the stream, the zero page's hash is what to expect */
 	uint64_t first, count;
 	uint64_t *out;
 };
@@ -63,7 +64,8 @@ struct source {
 	const struct mig_send_opts *o;
 	struct mig_conn *c;
 	struct mig_encoder enc;
-	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest copy; the hasher's */
+	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest data copy; the hasher's */
+	uint64_t *sent_data[MIG_MAX_REGIONS]; /* ... whose latest copy was data (else zero); the hasher's */
 	uint64_t zero_hash;
 	struct mig_vcpu_state *vs;
 	uint64_t pages, zero_pages, untouched_pages;
@@ -104,13 +106,19 @@ static void hash_batch(struct source *s, struct batch *b)
 		const struct hash_run *r = &b->runs[i];
 		uint64_t *sent = s->sent_hash[r->region] + r->first;
 
-		for (k = 0; k < r->count; k++) {
-			sent[k] = r->zero ? s->zero_hash : mig_page_hash(r->hva + k * PAGE);
-			if (!r->zero)
-				r->out[k] = sent[k];
+		/*
+		 * A zero page's slot is left alone (sent_data says which slots
+		 * hold a data copy's hash): the slots of a huge guest that is
+		 * mostly untouched are never faulted in.
+		 */
+		if (r->zero) {
+			kvmdirty_bitmap_clear(s->sent_data[r->region], r->first, r->first + r->count);
+			continue;
 		}
-		if (!r->zero)
-			s->hashed += r->count;
+		for (k = 0; k < r->count; k++)
+			r->out[k] = sent[k] = mig_page_hash(r->hva + k * PAGE);
+		kvmdirty_bitmap_set(s->sent_data[r->region], r->first, r->first + r->count);
+		s->hashed += r->count;
 	}
 }
 
@@ -155,6 +163,8 @@ static void hasher_give(struct source *s, struct batch *b)
 	pthread_cond_broadcast(&s->w.cond);
 	pthread_mutex_unlock(&s->w.lock);
 }
+
+static void maybe_sample(struct source *s);
 
 static int send_batch(struct source *s, struct batch *b)
 {
@@ -213,6 +223,7 @@ static int put(struct source *s, struct mig_record rec, const void *payload, siz
 		ret = ship(s);
 		if (ret < 0)
 			return ret;
+		maybe_sample(s);
 		b = s->cur;
 	}
 	b->hdr[b->nh] = rec;
@@ -425,7 +436,6 @@ static int drain(struct source *s)
 			ret = send_range(s, &rg[i]);
 			if (ret < 0)
 				return ret;
-			maybe_sample(s);
 		}
 	}
 	return n < 0 ? n : flush(s);
@@ -480,7 +490,8 @@ static void check_sent(struct source *s, struct mig_result *res, char *err, size
 				uint64_t page = k + m, gpa = g->regions[i].gpa + page * PAGE;
 				uint64_t h = b && mig_pm_untouched(s->pme[m]) ? s->zero_hash : mig_page_hash(p + page * PAGE);
 
-				if (h == s->sent_hash[i][page])
+				if (h == (kvmdirty_bitmap_is_clear(s->sent_data[i], page, page + 1) ? s->zero_hash
+													  : s->sent_hash[i][page]))
 					continue;
 				if (!res->lost_pages)
 					at = (size_t)snprintf(err, len, "after switchover: pages differ from what was sent, "
@@ -512,7 +523,8 @@ static int alloc_hashes(struct source *s)
 
 	for (i = 0; i < s->g->nr_regions; i++) {
 		s->sent_hash[i] = calloc(s->g->regions[i].size / PAGE, sizeof(uint64_t));
-		if (!s->sent_hash[i])
+		s->sent_data[i] = calloc(KVMDIRTY_BITMAP_WORDS(s->g->regions[i].size / PAGE), sizeof(uint64_t));
+		if (!s->sent_hash[i] || !s->sent_data[i])
 			return -ENOMEM;
 	}
 	return 0;
@@ -819,8 +831,10 @@ out:
 	free(s->vs);
 	free(s->progress0);
 	free(s->progress_at);
-	for (i = 0; i < MIG_MAX_REGIONS; i++)
+	for (i = 0; i < MIG_MAX_REGIONS; i++) {
 		free(s->sent_hash[i]);
+		free(s->sent_data[i]);
+	}
 	free(s);
 	return ret;
 }
