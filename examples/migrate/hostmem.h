@@ -19,8 +19,10 @@
  * The answer holds only while nothing can fault the page in unseen: ask
  * after the page is write-protected for dirty tracking (after
  * kvmdirty_tracker_next() handed it out), so a guest write that faults it
- * in afterwards is reported by a later sync.  Userfaultfd-registered
- * memory is not supported.
+ * in afterwards is reported by a later sync.  The source reads the
+ * mappings once, when a migration starts: a VMM must not replace guest
+ * memory's mapping (mmap over it, mremap) during a migration.
+ * Userfaultfd-registered memory is not supported.
  */
 #include <stdbool.h>
 #include <stdint.h>

@@ -535,6 +535,7 @@ static int precopy(struct source *s, struct mig_result *res, char *err, size_t l
 {
 	const struct mig_send_opts *o = s->o;
 	struct kvmdirty_tracker *t = s->g->tracker;
+	struct kvmdirty_stats st;
 
 	for (;;) {
 		uint64_t pages0 = s->pages, zero0 = s->zero_pages, un0 = s->untouched_pages;
@@ -559,6 +560,9 @@ static int precopy(struct source *s, struct mig_result *res, char *err, size_t l
 			  mig_conn_sent(s->c) - bytes0, ms, pending, mib_s, est);
 		res->est_downtime_ms = est;
 		res->link_bytes_per_s = mib_s * 1048576.0;
+		res->remaining_pages = pending;
+		kvmdirty_tracker_stats(t, &st, sizeof(st));
+		res->dirty_pages_per_s = st.dirty_rate;
 		if (est <= (double)o->downtime_ms) {
 			res->converged = true;
 			res->reason = "fits_downtime";
@@ -703,9 +707,22 @@ static void end_line(struct source *s, const struct mig_result *res, int ret, co
 		res->total_ms, res->downtime_ms, res->bytes, res->passes, res->pages, res->zero_pages,
 		res->untouched_pages, res->downtime_pages, res->est_downtime_ms, res->link_bytes_per_s,
 		ret == 0 && s->o->verify ? "true" : "false", res->lost_pages);
+	fprintf(s->o->stats, ",\"remaining_pages\":%" PRIu64 ",\"dirty_pages_per_s\":%" PRIu64,
+		res->remaining_pages, res->dirty_pages_per_s);
 	if (ret < 0) {
 		fprintf(s->o->stats, ",\"error\":");
 		json_str(s->o->stats, err);
+	} else if (!res->converged) {
+		char why[256];
+
+		/* why not, in words: what was left, what the link took, what the guest dirtied */
+		snprintf(why, sizeof(why), "after %" PRIu64 " passes the rest (%.1f MiB) needed %.0f ms at %.1f MiB/s, "
+			 "over the %" PRIu64 " ms limit; the guest dirtied %" PRIu64 " pages/s (%.1f MiB/s)",
+			 res->passes, res->remaining_pages * PAGE / 1048576.0, res->est_downtime_ms,
+			 res->link_bytes_per_s / 1048576.0, s->o->downtime_ms, res->dirty_pages_per_s,
+			 res->dirty_pages_per_s * PAGE / 1048576.0);
+		fprintf(s->o->stats, ",\"detail\":");
+		json_str(s->o->stats, why);
 	}
 	if (g->ops->progress) {
 		fprintf(s->o->stats, ",\"vcpu\":[");

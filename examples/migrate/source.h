@@ -42,6 +42,8 @@ struct mig_result {
 	bool converged;
 	double est_downtime_ms;	  /* the last pass's estimate of the rest's transfer */
 	double link_bytes_per_s;  /* ... at the rate that pass measured */
+	uint64_t remaining_pages; /* ... of the rest, pending after it */
+	uint64_t dirty_pages_per_s; /* the dirty rate the tracker saw then */
 	/* why pre-copy ended: "fits_downtime", "pass_limit", "time_limit", or "failed" */
 	const char *reason;
 	/* vCPU i's progress per second before tracking (baseline_ms; 0: not measured) and during pre-copy */
