@@ -1,22 +1,29 @@
 // SPDX-License-Identifier: MIT
 /*
- * bench-migrate: migration over a Unix socket on this machine, against the
- * raw throughput of the same socket type measured in the same run (the
- * same number of bytes sent from a buffer and discarded).  Guest memory
- * holds non-zero data, so zero-page detection flatters nothing.  Cases: an
- * idle 2 GiB guest; a 2 GiB guest whose vCPU writes one word per page over
- * 512 MiB flat out; the same at 100 MiB/s.
+ * bench-migrate: migration on this machine.  An idle 2 GiB guest whose
+ * memory all holds non-zero data (zero-page detection flatters nothing),
+ * over TCP loopback, with verification and without, against a raw transfer
+ * of the same number of bytes in the same run: sent from a 2 GiB buffer as
+ * the source sends from guest memory, landed in a 2 GiB buffer faulted in
+ * beforehand as the destination's memory is.  A 16 GiB guest that touched
+ * only 64 MiB, over TCP loopback.  Over a Unix socket: a 2 GiB guest whose
+ * vCPU writes one word per page over 512 MiB flat out; the same at 100
+ * MiB/s; and the downtime with verification and without.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/mman.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 #include "dest.h"
 #include "source.h"
@@ -49,7 +56,7 @@ static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int rea
 
 		/* the destination's memory is in place before the source connects */
 		if (mig_testvm_new(g, false, &tv, err, sizeof(err)) < 0 || mig_testvm_guest(tv, &dg) < 0 ||
-		    write(ready, "r", 1) != 1 || (fd = mig_accept(lfd, err, sizeof(err))) < 0 ||
+		    mig_guest_zero_known(&dg) < 0 || write(ready, "r", 1) != 1 || (fd = mig_accept(lfd, err, sizeof(err))) < 0 ||
 		    mig_recv(&dg, fd, &o, &res, err, sizeof(err)) < 0 ||
 		    mig_testvm_resume_check(tv, 100, err, sizeof(err)) < 0) {
 			fprintf(stderr, "bench-migrate: destination: %s\n", err);
@@ -59,6 +66,35 @@ static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int rea
 	}
 	return pid;
 }
+
+static int free_port(void)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port = -1;
+
+	if (fd >= 0 && !bind(fd, (struct sockaddr *)&sin, sizeof(sin)) && !getsockname(fd, (struct sockaddr *)&sin, &sl))
+		port = ntohs(sin.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+/* The address a run uses: a Unix socket, or TCP loopback with tcp set. */
+static bool tcp;
+
+static void bench_addr(char *addr, size_t len)
+{
+	if (tcp)
+		snprintf(addr, len, "tcp:127.0.0.1:%d", free_port());
+	else
+		snprintf(addr, len, "unix:/tmp/kvmdirty-bench-%d.sock", (int)getpid());
+}
+
+/* Fill the source's memory: all of it non-zero (the old default), or as the options say. */
+static bool fill_all = true;
+/* The source's vCPUs never run (a halted guest). */
+static bool halted;
 
 static int run(const char *name, const struct mig_testvm_opts *g, bool verify, struct mig_result *r)
 {
@@ -70,7 +106,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	int lfd, fd, ret, st, ready[2];
 	pid_t pid;
 
-	snprintf(addr, sizeof(addr), "unix:/tmp/kvmdirty-bench-%d.sock", (int)getpid());
+	bench_addr(addr, sizeof(addr));
 	lfd = mig_listen(addr, err, sizeof(err));
 	if (lfd < 0 || pipe(ready)) {
 		fprintf(stderr, "bench-migrate: %s\n", err);
@@ -83,8 +119,10 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, err);
 		return -1;
 	}
-	mig_testvm_fill(tv, 0);
-	if (testvm_spawn(tv) < 0)
+	if (fill_all)
+		mig_testvm_fill(tv, 0);
+	/* an idle guest is halted: the test guest's idle loop would spin on one of two CPUs */
+	if (!halted && testvm_spawn(tv) < 0)
 		return -1;
 	nanosleep(&(struct timespec){ 0, 300000000 }, NULL);
 	if (read(ready[0], &c, 1) != 1)
@@ -96,7 +134,8 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	if (fd >= 0)
 		close(fd);
 	waitpid(pid, &st, 0);
-	unlink(addr + 5);
+	if (!tcp)
+		unlink(addr + 5);
 	mig_testvm_free(tv);
 	if (ret != 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, ret ? err : "destination failed");
@@ -105,47 +144,84 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	return 0;
 }
 
-/* The same bytes through the same socket type, from a buffer, discarded at the other end. */
+/* A buffer of size bytes, faulted in: filled with non-zero bytes, as guest memory is. */
+static uint8_t *faulted(uint64_t size, int byte)
+{
+	uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+
+	if (p == MAP_FAILED)
+		return NULL;
+	memset(p, byte, size);
+	return p;
+}
+
+/*
+ * The same bytes over the same kind of connection, with the engine's
+ * socket buffers: sent from a 2 GiB buffer, received into a 2 GiB buffer
+ * faulted in beforehand (wrapping around), as a migration moves guest
+ * memory.  MiB/s from the first byte sent to the receiver's answer.
+ */
 static double raw_mbps(uint64_t bytes)
 {
-	static char buf[1 << 20];
-	int sv[2];
-	pid_t pid;
+	const uint64_t size = (uint64_t)GUEST_MIB << 20;
+	int lfd, fd, st, size_buf = 4 << 20;
+	uint64_t left = bytes, off = 0;
+	char addr[108], err[256], ack;
+	uint8_t *src;
 	double t0, t;
-	uint64_t left = bytes;
-	char ack;
+	pid_t pid;
 
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+	bench_addr(addr, sizeof(addr));
+	lfd = mig_listen(addr, err, sizeof(err));
+	if (lfd < 0)
 		return 0;
 	pid = fork();
 	if (pid == 0) {
+		uint8_t *dst = faulted(size, 0);
 		uint64_t got = 0;
+		int c;
 
-		close(sv[0]);
+		c = dst ? mig_accept(lfd, err, sizeof(err)) : -1;
+		if (c < 0)
+			_exit(1);
+		setsockopt(c, SOL_SOCKET, SO_RCVBUFFORCE, &size_buf, sizeof(size_buf));
 		while (got < bytes) {
-			ssize_t k = read(sv[1], buf, sizeof(buf));
+			uint64_t at = got % size, n = bytes - got < size - at ? bytes - got : size - at;
+			ssize_t k = read(c, dst + at, n < (1u << 20) ? n : (1u << 20));
 
 			if (k <= 0)
 				_exit(1);
 			got += (uint64_t)k;
 		}
-		_exit(write(sv[1], "k", 1) != 1);
+		_exit(write(c, "k", 1) != 1);
 	}
-	close(sv[1]);
-	memset(buf, 0x5a, sizeof(buf));
+	close(lfd);
+	src = faulted(size, 0x5a);
+	fd = src ? mig_connect(addr, 10000, err, sizeof(err)) : -1;
+	if (fd < 0) {
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		return 0;
+	}
+	setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &size_buf, sizeof(size_buf));
 	t0 = now_ms();
 	while (left) {
-		ssize_t k = write(sv[0], buf, left < sizeof(buf) ? left : sizeof(buf));
+		uint64_t n = left < size - off ? left : size - off;
+		ssize_t k = write(fd, src + off, n < (1u << 20) ? n : (1u << 20));
 
 		if (k <= 0)
 			break;
 		left -= (uint64_t)k;
+		off = (off + (uint64_t)k) % size;
 	}
-	if (read(sv[0], &ack, 1) != 1)
+	if (read(fd, &ack, 1) != 1)
 		left = bytes;
 	t = now_ms() - t0;
-	close(sv[0]);
-	waitpid(pid, NULL, 0);
+	close(fd);
+	waitpid(pid, &st, 0);
+	munmap(src, size);
+	if (!tcp)
+		unlink(addr + 5);
 	return left ? 0 : bytes / 1048576.0 / (t / 1e3);
 }
 
@@ -208,22 +284,88 @@ static int downtime(uint64_t mib, uint64_t ws_mib, int rounds)
 	return 0;
 }
 
+/*
+ * An idle 2 GiB guest, all memory non-zero, over TCP loopback, with and
+ * without verification, against raw: rounds of (verify, raw, no verify,
+ * raw), the medians, and each run's figure (this machine's two CPUs are
+ * shared, so single runs scatter).
+ */
+static int idle(int rounds)
+{
+	struct mig_testvm_opts g = { .mib = GUEST_MIB, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	double mbps[2][16], raw[16 * 2], verify_ms[16], m[2], rm;
+	struct mig_result r;
+	int i, v, nraw = 0;
+
+	if (rounds > 16)
+		rounds = 16;
+	tcp = true;
+	fill_all = true;
+	halted = true;
+	for (i = 0; i < rounds; i++) {
+		for (v = 1; v >= 0; v--) {
+			if (run(v ? "idle" : "idle, no verify", &g, v, &r) < 0)
+				return -1;
+			mbps[v][i] = r.bytes / 1048576.0 / (r.total_ms / 1e3);
+			if (v)
+				verify_ms[i] = r.verify_ms;
+			raw[nraw++] = raw_mbps(r.bytes);
+		}
+	}
+	halted = false;
+	rm = median(raw, nraw);
+	for (v = 1; v >= 0; v--) {
+		m[v] = median(mbps[v], rounds);
+		printf("migrate net=loopback guest_gib=%.1f fill=all verify=%s%s runs=%d mbps=%.0f raw_mbps=%.0f of_raw=%.2f",
+		       GUEST_MIB / 1024.0, v ? "on" : "off", v && inline_hash ? " inline_hash" : "", rounds, m[v], rm,
+		       rm > 0 ? m[v] / rm : 0);
+		if (v)
+			printf(" verify_after_ms=%.1f", median(verify_ms, rounds));
+		printf("\n");
+	}
+	for (v = 1; v >= 0; v--) {
+		printf("  %s:", v ? "verify   " : "no-verify");
+		for (i = 0; i < rounds; i++)
+			printf(" %.0f", mbps[v][i]);
+		printf(" MiB/s (sorted)\n");
+	}
+	printf("  raw:      ");
+	for (i = 0; i < nraw; i++)
+		printf(" %.0f", raw[i]);
+	printf(" MiB/s (sorted)\n");
+	fflush(stdout);
+	return 0;
+}
+
+/* A 16 GiB guest that touched only 64 MiB, idle, over TCP loopback: start to the destination's answer. */
+static int sparse(void)
+{
+	struct mig_testvm_opts g = { .mib = 16384, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .fill = 64,
+				     .work = { { .kind = MIG_WORK_IDLE } } };
+	struct mig_result r;
+
+	tcp = true;
+	fill_all = false;
+	halted = true;
+	if (run("sparse", &g, true, &r) < 0)
+		return -1;
+	halted = false;
+	printf("migrate net=loopback guest_gib=16 touched_mib=64 total_ms=%.1f downtime_ms=%.1f sent_mib=%.1f"
+	       " untouched_pages=%" PRIu64 " passes=%" PRIu64 " target_ms=250 %s verify_after_ms=%.1f\n",
+	       r.total_ms, r.downtime_ms, r.bytes / 1048576.0, r.untouched_pages, r.passes,
+	       r.total_ms <= 250 ? "ok" : "MISSED", r.verify_ms);
+	fflush(stdout);
+	return 0;
+}
+
 static int throughput(void)
 {
-	struct mig_testvm_opts idle = { .mib = GUEST_MIB, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG };
-	struct mig_testvm_opts flat = idle, paced = idle;
+	struct mig_testvm_opts flat = { .mib = GUEST_MIB, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	struct mig_testvm_opts paced = flat;
 	struct mig_result r;
-	double mbps, raw;
 
-	if (run("idle", &idle, true, &r) < 0)
-		return -1;
-	mbps = r.bytes / 1048576.0 / (r.total_ms / 1e3);
-	raw = raw_mbps(r.bytes);
-	printf("migrate guest_gib=%.1f total_ms=%.1f downtime_ms=%.1f mbps=%.0f raw_mbps=%.0f of_raw=%.2f"
-	       " verify_after_ms=%.1f\n",
-	       GUEST_MIB / 1024.0, r.total_ms, r.downtime_ms, mbps, raw, raw > 0 ? mbps / raw : 0, r.verify_ms);
-	fflush(stdout);
-
+	tcp = false;
+	fill_all = true;
 	flat.ws_mib = 512;
 	if (run("flat out", &flat, true, &r) < 0)
 		return -1;
@@ -244,23 +386,31 @@ static int throughput(void)
 }
 
 /*
- * bench-migrate [throughput|downtime [ROUNDS [MIB]]]: both by default, 5
- * rounds, 256 MiB and 2 GiB (MIB: only that one).
+ * bench-migrate [all|idle|sparse|throughput|downtime [ROUNDS [MIB]]]:
+ * every case by default, 5 rounds of downtime at 256 MiB and 2 GiB (MIB:
+ * only that one).
  */
 int main(int argc, char **argv)
 {
 	const char *what = argc > 1 ? argv[1] : "all";
 	int rounds = argc > 2 ? atoi(argv[2]) : 5, only = argc > 3 ? atoi(argv[3]) : 0;
+	bool all = !strcmp(what, "all");
 
 	signal(SIGPIPE, SIG_IGN);
 	if (rounds < 1)
 		rounds = 1;
-	if (strcmp(what, "downtime") && throughput() < 0)
-		return 1;
 	/* as kvmdirty-migrate chooses; BENCH_HASH=inline or thread to choose */
 	inline_hash = getenv("BENCH_HASH") ? !strcmp(getenv("BENCH_HASH"), "inline") : sysconf(_SC_NPROCESSORS_ONLN) <= 2;
-	if (strcmp(what, "throughput") && ((only != GUEST_MIB && downtime(256, 64, rounds) < 0) ||
-					   (only != 256 && downtime(GUEST_MIB, 512, rounds) < 0)))
+	if ((all || !strcmp(what, "idle")) && idle(rounds) < 0)
+		return 1;
+	if ((all || !strcmp(what, "sparse")) && sparse() < 0)
+		return 1;
+	if ((all || !strcmp(what, "throughput")) && throughput() < 0)
+		return 1;
+	tcp = false;
+	fill_all = true;
+	if ((all || !strcmp(what, "downtime")) && ((only != GUEST_MIB && downtime(256, 64, rounds) < 0) ||
+						  (only != 256 && downtime(GUEST_MIB, 512, rounds) < 0)))
 		return 1;
 	return 0;
 }

@@ -28,6 +28,16 @@ expect 2 "-m '3'" "$migrate" listen unix:/tmp/x -m 3
 expect 2 "-M 'turbo'" "$migrate" send unix:/tmp/x -M turbo
 expect 2 "-v '0'" "$migrate" send unix:/tmp/x -v 0
 expect 2 "invalid option -- 'Z'" "$migrate" send unix:/tmp/x -Z
+expect 2 "--vcpu '0=spin'" "$migrate" send unix:/tmp/x --vcpu 0=spin
+expect 2 "--vcpu '1'" "$migrate" send unix:/tmp/x --vcpu 1
+expect 2 "--vcpu dirty MIB 'lots'" "$migrate" send unix:/tmp/x --vcpu 0=dirty:lots
+expect 2 "--vcpu dirty PAGES_PER_SEC 'fast'" "$migrate" send unix:/tmp/x --vcpu 0=dirty:8:fast
+expect 2 "--vcpu 'x'" "$migrate" send unix:/tmp/x --vcpu x=compute
+expect 2 "--vcpu 3: the guest has 2 vCPUs" "$migrate" send unix:/tmp/x -v 2 --vcpu 3=compute
+expect 2 "--fill 'most'" "$migrate" send unix:/tmp/x --fill most
+expect 2 "--fill '0'" "$migrate" send unix:/tmp/x --fill 0
+expect 2 "--baseline 'soon'" "$migrate" send unix:/tmp/x --baseline soon
+expect 1 "working sets of 96 MiB exceed memory 64 MiB" "$migrate" send unix:/nonexistent/sock -m 64 -v 2 --vcpu 0=dirty:64 -w 32
 expect 2 "unexpected argument 'extra'" "$migrate" listen unix:/tmp/x extra
 expect 1 "address 'nowhere'" "$migrate" listen nowhere
 expect 1 "address 'tcp:localhost'" "$migrate" send tcp:localhost -m 4 -v 1

@@ -7,8 +7,11 @@
  * run; a destination that keeps taking streams after a bad peer; a
  * post-resume check that ends whatever the guest does; verification whose
  * downtime share is the pages sent while paused, and whose check after
- * switchover catches a write tracking never saw.
+ * switchover catches a write tracking never saw; memory the guest never
+ * touched sent without being read, memory backed by a file sent whole, and
+ * each vCPU's progress in the stats.
  */
+#define _GNU_SOURCE /* memfd_create */
 #include <arpa/inet.h>
 #include <inttypes.h>
 #include <netinet/in.h>
@@ -17,10 +20,12 @@
 #include <stddef.h>
 #include <spawn.h>
 #include <stdlib.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 
 #include "dest.h"
+#include "hostmem.h"
 #include "migrate-util.h"
 #include "rng.h"
 #include "source.h"
@@ -958,6 +963,300 @@ START_TEST(connection_drop)
 }
 END_TEST
 
+
+/* ---- memory never touched, memory backed by a file ---- */
+
+/*
+ * Pages of [hva, hva + pages) that the host's page tables map here (or
+ * hold in swap): read or written by this process, or by KVM for it.
+ */
+static uint64_t mapped_pages(const void *hva, uint64_t pages)
+{
+	uint64_t *e = malloc(pages * sizeof(uint64_t)), i, n = 0;
+	int fd = mig_pagemap_open();
+
+	ck_assert_ptr_nonnull(e);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_ok(mig_pagemap_read(fd, hva, pages, e));
+	for (i = 0; i < pages; i++)
+		n += !mig_pm_untouched(e[i]);
+	close(fd);
+	free(e);
+	return n;
+}
+
+/*
+ * A guest that works in 4 MiB of its 64 and never touched the rest: the
+ * source sends the rest as ZERO records without reading it (a read would
+ * map it), the check after switchover too, and the guest arrives whole.
+ */
+START_TEST(untouched_never_read)
+{
+	struct mig_testvm_opts o = { .mib = 64, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG,
+				     .work = { { .kind = MIG_WORK_DIRTY, .mib = 4 }, { .kind = MIG_WORK_COMPUTE } } };
+	const uint64_t ws = (4 * MIB) / PAGE, pages = (64 * MIB) / PAGE;
+	struct testvm *tv;
+	struct mig_guest g;
+	struct mig_result r;
+	char addr[128], err[512];
+	const uint8_t *data;
+	int ret;
+
+	ck_assert_msg(mig_testvm_new(&o, true, &tv, err, sizeof(err)) == 0, "source: %s", err);
+	ck_assert_ok(mig_testvm_guest(tv, &g));
+	data = g.regions[1].hva;
+	/* pages, not huge pages: a host with transparent huge pages always on would map 2 MiB at a touch */
+	ck_assert_int_eq(madvise((void *)data, pages * PAGE, MADV_NOHUGEPAGE), 0);
+	ck_assert_uint_eq(mapped_pages(data + ws * PAGE, pages - ws), 0);
+	ck_assert_ok(testvm_spawn(tv));
+	make_addr("unix", addr, sizeof(addr));
+	ret = migrate_once(&g, &o, addr, &r, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%d (%s)", ret, ret < -100 ? "destination failed: see its log" : err);
+	ck_assert_msg(r.untouched_pages >= pages - ws, "%" PRIu64 " pages sent unread, the guest never touched %" PRIu64,
+		      r.untouched_pages, pages - ws);
+	ck_assert_uint_eq(r.lost_pages, 0);
+	ck_assert_uint_eq(r.verified_pages, pages + GUEST_SYS_SIZE / PAGE);
+	/* nothing outside the working set was read: none of it is mapped */
+	ret = (int)mapped_pages(data + ws * PAGE, pages - ws);
+	ck_assert_msg(ret == 0, "%d pages the guest never touched were read by the source (of %" PRIu64 ")", ret,
+		      pages - ws);
+	mig_testvm_free(tv);
+}
+END_TEST
+
+/*
+ * Guest memory backed by a file (MAP_SHARED of a memfd) filled through
+ * the fd, never through the mapping: this process's page tables show none
+ * of it, yet every page holds data.  It must arrive with the file's
+ * contents: pages the pagemap shows absent are untouched only in private
+ * anonymous memory.
+ */
+START_TEST(file_backed_arrives)
+{
+	const uint64_t mib = 8, pages = (mib * MIB) / PAGE;
+	struct mig_testvm_opts o = { .mib = mib, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .data_file = true };
+	struct mig_testvm_opts d = { .mib = mib, .vcpus = 1 };
+	uint8_t *want = malloc(mib * MIB);
+	uint64_t rng = 0xf11e, k, bad = 0, first = UINT64_MAX;
+	struct testvm *tv;
+	struct mig_guest g;
+	struct mig_result r;
+	char err[512];
+	int ret;
+
+	ck_assert_ptr_nonnull(want);
+	o.data_fd = memfd_create("guest", MFD_CLOEXEC);
+	ck_assert_int_ge(o.data_fd, 0);
+	for (k = 0; k < mib * MIB / 8; k++)
+		((uint64_t *)want)[k] = xorshift64(&rng);
+	ck_assert_int_eq(pwrite(o.data_fd, want, mib * MIB, 0), (ssize_t)(mib * MIB));
+	ck_assert_msg(mig_testvm_new(&o, true, &tv, err, sizeof(err)) == 0, "source: %s", err);
+	ck_assert_ok(mig_testvm_guest(tv, &g));
+	ck_assert_uint_eq(mapped_pages(g.regions[1].hva, pages), 0);
+	ck_assert_ok(testvm_spawn(tv));
+	ret = record_migration(&g, &send_opts, &rec, &r, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%d (%s)", ret, err);
+	ck_assert_msg(mig_testvm_new(&d, false, &dst, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dst, &dst_g));
+	ck_assert_ok(mig_guest_zero_known(&dst_g));
+	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "destination: %s", err);
+	for (k = 0; k < pages; k++) {
+		if (memcmp((uint8_t *)dst_g.regions[1].hva + k * PAGE, want + k * PAGE, PAGE)) {
+			bad++;
+			if (first == UINT64_MAX)
+				first = k;
+		}
+	}
+	ck_assert_msg(!bad, "%" PRIu64 " of %" PRIu64 " file-backed pages arrived other than the file holds (first: page "
+		      "%" PRIu64 ")", bad, pages, first);
+	mig_guest_release(&dst_g);
+	bad_streams_done();
+	mig_testvm_free(tv);
+	close(o.data_fd);
+	free(want);
+}
+END_TEST
+
+/*
+ * A destination whose memory is known zero, and a stream of an idle guest
+ * one page in 16 of whose data is zero: those pages come as ZERO records
+ * only, and stay unmapped; a page an earlier stream wrote is cleared by a
+ * ZERO record all the same.
+ */
+START_TEST(dest_leaves_unwritten_alone)
+{
+	struct mig_testvm_opts o = { .mib = 8, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	const uint64_t pages = (8 * MIB) / PAGE, data = pages - pages / 16;
+	struct testvm *tv;
+	struct mig_guest g;
+	struct mig_result r;
+	char err[512];
+	uint64_t n;
+	uint8_t *mem;
+	int ret;
+
+	/* the destination's memory as a VMM may have it: fresh, not faulted in */
+	mem = testvm_map(8 * MIB);
+	ck_assert_ptr_nonnull(mem);
+	ck_assert_int_eq(madvise(mem, 8 * MIB, MADV_NOHUGEPAGE), 0);
+	tv = running_source(&o, &g);
+	ret = record_migration(&g, &send_opts, &rec, &r, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%d (%s)", ret, err);
+	ck_assert_msg(mig_testvm_new(&o, false, &dst, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dst, &dst_g));
+	ck_assert_ok(mig_guest_zero_known(&dst_g));
+	/* the data region received into unfaulted memory of the same size */
+	dst_g.regions[1].hva = mem;
+	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "destination: %s", err);
+	n = mapped_pages(mem, pages);
+	ck_assert_msg(n == data, "%" PRIu64 " of %" PRIu64 " pages mapped at the destination; the stream has data for %"
+		      PRIu64 ", ZERO records only for the others", n, pages, data);
+	n = kvmdirty_bitmap_count(dst_g.regions[1].written, 0, pages);
+	ck_assert_msg(n == data, "%" PRIu64 " pages marked written, the stream wrote %" PRIu64, n, data);
+	/* page 0 (zero in the stream) as an earlier, refused stream may have left it */
+	memset(mem, 0xa5, PAGE);
+	kvmdirty_bitmap_set(dst_g.regions[1].written, 0, 1);
+	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "destination, again: %s", err);
+	for (n = 0; n < PAGE && !mem[n]; n++)
+		;
+	ck_assert_msg(n == PAGE, "a page written by an earlier stream was not cleared by a ZERO record (byte %" PRIu64
+		      " is 0x%x)", n, mem[n]);
+	ck_assert_uint_eq(mapped_pages(mem, pages), data + 1);
+	mig_guest_release(&dst_g);
+	bad_streams_done();
+	testvm_unmap(mem, 8 * MIB);
+	mig_testvm_free(tv);
+}
+END_TEST
+
+/* ---- stats ---- */
+
+/*
+ * The source's pause, once vCPU 1 moved on from where the engine last saw
+ * it: on two busy CPUs a vCPU thread may not run at all in a short
+ * migration, and the test is of what the stats report, not of the host's
+ * scheduler.
+ */
+static struct {
+	const struct mig_guest_ops *ops;
+	struct testvm *tv;
+	uint64_t seen;
+} moved;
+
+static uint64_t progress_seen(void *ctx, unsigned int i)
+{
+	uint64_t p = moved.ops->progress(ctx, i);
+
+	if (i == 1)
+		moved.seen = p;
+	return p;
+}
+
+static void pause_once_moved(void *ctx)
+{
+	unsigned int i;
+
+	for (i = 0; i < 30000 && mig_testvm_progress(moved.tv, 1) == moved.seen; i++)
+		usleep(1000);
+	moved.ops->pause(ctx);
+}
+
+/* The next line of f into buf; false at the end. */
+static bool next_line(FILE *f, char *buf, size_t len)
+{
+	return fgets(buf, (int)len, f) != NULL;
+}
+
+/*
+ * Each vCPU's progress in the stats: on every line that reports vCPUs,
+ * one entry per vCPU, progress never going back; the compute vCPU (no
+ * memory written) moves on while the other dirties; the end line has both
+ * speeds and their ratio.
+ */
+START_TEST(vcpu_progress_reported)
+{
+	struct mig_testvm_opts o = { .mib = 32, .vcpus = 2, .mode = KVMDIRTY_MODE_DIRTY_RING,
+				     .work = { { .kind = MIG_WORK_DIRTY, .mib = 8 }, { .kind = MIG_WORK_COMPUTE } } };
+	struct mig_send_opts so = send_opts;
+	uint64_t last[2] = { 0, 0 }, first1 = UINT64_MAX, p;
+	unsigned int lines = 0, vlines = 0, ends = 0, i;
+	static char line[1 << 16];
+	struct mig_guest_ops ops;
+	struct testvm *tv;
+	struct mig_guest g;
+	struct mig_result r;
+	char err[512];
+	FILE *f = tmpfile();
+	int ret;
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_msg(mig_testvm_new(&o, true, &tv, err, sizeof(err)) == 0, "source: %s", err);
+	ck_assert_ok(mig_testvm_guest(tv, &g));
+	ops = *g.ops;
+	moved.ops = g.ops;
+	moved.tv = tv;
+	ops.pause = pause_once_moved;
+	ops.progress = progress_seen;
+	g.ops = &ops;
+	ck_assert_ok(testvm_spawn(tv));
+	/* the vCPUs run before the migration (the baseline) and during it */
+	usleep(50000);
+	so.stats = f;
+	so.baseline_ms = 200;
+	ret = record_migration(&g, &so, &rec, &r, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%d (%s)", ret, err);
+	rewind(f);
+	while (next_line(f, line, sizeof(line))) {
+		char *v = strstr(line, "\"vcpu\":[");
+
+		lines++;
+		ck_assert_msg(!strncmp(line, "{\"v\":1,\"type\":\"", 15), "line %u: no version first: %.200s", lines, line);
+		if (strstr(line, "\"type\":\"end\"")) {
+			double during, before, speed;
+
+			ends++;
+			for (i = 0; i < 2; i++) {
+				char want[32], *e;
+
+				snprintf(want, sizeof(want), "{\"id\":%u,", i);
+				e = v ? strstr(v, want) : NULL;
+				ck_assert_msg(e && sscanf(e + strlen(want), "\"during_per_s\":%lf,\"before_per_s\":%lf,\"speed\":%lf",
+							  &during, &before, &speed) == 3, "end line without vCPU %u's speeds: %.300s",
+					      i, line);
+				ck_assert_msg(during - r.vcpu_during[i] < 0.1 && r.vcpu_during[i] - during < 0.1,
+					      "vCPU %u: %.1f/s in the stats, %.1f/s in the result", i, during, r.vcpu_during[i]);
+			}
+			continue;
+		}
+		if (!v)
+			continue;
+		vlines++;
+		for (i = 0; i < 2; i++) {
+			char want[32], *e;
+
+			snprintf(want, sizeof(want), "{\"id\":%u,\"progress\":", i);
+			e = strstr(v, want);
+			ck_assert_msg(e && sscanf(e + strlen(want), "%" SCNu64, &p) == 1, "line %u lacks vCPU %u: %.300s", lines,
+				      i, line);
+			ck_assert_msg(p >= last[i], "line %u: vCPU %u's progress went back from %" PRIu64 " to %" PRIu64, lines,
+				      i, last[i], p);
+			last[i] = p;
+			if (i == 1 && first1 == UINT64_MAX)
+				first1 = p;
+		}
+	}
+	ck_assert_msg(ends == 1 && vlines >= 2, "%u lines: %u with vCPUs, %u end lines", lines, vlines, ends);
+	/* the compute vCPU wrote no memory and still moved on; its mailbox is where the stats read it */
+	ck_assert_msg(mig_testvm_progress(tv, 1) > first1 && last[1] <= mig_testvm_progress(tv, 1),
+		      "compute vCPU: progress %" PRIu64 " at start, %" PRIu64 " last reported, %" PRIu64 " now", first1,
+		      last[1], mig_testvm_progress(tv, 1));
+	ck_assert_msg(r.vcpu_during[1] > 0, "compute vCPU: %.1f/s during", r.vcpu_during[1]);
+	fclose(f);
+	recording_free(&rec);
+	mig_testvm_free(tv);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("migrate");
@@ -979,6 +1278,10 @@ int main(void)
 	tcase_add_test(tc, verify_off_the_downtime);
 	tcase_add_test(tc, verify_catches_a_lost_write);
 	tcase_add_test(tc, connection_drop);
+	tcase_add_test(tc, untouched_never_read);
+	tcase_add_test(tc, file_backed_arrives);
+	tcase_add_test(tc, dest_leaves_unwritten_alone);
+	tcase_add_test(tc, vcpu_progress_reported);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

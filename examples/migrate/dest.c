@@ -189,6 +189,9 @@ static int recv_data(struct dest *d, const struct mig_record *rec)
 		if (ret < 0)
 			return ret;
 	}
+	/* before the bytes land: a page cut off halfway is not zero any more */
+	if (d->g->regions[rec->index].written)
+		kvmdirty_bitmap_set(d->g->regions[rec->index].written, rec->first, rec->first + rec->count);
 	for (done = 0; done < rec->count; done += n) {
 		n = rec->count - done < CHUNK_PAGES ? rec->count - done : CHUNK_PAGES;
 		verifier_fence(d, rec->index, rec->first + done, n);
@@ -210,10 +213,26 @@ static int recv_data(struct dest *d, const struct mig_record *rec)
 	return 0;
 }
 
+/* Clear the pages of a written run: they are zero again. */
+static int clear_run(uint64_t first, uint64_t count, void *opaque)
+{
+	const struct mig_guest_region *r = opaque;
+
+	memset((uint8_t *)r->hva + first * PAGE, 0, count * PAGE);
+	kvmdirty_bitmap_clear(r->written, first, first + count);
+	return 0;
+}
+
 static void recv_zero(struct dest *d, const struct mig_record *rec)
 {
+	const struct mig_guest_region *r = &d->g->regions[rec->index];
+
 	verifier_fence(d, rec->index, rec->first, rec->count);
-	memset((uint8_t *)d->g->regions[rec->index].hva + rec->first * PAGE, 0, rec->count * PAGE);
+	/* pages never written are zero: neither faulted in nor cleared */
+	if (r->written)
+		kvmdirty_bitmap_for_each_run(r->written, rec->first, rec->first + rec->count, clear_run, (void *)r);
+	else
+		memset((uint8_t *)r->hva + rec->first * PAGE, 0, rec->count * PAGE);
 	if (d->dec.flags & MIG_F_PAGE_HASH) {
 		struct vjob *j = job_slot(d);
 

@@ -30,7 +30,10 @@ struct mig_recv_result {
  * and guest memory may hold part of the stream: another stream can be
  * received into the same guest, and must then bring every page again.
  * Pages are hashed on a thread of their own while the next ones are
- * received, or with inline_hash on the calling thread.
+ * received, or with inline_hash on the calling thread.  Where g's regions
+ * have written bitmaps (mig_guest_zero_known()), a DATA record sets its
+ * pages' bits before they land and a ZERO record clears only pages whose
+ * bit is set: the others are zero already and stay unmapped.
  */
 int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, bool inline_hash,
 		    struct mig_recv_result *res, char *err, size_t len);

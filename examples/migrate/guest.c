@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* The engine's view of a guest: regions from libkvmdirty, vCPU state from KVM. */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 
@@ -20,6 +21,31 @@ int mig_guest_set_regions(struct mig_guest *g, const struct kvmdirty_vm *vm)
 	}
 	g->nr_regions = n;
 	return 0;
+}
+
+int mig_guest_zero_known(struct mig_guest *g)
+{
+	unsigned int i;
+
+	for (i = 0; i < g->nr_regions; i++) {
+		g->regions[i].written = calloc(KVMDIRTY_BITMAP_WORDS(g->regions[i].size / MIG_PAGE_SIZE),
+					       sizeof(uint64_t));
+		if (!g->regions[i].written) {
+			mig_guest_release(g);
+			return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
+void mig_guest_release(struct mig_guest *g)
+{
+	unsigned int i;
+
+	for (i = 0; i < g->nr_regions; i++) {
+		free(g->regions[i].written);
+		g->regions[i].written = NULL;
+	}
 }
 
 struct msrs {

@@ -28,12 +28,27 @@ struct mig_guest_ops {
 	 */
 	void (*pause)(void *ctx);
 	void (*resume)(void *ctx);
+	/*
+	 * Source, optional (NULL: unknown): how far vCPU i's workload has
+	 * got, in units of the guest's own that only grow (pages written,
+	 * work done), from any thread.  The stats report each vCPU's speed
+	 * from it, before and during the migration.
+	 */
+	uint64_t (*progress)(void *ctx, unsigned int vcpu);
 };
 
 struct mig_guest_region {
 	struct kvmdirty_region *region; /* NULL for memory outside libkvmdirty (tests) */
 	uint64_t gpa, size;
 	void *hva;
+	/*
+	 * Destination: a bitmap of the pages that may be non-zero, or NULL
+	 * (unknown: every page may be).  mig_guest_zero_known() sets it up;
+	 * the destination then sets a page's bit when it writes the page and
+	 * leaves a page whose bit is clear alone for a ZERO record: it is
+	 * neither faulted in nor cleared.
+	 */
+	uint64_t *written;
 };
 
 struct mig_guest {
@@ -50,6 +65,16 @@ struct mig_guest {
  * the same way); -E2BIG past MIG_MAX_REGIONS.
  */
 int mig_guest_set_regions(struct mig_guest *g, const struct kvmdirty_vm *vm);
+
+/*
+ * Destination: g's memory is all zero now (fresh anonymous memory,
+ * faulted in or not, as a VMM has it before a stream): keep a bitmap a
+ * region of the pages the streams write (see mig_guest_region.written),
+ * so that ZERO records for the others cost nothing.  0 or -ENOMEM (the
+ * bitmaps are then NULL).  mig_guest_release() frees them.
+ */
+int mig_guest_zero_known(struct mig_guest *g);
+void mig_guest_release(struct mig_guest *g);
 
 /*
  * The state a VCPU record carries, through KVM's ioctls on a vCPU fd

@@ -11,8 +11,14 @@
  * Guest options (both ends must agree): -m MIB memory (256), -v VCPUS (2);
  * source only: -M dirty-log|clear-log|dirty-ring (clear-log),
  * -w MIB working set the vCPUs keep dirtying (0: idle), -r PAGES_PER_SEC
- * per vCPU (0: flat out).  Migration options: -d DOWNTIME_MS (50),
- * -p MAX_PASSES (10), -t TIMEOUT_S (60), --no-verify, --stats FILE.
+ * per vCPU (0: flat out); --vcpu I=WORK gives vCPU I a workload of its
+ * own (dirty:MIB[:PAGES_PER_SEC], compute, idle; the others share -w);
+ * --fill ws|all|MIB: what holds non-zero data (ws: the working sets, the
+ * rest never touched; all: all memory; MIB: the first MIB and the working
+ * sets).  Migration options: -d DOWNTIME_MS (50), -p MAX_PASSES (10),
+ * -t TIMEOUT_S (60), --no-verify, --stats FILE (JSON lines, version 1:
+ * doc/migrate-stats.md), --baseline MS (each vCPU's speed before
+ * tracking; 500 with --stats, else 0).
  * Both ends: -T MS, how long any wait for the peer may go without
  * progress (30000); listen: --deadline S for a whole stream (0: none).
  *
@@ -23,6 +29,7 @@
  * moved but the check after switchover found pages that differ from what
  * was sent.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -43,6 +50,7 @@
 
 struct args {
 	const char *cmd, *addr, *stats;
+	bool baseline_set;
 	struct mig_testvm_opts guest;
 	struct mig_send_opts send;
 	struct mig_recv_opts recv;
@@ -53,9 +61,63 @@ static void usage(void)
 {
 	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T MS] [--deadline S]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
-			"                              [-d DOWNTIME_MS] [-p MAX_PASSES] [-t TIMEOUT_S] [-T MS]\n"
-			"                              [--no-verify] [--stats FILE]\n"
+			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
+			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
+			"                              [-t TIMEOUT_S] [-T MS] [--no-verify] [--stats FILE] [--baseline MS]\n"
 			"       kvmdirty-migrate demo [--no-verify]\n");
+}
+
+/* --vcpu I=dirty:MIB[:PAGES_PER_SEC] | I=compute | I=idle */
+static int parse_work(const char *arg, struct args *a)
+{
+	char buf[128], *eq, *spec, *rate;
+	struct mig_vcpu_work w = { 0 };
+	uint64_t i;
+
+	snprintf(buf, sizeof(buf), "%s", arg);
+	eq = strchr(buf, '=');
+	if (!eq)
+		goto bad;
+	*eq = 0;
+	spec = eq + 1;
+	if (cli_number("kvmdirty-migrate", "--vcpu", buf, 0, GUEST_MAX_VCPUS - 1, &i))
+		return -1;
+	if (!strcmp(spec, "compute")) {
+		w.kind = MIG_WORK_COMPUTE;
+	} else if (!strcmp(spec, "idle")) {
+		w.kind = MIG_WORK_IDLE;
+	} else if (!strncmp(spec, "dirty:", 6)) {
+		w.kind = MIG_WORK_DIRTY;
+		rate = strchr(spec + 6, ':');
+		if (rate)
+			*rate++ = 0;
+		if (cli_number("kvmdirty-migrate", "--vcpu dirty MIB", spec + 6, 1, 1 << 16, &w.mib) ||
+		    (rate && cli_number("kvmdirty-migrate", "--vcpu dirty PAGES_PER_SEC", rate, 0, UINT32_MAX, &w.rate)))
+			return -1;
+	} else {
+		goto bad;
+	}
+	a->guest.work[i] = w;
+	return 0;
+bad:
+	fprintf(stderr, "kvmdirty-migrate: --vcpu '%s': expected I=dirty:MIB[:PAGES_PER_SEC], I=compute or I=idle\n",
+		arg);
+	return -1;
+}
+
+static int parse_fill(const char *arg, struct args *a)
+{
+	if (!strcmp(arg, "ws"))
+		a->guest.fill = MIG_FILL_WS;
+	else if (!strcmp(arg, "all"))
+		a->guest.fill = MIG_FILL_ALL;
+	else if (!isdigit((unsigned char)arg[0]) ||
+		 cli_number("kvmdirty-migrate", "--fill", arg, 1, 1 << 16, &a->guest.fill)) {
+		if (!isdigit((unsigned char)arg[0]))
+			fprintf(stderr, "kvmdirty-migrate: --fill '%s': expected ws, all or a size in MiB\n", arg);
+		return -1;
+	}
+	return 0;
 }
 
 static int parse(int argc, char **argv, struct args *a)
@@ -66,6 +128,9 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "stats", required_argument, NULL, 'S' },
 		{ "peer-timeout", required_argument, NULL, 'T' },
 		{ "deadline", required_argument, NULL, 'D' },
+		{ "vcpu", required_argument, NULL, 'V' },
+		{ "fill", required_argument, NULL, 'F' },
+		{ "baseline", required_argument, NULL, 'B' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -151,6 +216,19 @@ static int parse(int argc, char **argv, struct args *a)
 		case 'N':
 			a->send.verify = false;
 			break;
+		case 'V':
+			if (parse_work(optarg, a))
+				return -1;
+			break;
+		case 'F':
+			if (parse_fill(optarg, a))
+				return -1;
+			break;
+		case 'B':
+			if (cli_number("kvmdirty-migrate", "--baseline", optarg, 0, 60000, &a->send.baseline_ms))
+				return -1;
+			a->baseline_set = true;
+			break;
 		case 'S':
 			a->stats = optarg;
 			break;
@@ -165,6 +243,15 @@ static int parse(int argc, char **argv, struct args *a)
 		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[optind]);
 		return -1;
 	}
+	for (v = 0; v < GUEST_MAX_VCPUS; v++) {
+		if (a->guest.work[v].kind != MIG_WORK_SHARE && v >= a->guest.vcpus) {
+			fprintf(stderr, "kvmdirty-migrate: --vcpu %" PRIu64 ": the guest has %u vCPUs (-v)\n", v,
+				a->guest.vcpus);
+			return -1;
+		}
+	}
+	if (!a->baseline_set && a->stats)
+		a->send.baseline_ms = 500;
 	return 0;
 }
 
@@ -196,7 +283,11 @@ static int take_stream(const struct args *a, int lfd, const struct mig_guest *g,
 	}
 }
 
-/* Build the guest, take a stream, resume, let it run, check it. */
+/*
+ * Build the guest, take a stream, resume, let it run, check it.  With lfd
+ * -1, listen once the guest's memory is in place: a source that connects
+ * finds the destination ready.
+ */
 static int destination(const struct args *a, int lfd)
 {
 	struct mig_recv_result res;
@@ -208,12 +299,23 @@ static int destination(const struct args *a, int lfd)
 	ret = mig_testvm_new(&a->guest, false, &tv, err, sizeof(err));
 	if (ret == 0 && (ret = mig_testvm_guest(tv, &g)) < 0)
 		snprintf(err, sizeof(err), "too many regions");
+	/* fresh memory: ZERO records for pages no stream wrote cost nothing */
+	if (ret == 0 && (ret = mig_guest_zero_known(&g)) < 0)
+		snprintf(err, sizeof(err), "out of memory");
+	if (ret == 0 && lfd < 0) {
+		lfd = ret = mig_listen(a->addr, err, sizeof(err));
+		if (lfd < 0) {
+			mig_guest_release(&g);
+			mig_testvm_free(tv);
+		}
+	}
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
 		return 1;
 	}
 	ret = take_stream(a, lfd, &g, &res);
 	close(lfd);
+	mig_guest_release(&g);
 	if (ret < 0) {
 		mig_testvm_free(tv);
 		return 1;
@@ -232,19 +334,13 @@ static int destination(const struct args *a, int lfd)
 
 static int cmd_listen(const struct args *a)
 {
-	char err[256];
-	int lfd = mig_listen(a->addr, err, sizeof(err));
-
-	if (lfd < 0) {
-		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
-		return 1;
-	}
-	return destination(a, lfd);
+	return destination(a, -1);
 }
 
 /* Build the source guest and let it run a little before it is migrated. */
 static int source_guest(const struct args *a, struct testvm **ret_tv)
 {
+	unsigned int i, v;
 	char err[256];
 	int ret = mig_testvm_new(&a->guest, true, ret_tv, err, sizeof(err));
 
@@ -252,8 +348,6 @@ static int source_guest(const struct args *a, struct testvm **ret_tv)
 		fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 		return -1;
 	}
-	/* real data in memory, with one page in 16 left zero */
-	mig_testvm_fill(*ret_tv, 16);
 	ret = testvm_spawn(*ret_tv);
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: source: starting vCPUs: %s\n", strerror(-ret));
@@ -261,6 +355,17 @@ static int source_guest(const struct args *a, struct testvm **ret_tv)
 		return -1;
 	}
 	sleep_ms(200);
+	/*
+	 * Steady state before the baseline: a vCPU's first pass pays for
+	 * KVM's first mapping of each page (microseconds a page here).
+	 */
+	for (i = 0; i < 1000; i++) {
+		for (v = 0; v < a->guest.vcpus && testvm_mailbox(*ret_tv, v)->pass >= 2; v++)
+			;
+		if (v == a->guest.vcpus)
+			break;
+		sleep_ms(10);
+	}
 	return 0;
 }
 
@@ -291,9 +396,9 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 		if (ret < 0)
 			fprintf(stderr, "kvmdirty-migrate: migration failed, the guest runs on here: %s\n", err);
 		else
-			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero) in %" PRIu64
-			       " passes, %.1f ms total, %.1f ms downtime, %s; %s\n",
-			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.passes, r.total_ms, r.downtime_ms,
+			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero, %" PRIu64 " of them never touched"
+			       " and not read) in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime, %s; %s\n",
+			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.untouched_pages, r.passes, r.total_ms, r.downtime_ms,
 			       r.converged ? "converged" : "not converged (pass or time limit)",
 			       !o.verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified");
 		if (ret > 0)

@@ -5,10 +5,16 @@
  * 512 KiB.  With verify each DATA run carries its pages' hashes, taken
  * just before the send by a thread of its own that hashes one batch while
  * the main thread sends the one before (in stop-and-copy the paused vCPUs
- * leave their CPUs to it), and kept (sent_hash, a slot per page).  The
+ * leave their CPUs to it), and kept (sent_hash, a slot per page, and
+ * sent_data, which pages' latest copy was data rather than zero).  The
  * destination checks them as pages land; after its answer, with the guest
  * running over there, the source checks its final memory against
  * sent_hash, off the downtime path.
+ *
+ * Memory the guest never touched (in private anonymous mappings, per the
+ * host's page tables: hostmem.h) goes out as ZERO records without being
+ * read, so it stays unpopulated here; the check after switchover leaves it
+ * unread too.  Stats are JSON lines, format version 1 (doc/migrate-stats.md).
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -17,7 +23,10 @@
 #include <string.h>
 #include <time.h>
 
+#include <unistd.h>
+
 #include "errf.h"
+#include "hostmem.h"
 #include "source.h"
 #include "transport.h"
 #include "worker.h"
@@ -28,12 +37,15 @@
 #define BATCH_HASHES (BATCH_BYTES / MIG_PAGE_SIZE + MIG_RUN_PAGES)
 #define LOST_NAMED 4 /* pages the one-line report names */
 #define LOST_STATS 64 /* ... and the stats */
+#define PM_BATCH 4096 /* pagemap entries read at once (32 KiB) */
+#define SAMPLE_MS 100.0 /* stats samples within a pass */
+#define STATS_VERSION 1
 
 /* Pages of a batch to hash: into out (the batch's hashes) and sent_hash. */
 struct hash_run {
 	const uint8_t *hva;
 	uint32_t region;
-	bool zero; /* sent as ZERO: no hashes in the stream, the zero page's in sent_hash */
+	bool zero; /* sent as ZERO: no hashes in the stream, the zero page's hash is what to expect */
 	uint64_t first, count;
 	uint64_t *out;
 };
@@ -52,11 +64,23 @@ struct source {
 	const struct mig_send_opts *o;
 	struct mig_conn *c;
 	struct mig_encoder enc;
-	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest copy; the hasher's */
+	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest data copy; the hasher's */
+	uint64_t *sent_data[MIG_MAX_REGIONS]; /* ... whose latest copy was data (else zero); the hasher's */
 	uint64_t zero_hash;
 	struct mig_vcpu_state *vs;
-	uint64_t pages, zero_pages;
+	uint64_t pages, zero_pages, untouched_pages;
+	uint64_t in_hand; /* pages handed out by the tracker, not yet queued */
 	uint64_t hashed; /* the hasher's */
+	/* which pages were never touched: the regions wholly in private anonymous memory, and pagemap */
+	bool anon[MIG_MAX_REGIONS];
+	int pagemap;
+	uint64_t pme[PM_BATCH];
+	/* stats: start, last sample, and each vCPU's progress then */
+	double t0, sample_ms;
+	uint64_t sample_bytes;
+	unsigned int pass; /* the pass under way; 0 in stop-and-copy */
+	uint64_t *progress0, *progress_at; /* at the start; at the last sample */
+	double before_ms;
 	/* a batch is filled, handed to the hasher, and sent while the next one is filled and hashed */
 	struct batch batch[2];
 	struct batch *cur, *pending;
@@ -82,13 +106,19 @@ static void hash_batch(struct source *s, struct batch *b)
 		const struct hash_run *r = &b->runs[i];
 		uint64_t *sent = s->sent_hash[r->region] + r->first;
 
-		for (k = 0; k < r->count; k++) {
-			sent[k] = r->zero ? s->zero_hash : mig_page_hash(r->hva + k * PAGE);
-			if (!r->zero)
-				r->out[k] = sent[k];
+		/*
+		 * A zero page's slot is left alone (sent_data says which slots
+		 * hold a data copy's hash): the slots of a huge guest that is
+		 * mostly untouched are never faulted in.
+		 */
+		if (r->zero) {
+			kvmdirty_bitmap_clear(s->sent_data[r->region], r->first, r->first + r->count);
+			continue;
 		}
-		if (!r->zero)
-			s->hashed += r->count;
+		for (k = 0; k < r->count; k++)
+			r->out[k] = sent[k] = mig_page_hash(r->hva + k * PAGE);
+		kvmdirty_bitmap_set(s->sent_data[r->region], r->first, r->first + r->count);
+		s->hashed += r->count;
 	}
 }
 
@@ -133,6 +163,8 @@ static void hasher_give(struct source *s, struct batch *b)
 	pthread_cond_broadcast(&s->w.cond);
 	pthread_mutex_unlock(&s->w.lock);
 }
+
+static void maybe_sample(struct source *s);
 
 static int send_batch(struct source *s, struct batch *b)
 {
@@ -191,6 +223,7 @@ static int put(struct source *s, struct mig_record rec, const void *payload, siz
 		ret = ship(s);
 		if (ret < 0)
 			return ret;
+		maybe_sample(s);
 		b = s->cur;
 	}
 	b->hdr[b->nh] = rec;
@@ -223,6 +256,7 @@ static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t cou
 	struct hash_run run = { .hva = hva, .region = idx, .zero = zero, .first = first, .count = count };
 
 	s->pages += count;
+	s->in_hand -= count < s->in_hand ? count : s->in_hand;
 	if (zero) {
 		s->zero_pages += count;
 		return put(s, mig_encode_zero(&s->enc, idx, first, count), NULL, 0, &run);
@@ -230,28 +264,75 @@ static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t cou
 	return put(s, mig_encode_data(&s->enc, idx, first, count), hva, count * PAGE, &run);
 }
 
-/* One handed-out range, split into zero runs and data runs of at most MIG_RUN_PAGES. */
+/* Pages read to be sent: zero runs and data runs of at most MIG_RUN_PAGES. */
+static int send_read(struct source *s, uint32_t idx, uint64_t page, uint64_t n, const uint8_t *p)
+{
+	uint64_t i = 0, j;
+	int ret;
+
+	while (i < n) {
+		bool zero = page_is_zero(p + i * PAGE);
+
+		for (j = i + 1; j < n && (zero || j - i < MIG_RUN_PAGES) && page_is_zero(p + j * PAGE) == zero; j++)
+			;
+		ret = send_run(s, idx, page + i, j - i, p + i * PAGE, zero);
+		if (ret < 0)
+			return ret;
+		i = j;
+	}
+	return 0;
+}
+
+/*
+ * Pagemap entries of up to PM_BATCH pages of region idx from page into
+ * s->pme: how many, or 0 where the host cannot say which are untouched
+ * (not private anonymous memory, no pagemap): every page is then read.
+ */
+static uint64_t untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n)
+{
+	const uint8_t *hva = (const uint8_t *)s->g->regions[idx].hva + page * PAGE;
+
+	if (n > PM_BATCH)
+		n = PM_BATCH;
+	if (!s->anon[idx] || s->pagemap < 0 || mig_pagemap_read(s->pagemap, hva, n, s->pme) < 0)
+		return 0;
+	return n;
+}
+
+/*
+ * One handed-out range (protected by now): pages never touched as ZERO
+ * runs, unread; the others read, as zero runs and data runs.
+ */
 static int send_range(struct source *s, const struct kvmdirty_range *rg)
 {
 	const uint8_t *p = rg->hva;
+	uint64_t done = 0, k, i, j;
 	uint32_t idx;
-	uint64_t i = 0, j;
 	int ret;
 
 	for (idx = 0; idx < s->g->nr_regions && s->g->regions[idx].region != rg->region; idx++)
 		;
 	if (idx == s->g->nr_regions)
 		return -ENOENT;
-	while (i < rg->npages) {
-		bool zero = page_is_zero(p + i * PAGE);
+	while (done < rg->npages) {
+		k = untouched_map(s, idx, rg->page + done, rg->npages - done);
+		if (!k)
+			return send_read(s, idx, rg->page + done, rg->npages - done, p + done * PAGE);
+		for (i = 0; i < k; i = j) {
+			bool untouched = mig_pm_untouched(s->pme[i]);
 
-		for (j = i + 1; j < rg->npages && (zero || j - i < MIG_RUN_PAGES) && page_is_zero(p + j * PAGE) == zero;
-		     j++)
-			;
-		ret = send_run(s, idx, rg->page + i, j - i, p + i * PAGE, zero);
-		if (ret < 0)
-			return ret;
-		i = j;
+			for (j = i + 1; j < k && mig_pm_untouched(s->pme[j]) == untouched; j++)
+				;
+			if (untouched) {
+				s->untouched_pages += j - i;
+				ret = send_run(s, idx, rg->page + done + i, j - i, NULL, true);
+			} else {
+				ret = send_read(s, idx, rg->page + done + i, j - i, p + (done + i) * PAGE);
+			}
+			if (ret < 0)
+				return ret;
+		}
+		done += k;
 	}
 	return 0;
 }
@@ -267,6 +348,81 @@ static int net_fail(struct source *s, int ret, const char *what, char *err, size
 	return mig_errf(err, len, ret, "%s: %s", what, why);
 }
 
+static double now_rel(const struct source *s)
+{
+	return now_ms() - s->t0;
+}
+
+/* A string as JSON. */
+static void json_str(FILE *f, const char *str)
+{
+	fputc('"', f);
+	for (; *str; str++) {
+		unsigned char c = (unsigned char)*str;
+
+		if (c == '"' || c == '\\')
+			fprintf(f, "\\%c", c);
+		else if (c < 0x20)
+			fprintf(f, "\\u%04x", c);
+		else
+			fputc(c, f);
+	}
+	fputc('"', f);
+}
+
+/* Every line starts the same: the format's version, its type, ms since the start. */
+static void line_start(const struct source *s, const char *type)
+{
+	fprintf(s->o->stats, "{\"v\":%d,\"type\":\"%s\",\"t_ms\":%.3f", STATS_VERSION, type, now_rel(s));
+}
+
+/* "vcpu":[{"id":0,"progress":N,"per_s":X},...]: progress since the last sample, which moves on. */
+static void vcpu_samples(struct source *s, double dt_ms)
+{
+	unsigned int i;
+
+	if (!s->g->ops->progress)
+		return;
+	fprintf(s->o->stats, ",\"vcpu\":[");
+	for (i = 0; i < s->g->nr_vcpus; i++) {
+		uint64_t p = s->g->ops->progress(s->g->ctx, i);
+
+		fprintf(s->o->stats, "%s{\"id\":%u,\"progress\":%" PRIu64 ",\"per_s\":%.1f}", i ? "," : "", i, p,
+			dt_ms > 0 ? (double)(p - s->progress_at[i]) / (dt_ms / 1e3) : 0.0);
+		s->progress_at[i] = p;
+	}
+	fputc(']', s->o->stats);
+}
+
+/* The figures a sample and a pass line share: sent so far, still dirty, the link, the dirty rate. */
+static void flow_fields(struct source *s, double dt_ms)
+{
+	struct kvmdirty_stats st;
+	uint64_t sent = mig_conn_sent(s->c);
+
+	kvmdirty_tracker_stats(s->g->tracker, &st, sizeof(st));
+	fprintf(s->o->stats,
+		",\"pass\":%u,\"bytes_sent\":%" PRIu64 ",\"pages_sent\":%" PRIu64 ",\"dirty_bytes\":%" PRIu64
+		",\"link_bytes_per_s\":%.0f,\"dirty_pages_per_s\":%" PRIu64,
+		s->pass, sent, s->pages, (kvmdirty_tracker_pending(s->g->tracker) + s->in_hand) * PAGE,
+		dt_ms > 0 ? (double)(sent - s->sample_bytes) / (dt_ms / 1e3) : 0.0, st.dirty_rate);
+	vcpu_samples(s, dt_ms);
+	s->sample_bytes = sent;
+	s->sample_ms = now_ms();
+}
+
+/* A sample within a pass, every SAMPLE_MS. */
+static void maybe_sample(struct source *s)
+{
+	double t = now_ms();
+
+	if (!s->o->stats || t - s->sample_ms < SAMPLE_MS)
+		return;
+	line_start(s, "sample");
+	flow_fields(s, t - s->sample_ms);
+	fprintf(s->o->stats, "}\n");
+}
+
 /* Hand out and send everything pending. */
 static int drain(struct source *s)
 {
@@ -274,6 +430,8 @@ static int drain(struct source *s)
 	int n, i, ret;
 
 	while ((n = kvmdirty_tracker_next(s->g->tracker, rg, 64, 0)) > 0) {
+		for (i = 0; i < n; i++)
+			s->in_hand += rg[i].npages;
 		for (i = 0; i < n; i++) {
 			ret = send_range(s, &rg[i]);
 			if (ret < 0)
@@ -283,24 +441,32 @@ static int drain(struct source *s)
 	return n < 0 ? n : flush(s);
 }
 
-static void stats_line(const struct mig_send_opts *o, unsigned int pass, uint64_t pages, uint64_t zero,
-		       uint64_t bytes, double ms, uint64_t remaining, double mib_s, uint64_t rate, double est_ms)
+static void pass_line(struct source *s, uint64_t pages, uint64_t zero, uint64_t untouched, uint64_t bytes, double ms,
+		      uint64_t remaining, double mib_s, double est_ms)
 {
-	if (o->stats)
-		fprintf(o->stats,
-			"{\"pass\":%u,\"pages\":%" PRIu64 ",\"zero_pages\":%" PRIu64 ",\"bytes\":%" PRIu64
-			",\"ms\":%.3f,\"remaining_pages\":%" PRIu64 ",\"mib_per_s\":%.1f,\"dirty_pages_per_s\":%" PRIu64
-			",\"est_downtime_ms\":%.3f}\n",
-			pass, pages, zero, bytes, ms, remaining, mib_s, rate, est_ms);
-	if (o->progress)
+	if (s->o->stats) {
+		line_start(s, "pass");
+		flow_fields(s, now_ms() - s->sample_ms);
+		fprintf(s->o->stats,
+			",\"pass_pages\":%" PRIu64 ",\"pass_zero_pages\":%" PRIu64 ",\"pass_untouched_pages\":%" PRIu64
+			",\"pass_bytes\":%" PRIu64 ",\"pass_ms\":%.3f,\"pass_bytes_per_s\":%.0f,\"remaining_pages\":%"
+			PRIu64 ",\"est_downtime_ms\":%.3f}\n",
+			pages, zero, untouched, bytes, ms, mib_s * 1048576.0, remaining, est_ms);
+	}
+	if (s->o->progress) {
+		struct kvmdirty_stats st;
+
+		kvmdirty_tracker_stats(s->g->tracker, &st, sizeof(st));
 		fprintf(stderr, "\rpass %u: %.1f MiB remaining, %.0f MiB/s, dirty %" PRIu64
 				" pages/s, est. downtime %.1f ms   ",
-			pass, remaining * PAGE / 1048576.0, mib_s, rate, est_ms);
+			s->pass, remaining * PAGE / 1048576.0, mib_s, st.dirty_rate, est_ms);
+	}
 }
 
 /*
  * After switchover: the final memory against the hash of what was last
- * sent of each page.  The vCPUs are paused for good, so memory holds still.
+ * sent of each page.  The vCPUs are paused for good, so memory holds still;
+ * a page never touched is zero without being read.
  */
 static void check_sent(struct source *s, struct mig_result *res, char *err, size_t len)
 {
@@ -308,29 +474,38 @@ static void check_sent(struct source *s, struct mig_result *res, char *err, size
 	double t0 = now_ms();
 	size_t at = 0;
 	unsigned int i;
-	uint64_t k;
+	uint64_t k, m, n, b;
 
-	if (s->o->stats)
-		fprintf(s->o->stats, "{\"lost\":[");
+	if (s->o->stats) {
+		line_start(s, "verify");
+		fprintf(s->o->stats, ",\"lost\":[");
+	}
 	for (i = 0; i < g->nr_regions; i++) {
 		const uint8_t *p = g->regions[i].hva;
-		uint64_t n = g->regions[i].size / PAGE;
 
-		for (k = 0; k < n; k++) {
-			uint64_t gpa = g->regions[i].gpa + k * PAGE;
+		n = g->regions[i].size / PAGE;
+		for (k = 0; k < n; k += b) {
+			b = untouched_map(s, i, k, n - k);
+			for (m = 0; m < (b ? b : 1); m++) {
+				uint64_t page = k + m, gpa = g->regions[i].gpa + page * PAGE;
+				uint64_t h = b && mig_pm_untouched(s->pme[m]) ? s->zero_hash : mig_page_hash(p + page * PAGE);
 
-			if (mig_page_hash(p + k * PAGE) == s->sent_hash[i][k])
-				continue;
-			if (!res->lost_pages)
-				at = (size_t)snprintf(err, len, "after switchover: pages differ from what was sent, "
-						 "so tracking lost writes:");
-			if (res->lost_pages < LOST_NAMED && at < len)
-				at += (size_t)snprintf(err + at, len - at, " region %u page %" PRIu64 " (gpa 0x%" PRIx64 ")",
-						       i, k, gpa);
-			if (res->lost_pages < LOST_STATS && s->o->stats)
-				fprintf(s->o->stats, "%s{\"region\":%u,\"page\":%" PRIu64 ",\"gpa\":%" PRIu64 "}",
-					res->lost_pages ? "," : "", i, k, gpa);
-			res->lost_pages++;
+				if (h == (kvmdirty_bitmap_is_clear(s->sent_data[i], page, page + 1) ? s->zero_hash
+													  : s->sent_hash[i][page]))
+					continue;
+				if (!res->lost_pages)
+					at = (size_t)snprintf(err, len, "after switchover: pages differ from what was sent, "
+							 "so tracking lost writes:");
+				if (res->lost_pages < LOST_NAMED && at < len)
+					at += (size_t)snprintf(err + at, len - at, " region %u page %" PRIu64 " (gpa 0x%" PRIx64
+							       ")", i, page, gpa);
+				if (res->lost_pages < LOST_STATS && s->o->stats)
+					fprintf(s->o->stats, "%s{\"region\":%u,\"page\":%" PRIu64 ",\"gpa\":%" PRIu64 "}",
+						res->lost_pages ? "," : "", i, page, gpa);
+				res->lost_pages++;
+			}
+			if (!b)
+				b = 1;
 		}
 		res->verified_pages += n;
 	}
@@ -348,25 +523,27 @@ static int alloc_hashes(struct source *s)
 
 	for (i = 0; i < s->g->nr_regions; i++) {
 		s->sent_hash[i] = calloc(s->g->regions[i].size / PAGE, sizeof(uint64_t));
-		if (!s->sent_hash[i])
+		s->sent_data[i] = calloc(KVMDIRTY_BITMAP_WORDS(s->g->regions[i].size / PAGE), sizeof(uint64_t));
+		if (!s->sent_hash[i] || !s->sent_data[i])
 			return -ENOMEM;
 	}
 	return 0;
 }
 
 /* Pre-copy passes until the rest fits the downtime, or a limit. */
-static int precopy(struct source *s, struct mig_result *res, double t0, char *err, size_t len)
+static int precopy(struct source *s, struct mig_result *res, char *err, size_t len)
 {
 	const struct mig_send_opts *o = s->o;
 	struct kvmdirty_tracker *t = s->g->tracker;
 	struct kvmdirty_stats st;
 
 	for (;;) {
-		uint64_t pages0 = s->pages, zero0 = s->zero_pages, bytes0 = mig_conn_sent(s->c), pending;
+		uint64_t pages0 = s->pages, zero0 = s->zero_pages, un0 = s->untouched_pages;
+		uint64_t bytes0 = mig_conn_sent(s->c), pending;
 		double tp = now_ms(), ms, mib_s, est;
 		int ret;
 
-		res->passes++;
+		s->pass = (unsigned int)++res->passes;
 		ret = drain(s);
 		if (ret == 0)
 			ret = put(s, mig_encode_pass(&s->enc, res->passes), NULL, 0, NULL);
@@ -378,16 +555,27 @@ static int precopy(struct source *s, struct mig_result *res, double t0, char *er
 		if (ret < 0)
 			return mig_errf(err, len, ret, "dirty log sync: %s", strerror(-ret));
 		pending = kvmdirty_tracker_pending(t);
-		kvmdirty_tracker_stats(t, &st, sizeof(st));
 		est = mib_s > 0 ? pending * PAGE / 1048576.0 / mib_s * 1e3 : 0;
-		stats_line(o, (unsigned int)res->passes, s->pages - pages0, s->zero_pages - zero0,
-			   mig_conn_sent(s->c) - bytes0, ms, pending, mib_s, st.dirty_rate, est);
+		pass_line(s, s->pages - pages0, s->zero_pages - zero0, s->untouched_pages - un0,
+			  mig_conn_sent(s->c) - bytes0, ms, pending, mib_s, est);
+		res->est_downtime_ms = est;
+		res->link_bytes_per_s = mib_s * 1048576.0;
+		res->remaining_pages = pending;
+		kvmdirty_tracker_stats(t, &st, sizeof(st));
+		res->dirty_pages_per_s = st.dirty_rate;
 		if (est <= (double)o->downtime_ms) {
 			res->converged = true;
+			res->reason = "fits_downtime";
 			return 0;
 		}
-		if (res->passes >= o->max_passes || now_ms() - t0 >= (double)o->timeout_ms)
+		if (res->passes >= o->max_passes) {
+			res->reason = "pass_limit";
 			return 0;
+		}
+		if (now_ms() - s->t0 >= (double)o->timeout_ms) {
+			res->reason = "time_limit";
+			return 0;
+		}
 	}
 }
 
@@ -427,13 +615,136 @@ static int stop_and_copy(struct source *s, char *err, size_t len)
 	return 0;
 }
 
+static const char *mode_name(enum kvmdirty_mode m)
+{
+	return m == KVMDIRTY_MODE_DIRTY_LOG ? "dirty-log" : m == KVMDIRTY_MODE_CLEAR_LOG ? "clear-log"
+	       : m == KVMDIRTY_MODE_DIRTY_RING ? "dirty-ring" : "auto";
+}
+
+/*
+ * Before tracking starts: each vCPU's speed over baseline_ms, and where
+ * the speed during the migration is counted from.
+ */
+static int baseline(struct source *s, struct mig_result *res)
+{
+	const struct mig_guest *g = s->g;
+	unsigned int i;
+	double t;
+
+	s->progress0 = calloc(g->nr_vcpus, sizeof(uint64_t));
+	s->progress_at = calloc(g->nr_vcpus, sizeof(uint64_t));
+	if (!s->progress0 || !s->progress_at)
+		return -ENOMEM;
+	if (!g->ops->progress)
+		return 0;
+	for (i = 0; i < g->nr_vcpus; i++)
+		s->progress0[i] = g->ops->progress(g->ctx, i);
+	if (s->o->baseline_ms) {
+		t = now_ms();
+		usleep((useconds_t)(s->o->baseline_ms * 1000));
+		t = now_ms() - t;
+		for (i = 0; i < g->nr_vcpus; i++) {
+			uint64_t p = g->ops->progress(g->ctx, i);
+
+			res->vcpu_before[i] = (double)(p - s->progress0[i]) / (t / 1e3);
+			s->progress0[i] = p;
+		}
+	}
+	memcpy(s->progress_at, s->progress0, g->nr_vcpus * sizeof(uint64_t));
+	return 0;
+}
+
+/* Each vCPU's speed from the start of tracking to now (the pause). */
+static void during(struct source *s, struct mig_result *res)
+{
+	const struct mig_guest *g = s->g;
+	double t = now_rel(s) - s->before_ms;
+	unsigned int i;
+
+	for (i = 0; g->ops->progress && s->progress0 && i < g->nr_vcpus && t > 0; i++)
+		res->vcpu_during[i] = (double)(g->ops->progress(g->ctx, i) - s->progress0[i]) / (t / 1e3);
+}
+
+static void start_line(struct source *s, const struct mig_result *res)
+{
+	const struct mig_guest *g = s->g;
+	uint64_t pages = 0;
+	unsigned int i;
+
+	for (i = 0; i < g->nr_regions; i++)
+		pages += g->regions[i].size / PAGE;
+	line_start(s, "start");
+	fprintf(s->o->stats,
+		",\"mode\":\"%s\",\"regions\":%u,\"guest_pages\":%" PRIu64 ",\"page_size\":%u,\"vcpus\":%u"
+		",\"downtime_limit_ms\":%" PRIu64 ",\"max_passes\":%u,\"timeout_ms\":%" PRIu64 ",\"verify\":%s"
+		",\"baseline_ms\":%" PRIu64 ",\"vcpu\":[",
+		mode_name(kvmdirty_tracker_mode(g->tracker)), g->nr_regions, pages, MIG_PAGE_SIZE, g->nr_vcpus,
+		s->o->downtime_ms, s->o->max_passes, s->o->timeout_ms, s->o->verify ? "true" : "false",
+		s->o->baseline_ms);
+	for (i = 0; i < g->nr_vcpus; i++) {
+		fprintf(s->o->stats, "%s{\"id\":%u", i ? "," : "", i);
+		if (g->ops->progress)
+			fprintf(s->o->stats, ",\"progress\":%" PRIu64, s->progress0[i]);
+		if (g->ops->progress && s->o->baseline_ms)
+			fprintf(s->o->stats, ",\"before_per_s\":%.1f", res->vcpu_before[i]);
+		fputc('}', s->o->stats);
+	}
+	fprintf(s->o->stats, "]}\n");
+}
+
+static void end_line(struct source *s, const struct mig_result *res, int ret, const char *err)
+{
+	const struct mig_guest *g = s->g;
+	unsigned int i;
+
+	line_start(s, "end");
+	fprintf(s->o->stats,
+		",\"ok\":%s,\"converged\":%s,\"reason\":\"%s\",\"total_ms\":%.3f,\"downtime_ms\":%.3f"
+		",\"bytes_sent\":%" PRIu64 ",\"passes\":%" PRIu64 ",\"pages_sent\":%" PRIu64 ",\"zero_pages\":%" PRIu64
+		",\"untouched_pages\":%" PRIu64 ",\"downtime_pages\":%" PRIu64 ",\"est_downtime_ms\":%.3f"
+		",\"link_bytes_per_s\":%.0f,\"verified\":%s,\"lost_pages\":%" PRIu64,
+		ret < 0 ? "false" : "true", res->converged ? "true" : "false", res->reason ? res->reason : "failed",
+		res->total_ms, res->downtime_ms, res->bytes, res->passes, res->pages, res->zero_pages,
+		res->untouched_pages, res->downtime_pages, res->est_downtime_ms, res->link_bytes_per_s,
+		ret == 0 && s->o->verify ? "true" : "false", res->lost_pages);
+	fprintf(s->o->stats, ",\"remaining_pages\":%" PRIu64 ",\"dirty_pages_per_s\":%" PRIu64,
+		res->remaining_pages, res->dirty_pages_per_s);
+	if (ret < 0) {
+		fprintf(s->o->stats, ",\"error\":");
+		json_str(s->o->stats, err);
+	} else if (!res->converged) {
+		char why[256];
+
+		/* why not, in words: what was left, what the link took, what the guest dirtied */
+		snprintf(why, sizeof(why), "after %" PRIu64 " passes the rest (%.1f MiB) needed %.0f ms at %.1f MiB/s, "
+			 "over the %" PRIu64 " ms limit; the guest dirtied %" PRIu64 " pages/s (%.1f MiB/s)",
+			 res->passes, res->remaining_pages * PAGE / 1048576.0, res->est_downtime_ms,
+			 res->link_bytes_per_s / 1048576.0, s->o->downtime_ms, res->dirty_pages_per_s,
+			 res->dirty_pages_per_s * PAGE / 1048576.0);
+		fprintf(s->o->stats, ",\"detail\":");
+		json_str(s->o->stats, why);
+	}
+	if (g->ops->progress) {
+		fprintf(s->o->stats, ",\"vcpu\":[");
+		for (i = 0; i < g->nr_vcpus; i++) {
+			fprintf(s->o->stats, "%s{\"id\":%u,\"during_per_s\":%.1f", i ? "," : "", i, res->vcpu_during[i]);
+			if (s->o->baseline_ms)
+				fprintf(s->o->stats, ",\"before_per_s\":%.1f,\"speed\":%.4f", res->vcpu_before[i],
+					res->vcpu_before[i] > 0 ? res->vcpu_during[i] / res->vcpu_before[i] : 0.0);
+			fputc('}', s->o->stats);
+		}
+		fputc(']', s->o->stats);
+	}
+	fprintf(s->o->stats, "}\n");
+}
+
 int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, struct mig_result *res, char *err,
 	     size_t len)
 {
 	struct source *s = calloc(1, sizeof(*s));
 	struct mig_region desc[MIG_MAX_REGIONS];
 	struct mig_header h;
-	double t0 = now_ms(), tdown = 0;
+	double tdown = 0;
 	uint64_t hashed0 = 0, pages0 = 0;
 	bool paused = false, started = false;
 	unsigned int i;
@@ -445,6 +756,8 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 		return mig_errf(err, len, -ENOMEM, "out of memory");
 	s->g = g;
 	s->o = o;
+	s->t0 = s->sample_ms = now_ms();
+	s->pagemap = -1;
 	if (!g->tracker || g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS) {
 		ret = mig_errf(err, len, -EINVAL, "the source guest has no tracker, or more than %u regions or %u vCPUs",
 			       MIG_MAX_REGIONS, MIG_MAX_VCPUS);
@@ -456,10 +769,16 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 		goto out;
 	}
 	s->vs = calloc(g->nr_vcpus, sizeof(*s->vs));
-	if (!s->vs || (o->verify && alloc_hashes(s) < 0)) {
+	if (!s->vs || (o->verify && alloc_hashes(s) < 0) || baseline(s, res) < 0) {
 		ret = mig_errf(err, len, -ENOMEM, "out of memory for page hashes and vCPU state");
 		goto out;
 	}
+	s->before_ms = now_rel(s);
+	s->sample_ms = now_ms();
+	/* without pagemap every page is read: slower, never wrong */
+	s->pagemap = mig_pagemap_open();
+	for (i = 0; i < g->nr_regions; i++)
+		s->anon[i] = mig_hostmem_private_anon(g->regions[i].hva, g->regions[i].size) == 1;
 	s->zero_hash = mig_zero_page_hash();
 	s->cur = &s->batch[0];
 	if (o->verify && !o->inline_hash && (ret = mig_worker_start(&s->w, hasher, s)) < 0) {
@@ -468,6 +787,8 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 	}
 	for (i = 0; i < g->nr_regions; i++)
 		desc[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
+	if (o->stats)
+		start_line(s, res);
 	ret = kvmdirty_tracker_start(g->tracker, NULL);
 	if (ret < 0) {
 		mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
@@ -483,13 +804,15 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 			net_fail(s, ret, "sending the header", err, len);
 	}
 	if (ret == 0)
-		ret = precopy(s, res, t0, err, len);
+		ret = precopy(s, res, err, len);
 	if (ret == 0) {
 		tdown = now_ms();
 		hashed0 = s->hashed;
 		pages0 = s->pages;
+		during(s, res);
 		g->ops->pause(g->ctx);
 		paused = true;
+		s->pass = 0;
 		ret = stop_and_copy(s, err, len);
 	}
 	if (ret == 0) {
@@ -500,10 +823,13 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 out:
 	if (o->progress)
 		fprintf(stderr, "\n");
-	res->total_ms = now_ms() - t0;
+	res->total_ms = now_ms() - s->t0;
 	res->bytes = s->c ? mig_conn_sent(s->c) : 0;
 	res->pages = s->pages;
 	res->zero_pages = s->zero_pages;
+	res->untouched_pages = s->untouched_pages;
+	if (ret < 0)
+		res->reason = "failed";
 	if (started)
 		kvmdirty_tracker_stop(g->tracker, NULL);
 	/* a failed migration leaves the guest running where it was */
@@ -514,18 +840,18 @@ out:
 		ret = res->lost_pages > INT32_MAX ? INT32_MAX : (int)res->lost_pages;
 	}
 	if (o->stats)
-		fprintf(o->stats,
-			"{\"summary\":true,\"ok\":%s,\"total_ms\":%.3f,\"downtime_ms\":%.3f,\"bytes\":%" PRIu64
-			",\"passes\":%" PRIu64 ",\"pages\":%" PRIu64 ",\"zero_pages\":%" PRIu64 ",\"converged\":%s"
-			",\"downtime_pages\":%" PRIu64 ",\"verified\":%s,\"lost_pages\":%" PRIu64 "}\n",
-			ret < 0 ? "false" : "true", res->total_ms, res->downtime_ms, res->bytes, res->passes, s->pages,
-			s->zero_pages, res->converged ? "true" : "false", res->downtime_pages,
-			ret == 0 && o->verify ? "true" : "false", res->lost_pages);
+		end_line(s, res, ret, err);
 	mig_worker_stop(&s->w);
 	mig_conn_free(s->c);
+	if (s->pagemap >= 0)
+		close(s->pagemap);
 	free(s->vs);
-	for (i = 0; i < MIG_MAX_REGIONS; i++)
+	free(s->progress0);
+	free(s->progress_at);
+	for (i = 0; i < MIG_MAX_REGIONS; i++) {
 		free(s->sent_hash[i]);
+		free(s->sent_data[i]);
+	}
 	free(s);
 	return ret;
 }

@@ -24,7 +24,8 @@ struct mig_send_opts {
 	uint64_t peer_timeout_ms; /* each wait for the destination (0: none) */
 	bool verify;		  /* page hashes, and the check after switchover */
 	bool inline_hash;	  /* hash on the sending thread, not on a thread of its own */
-	FILE *stats;		  /* JSON lines, or NULL */
+	FILE *stats;		  /* JSON lines (format: doc/migrate-stats.md), or NULL */
+	uint64_t baseline_ms;	  /* before tracking starts: each vCPU's speed over this long (0: not measured) */
 	bool progress;		  /* a status line on stderr */
 };
 
@@ -33,11 +34,20 @@ struct mig_result {
 	double downtime_ms;	  /* vCPUs paused to the destination's answer */
 	double verify_ms;	  /* the check after switchover */
 	uint64_t bytes, passes, pages, zero_pages;
+	uint64_t untouched_pages; /* of zero_pages: never faulted in, sent without being read */
 	uint64_t downtime_pages;  /* pages sent while paused */
 	uint64_t downtime_hashed; /* pages hashed while paused */
 	uint64_t verified_pages;  /* pages the check after switchover compared */
 	uint64_t lost_pages;	  /* ... and found changed since they were sent */
 	bool converged;
+	double est_downtime_ms;	  /* the last pass's estimate of the rest's transfer */
+	double link_bytes_per_s;  /* ... at the rate that pass measured */
+	uint64_t remaining_pages; /* ... of the rest, pending after it */
+	uint64_t dirty_pages_per_s; /* the dirty rate the tracker saw then */
+	/* why pre-copy ended: "fits_downtime", "pass_limit", "time_limit", or "failed" */
+	const char *reason;
+	/* vCPU i's progress per second before tracking (baseline_ms; 0: not measured) and during pre-copy */
+	double vcpu_before[MIG_MAX_VCPUS], vcpu_during[MIG_MAX_VCPUS];
 };
 
 /*

@@ -24,38 +24,102 @@
 #define MIN_CPU_MS 20
 #define MIN_EXPECTED_WRITES 16
 
+/* GUEST_COMPUTE units a pass (about a millisecond natively): the pass counter moves too */
+#define COMPUTE_UNITS 1024
+
+/* Working set pages of each vCPU that dirties memory, laid one after another from the start of data memory. */
+static int plan_work(const struct mig_testvm_opts *g, uint64_t ret_pages[], char *err, size_t len)
+{
+	unsigned int i, shares = 0;
+	uint64_t total = 0;
+
+	for (i = 0; i < g->vcpus; i++)
+		shares += g->work[i].kind == MIG_WORK_SHARE;
+	for (i = 0; i < g->vcpus; i++) {
+		const struct mig_vcpu_work *w = &g->work[i];
+
+		ret_pages[i] = w->kind == MIG_WORK_DIRTY ? (w->mib << 20) / PAGE
+			       : w->kind == MIG_WORK_SHARE ? (g->ws_mib << 20) / shares / PAGE : 0;
+		total += ret_pages[i];
+	}
+	if (total > (g->mib << 20) / PAGE)
+		return mig_errf(err, len, -EINVAL, "working sets of %" PRIu64 " MiB exceed memory %" PRIu64 " MiB",
+				(uint64_t)(total * PAGE >> 20), g->mib);
+	return 0;
+}
+
+/* The data memory: anonymous (testvm's), or the caller's file. */
+static int add_data(struct testvm *tv, const struct mig_testvm_opts *g, void **ret_mem)
+{
+	uint64_t size = g->mib << 20;
+	void *mem;
+	int ret;
+
+	if (!g->data_file)
+		return testvm_add_memory(tv, MIG_DATA_GPA, size, 0, ret_mem, NULL);
+	mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, g->data_fd, 0);
+	if (mem == MAP_FAILED)
+		return -errno;
+	ret = kvmdirty_region_add(tv->vm, MIG_DATA_GPA, size, mem, 0, NULL);
+	if (ret < 0) {
+		munmap(mem, size);
+		return ret;
+	}
+	*ret_mem = mem;
+	return 0;
+}
+
 int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm **ret_tv, char *err, size_t len)
 {
 	struct testvm_opts o = { .nr_vcpus = g->vcpus, .track = source, .track_opts = { .mode = g->mode } };
-	uint64_t ws = g->ws_mib << 20, per;
+	uint64_t pages[GUEST_MAX_VCPUS], at = 0, fill;
 	struct testvm *tv;
 	void *mem;
 	unsigned int i;
 	int ret;
 
-	if (g->ws_mib > g->mib)
-		return mig_errf(err, len, -EINVAL, "working set %" PRIu64 " MiB exceeds memory %" PRIu64 " MiB",
-				g->ws_mib, g->mib);
+	if (!g->vcpus || g->vcpus > GUEST_MAX_VCPUS)
+		return mig_errf(err, len, -EINVAL, "%u vCPUs: 1 to %u", g->vcpus, GUEST_MAX_VCPUS);
+	ret = plan_work(g, pages, err, len);
+	if (ret < 0)
+		return ret;
 	ret = testvm_new(&o, &tv);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "creating the VM: %s", strerror(-ret));
-	ret = testvm_add_memory(tv, MIG_DATA_GPA, g->mib << 20, 0, &mem, NULL);
+	ret = add_data(tv, g, &mem);
 	if (ret < 0) {
 		testvm_free(tv);
 		return mig_errf(err, len, ret, "adding %" PRIu64 " MiB of guest memory: %s", g->mib, strerror(-ret));
 	}
 	/* first touches cost about 5 us a page on this nested host: not inside the migration */
-	if (!source && madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
+	if (!source && !g->data_file && madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
 		memset(mem, 0, g->mib << 20);
-	per = ws / g->vcpus / PAGE;
 	for (i = 0; source && i < g->vcpus; i++) {
 		struct guest_vcpu *mb = testvm_mailbox(tv, i);
+		enum mig_work kind = g->work[i].kind;
 
-		mb->gpa = MIG_DATA_GPA + i * per * PAGE;
-		mb->pages = per;
+		mb->gpa = MIG_DATA_GPA + at * PAGE;
+		mb->pages = pages[i];
 		mb->pattern = GUEST_SEQUENTIAL;
-		mb->tsc_per_page = testvm_tsc_per_page(tv, g->rate);
+		mb->tsc_per_page = testvm_tsc_per_page(tv, kind == MIG_WORK_DIRTY ? g->work[i].rate : g->rate);
 		mb->flags = GUEST_F_CHECK;
+		if (kind == MIG_WORK_COMPUTE) {
+			mb->gpa = MIG_DATA_GPA;
+			mb->pages = COMPUTE_UNITS;
+			mb->pattern = GUEST_COMPUTE;
+			mb->tsc_per_page = 0;
+			mb->flags = 0;
+		}
+		at += pages[i];
+	}
+	if (source && g->fill == MIG_FILL_ALL) {
+		mig_testvm_fill(tv, 16);
+	} else if (source) {
+		/* what a guest with free memory holds: data where it worked, the rest never touched */
+		fill = (g->fill << 20) / PAGE;
+		if (fill > (g->mib << 20) / PAGE)
+			fill = (g->mib << 20) / PAGE;
+		mig_testvm_fill_range(tv, 0, at > fill ? at : fill, 0);
 	}
 	*ret_tv = tv;
 	return 0;
@@ -71,13 +135,13 @@ void mig_testvm_free(struct testvm *tv)
 	testvm_unmap(hva, size);
 }
 
-void mig_testvm_fill(struct testvm *tv, uint64_t zero_every)
+void mig_testvm_fill_range(struct testvm *tv, uint64_t first, uint64_t count, uint64_t zero_every)
 {
 	struct kvmdirty_region *r = kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA);
-	uint8_t *p = kvmdirty_region_hva(r);
-	uint64_t i, n = kvmdirty_region_size(r) / PAGE, x = 0x9e3779b97f4a7c15ull;
+	uint8_t *p = (uint8_t *)kvmdirty_region_hva(r) + first * PAGE;
+	uint64_t i, x = 0x9e3779b97f4a7c15ull ^ first;
 
-	for (i = 0; i < n; i++, p += PAGE) {
+	for (i = first; i < first + count; i++, p += PAGE) {
 		uint64_t *w = (uint64_t *)p, k;
 
 		if (zero_every && i % zero_every == 0)
@@ -90,6 +154,18 @@ void mig_testvm_fill(struct testvm *tv, uint64_t zero_every)
 			w[k] = x;
 		}
 	}
+}
+
+void mig_testvm_fill(struct testvm *tv, uint64_t zero_every)
+{
+	struct kvmdirty_region *r = kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA);
+
+	mig_testvm_fill_range(tv, 0, kvmdirty_region_size(r) / PAGE, zero_every);
+}
+
+uint64_t mig_testvm_progress(struct testvm *tv, unsigned int i)
+{
+	return testvm_mailbox(tv, i)->writes;
 }
 
 static int tg_vcpu_save(void *ctx, unsigned int i, struct mig_vcpu_state *st)
@@ -116,8 +192,14 @@ static void tg_resume(void *ctx)
 	testvm_resume_all(ctx);
 }
 
+static uint64_t tg_progress(void *ctx, unsigned int i)
+{
+	return mig_testvm_progress(ctx, i);
+}
+
 static const struct mig_guest_ops tg_ops = {
 	.vcpu_save = tg_vcpu_save,
+	.progress = tg_progress,
 	.vcpu_load = tg_vcpu_load,
 	.pause = tg_pause,
 	.resume = tg_resume,

@@ -18,17 +18,46 @@
 
 #define MIG_DATA_GPA (4ull << 30)
 
+/* What one vCPU of the source does while it is migrated. */
+enum mig_work {
+	MIG_WORK_SHARE = 0, /* dirty an equal share of ws_mib at rate (idle if ws_mib is 0) */
+	MIG_WORK_IDLE,	    /* run, write nothing */
+	MIG_WORK_DIRTY,	    /* dirty mib of its own at rate */
+	MIG_WORK_COMPUTE,   /* compute, write no memory (GUEST_COMPUTE) */
+};
+
+struct mig_vcpu_work {
+	enum mig_work kind;
+	uint64_t mib;  /* MIG_WORK_DIRTY */
+	uint64_t rate; /* MIG_WORK_DIRTY: pages/s (0: flat out) */
+};
+
+#define MIG_FILL_WS 0		/* fill: the working sets only; the rest never touched */
+#define MIG_FILL_ALL UINT64_MAX /* fill: all of memory (one page in 16 left zero) */
+
 struct mig_testvm_opts {
 	uint64_t mib;		 /* data memory */
 	unsigned int vcpus;
 	enum kvmdirty_mode mode; /* source's tracker */
-	uint64_t ws_mib;	 /* working set the vCPUs dirty (0: idle) */
-	uint64_t rate;		 /* pages/s per vCPU (0: flat out) */
+	uint64_t ws_mib;	 /* working set the MIG_WORK_SHARE vCPUs dirty (0: idle) */
+	uint64_t rate;		 /* pages/s per such vCPU (0: flat out) */
+	struct mig_vcpu_work work[GUEST_MAX_VCPUS]; /* per vCPU; zero: MIG_WORK_SHARE */
+	/*
+	 * Source: what holds non-zero data before the vCPUs run: the
+	 * working sets (MIG_FILL_WS), all of memory (MIG_FILL_ALL), or the
+	 * first fill MiB and the working sets.  Memory not filled and not
+	 * in a working set is never touched.
+	 */
+	uint64_t fill;
+	/* data memory: MAP_SHARED of data_fd (filled beforehand) instead of anonymous memory */
+	bool data_file;
+	int data_fd;
 };
 
 /*
  * Build the guest; a destination's memory is faulted in here, before any
- * stream, as a VMM allocates a guest's RAM before it starts it.
+ * stream, as a VMM allocates a guest's RAM before it starts it.  A source
+ * gets its vCPUs' workloads and its fill.
  */
 int mig_testvm_new(const struct mig_testvm_opts *o, bool source, struct testvm **ret_tv, char *err, size_t len);
 /* testvm_free(), and the data memory it does not unmap. */
@@ -38,6 +67,12 @@ void mig_testvm_free(struct testvm *tv);
  * zero; 0: none), so zero pages do not flatter a run.
  */
 void mig_testvm_fill(struct testvm *tv, uint64_t zero_every);
+
+/* Pages [first, first + count) of the data memory, the same way. */
+void mig_testvm_fill_range(struct testvm *tv, uint64_t first, uint64_t count, uint64_t zero_every);
+
+/* vCPU i's progress: the pages it wrote, or the units it computed, so far. */
+uint64_t mig_testvm_progress(struct testvm *tv, unsigned int i);
 
 /* The engine's view of tv: its regions, KVM vCPU state, testvm's pause and resume. */
 int mig_testvm_guest(struct testvm *tv, struct mig_guest *ret_g);

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_HOSTMEM_H
+#define KVMDIRTY_MIGRATE_HOSTMEM_H
+
+/*
+ * What the host's page tables say of this process's memory, so that the
+ * source sends memory the guest never touched without reading it (a read
+ * would fault every such page in: about a microsecond each, and the zero
+ * page mapped where nothing was).
+ *
+ * A page is untouched when /proc/self/pagemap has it neither present nor
+ * swapped AND it lies in a private anonymous mapping: only there does a
+ * page that was never faulted in read as zeroes.  A file-backed or shared
+ * mapping (a memfd, shmem, hugetlbfs) holds data in the page cache that
+ * this process's page tables need not show, and a swapped-out or migrating
+ * page has its swap bit set: both are read.  mincore() alone cannot tell
+ * these apart and would send such pages as zeroes.
+ *
+ * The answer holds only while nothing can fault the page in unseen: ask
+ * after the page is write-protected for dirty tracking (after
+ * kvmdirty_tracker_next() handed it out), so a guest write that faults it
+ * in afterwards is reported by a later sync.  The source reads the
+ * mappings once, when a migration starts: a VMM must not replace guest
+ * memory's mapping (mmap over it, mremap) during a migration.
+ * Userfaultfd-registered memory is not supported.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+
+#define MIG_PM_PRESENT (1ull << 63)
+#define MIG_PM_SWAPPED (1ull << 62)
+
+/* True if a pagemap entry says the page was never faulted in (in private anonymous memory: zero). */
+static inline bool mig_pm_untouched(uint64_t entry)
+{
+	return !(entry & (MIG_PM_PRESENT | MIG_PM_SWAPPED));
+}
+
+/*
+ * 1 if [hva, hva + size) lies wholly in private anonymous mappings of
+ * this process (read from /proc/self/maps), 0 if any of it does not (or
+ * is unmapped), -errno if the maps cannot be read.
+ */
+int mig_hostmem_private_anon(const void *hva, uint64_t size);
+
+/* /proc/self/pagemap, open for reading: an fd, or -errno. */
+int mig_pagemap_open(void);
+
+/*
+ * The pagemap entries of n pages (4 KiB) from page-aligned hva into
+ * ret_entries[0 .. n).  0 or -errno.
+ */
+int mig_pagemap_read(int fd, const void *hva, uint64_t n, uint64_t *ret_entries);
+
+#endif
