@@ -488,8 +488,10 @@ int kvmdirty_vcpu_run(struct kvmdirty_vcpu *vcpu);
  * pages before it is held: at a limit L, choose N near L / 100 for a
  * hold every 10 ms), at every other exit, and, with a kick signal set,
  * within one harvest (the reaper's period, a sync) of the vCPU running
- * over.  Setting a limit forgets what was saved or owed, and frees a
- * held vCPU.  Any thread, any time.  Errors: -EINVAL NULL vCPU or a
+ * over.  A changed limit keeps what the vCPU owes, re-timed at the new
+ * limit (a held vCPU is held for as long as its excess takes at that
+ * limit); a first limit starts from nothing saved or owed; 0 forgets it
+ * all and frees a held vCPU.  Any thread, any time.  Errors: -EINVAL NULL vCPU or a
  * limit above 2^32; -EOPNOTSUPP the VM has no dirty ring.
  */
 int kvmdirty_vcpu_set_dirty_limit(struct kvmdirty_vcpu *vcpu, uint64_t pages_per_sec);

@@ -578,6 +578,7 @@ KD_EXPORT int kvmdirty_vcpu_run(struct kvmdirty_vcpu *v)
 
 KD_EXPORT int kvmdirty_vcpu_set_dirty_limit(struct kvmdirty_vcpu *v, uint64_t pages_per_sec)
 {
+	uint64_t now, old, el;
 	struct kd_vcpus *vs;
 
 	if (!v || pages_per_sec > KD_LIMIT_MAX)
@@ -586,11 +587,26 @@ KD_EXPORT int kvmdirty_vcpu_set_dirty_limit(struct kvmdirty_vcpu *v, uint64_t pa
 	if (!vs->kvm->ring_entries)
 		return -EOPNOTSUPP;
 	pthread_mutex_lock(&vs->lock);
+	now = kd_now_ns();
+	old = v->limit;
+	if (old && pages_per_sec) {
+		/* what is saved or owed, brought up to now as account() does, re-timed at the new limit */
+		el = now - v->budget_at;
+		if (el > (uint64_t)INT64_MAX / 2)
+			el = (uint64_t)INT64_MAX / 2;
+		v->budget_ns += (int64_t)el;
+		if (v->budget_ns > KD_LIMIT_BURST_NS && v->budget_ns > (int64_t)el)
+			v->budget_ns = (int64_t)el > KD_LIMIT_BURST_NS ? (int64_t)el : KD_LIMIT_BURST_NS;
+		v->budget_ns = (int64_t)((__int128)v->budget_ns * (__int128)old / (__int128)pages_per_sec);
+		if (v->budget_ns > KD_LIMIT_BURST_NS)
+			v->budget_ns = KD_LIMIT_BURST_NS;
+	} else {
+		/* a first limit starts from nothing saved and nothing owed; none forgets it all */
+		v->budget_ns = 0;
+	}
+	v->budget_at = now;
 	STORE(v->limit, pages_per_sec);
-	/* a new limit starts from nothing saved and nothing owed */
-	v->budget_ns = 0;
-	v->budget_at = kd_now_ns();
-	STORE(v->hold_until, 0);
+	STORE(v->hold_until, v->budget_ns < 0 ? now + (uint64_t)-v->budget_ns : 0);
 	pthread_mutex_unlock(&vs->lock);
 	return 0;
 }

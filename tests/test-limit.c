@@ -161,8 +161,9 @@ START_TEST(under_limit_not_held)
 END_TEST
 
 /*
- * A vCPU held for minutes (limit 1 page/s) stops writing; setting its
- * limit to 0 lets it go on at once.  A second vCPU with no limit dirties
+ * A vCPU held for minutes (limit 1 page/s) stops writing; a changed
+ * limit keeps it held for what it owes; setting its limit to 0 lets it
+ * go on at once.  A second vCPU with no limit dirties
  * flat out and is never held.
  */
 START_TEST(limit_zero_frees_held)
@@ -196,6 +197,11 @@ START_TEST(limit_zero_frees_held)
 	w = mb0->writes;
 	rig_pause_us(200000);
 	ck_assert_msg(mb0->writes == w, "a held vCPU wrote %" PRIu64 " pages", mb0->writes - w);
+	/* a changed limit keeps the debt: at 2 pages/s it still owes minutes */
+	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 2));
+	rig_pause_us(200000);
+	ck_assert_msg(mb0->writes == w, "a new limit freed a vCPU that owes minutes (%" PRIu64 " pages on)",
+		      mb0->writes - w);
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 0));
 	for (i = 0; i < 60000 && mb0->writes < w + 1000; i++)
 		rig_pause_us(1000);
