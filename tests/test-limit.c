@@ -507,7 +507,6 @@ START_TEST(run_share)
 	rig_work(g.tv, 1, 0, 1000, GUEST_COMPUTE, 0);
 	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
 	rig_consume(&g);
-	ck_assert_errno(testvm_set_run_share(g.tv, 0, 250), EAGAIN);
 	ck_assert_ok(testvm_spawn(g.tv));
 	ck_assert_errno(testvm_set_run_share(g.tv, 0, 1001), EINVAL);
 	ck_assert_errno(testvm_set_run_share(g.tv, 2, 250), EINVAL);

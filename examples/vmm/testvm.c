@@ -7,6 +7,7 @@
  * thousands of times slower, while ring 3 runs natively and can still use
  * port I/O to talk to us.
  */
+#define _GNU_SOURCE /* gettid() */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -260,7 +261,7 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	pthread_mutex_init(&tv->lock, NULL);
 	pthread_cond_init(&tv->cond, NULL);
 	for (i = 0; i < GUEST_MAX_VCPUS; i++)
-		tv->share[i] = 1000;
+		tv->share[i] = tv->timer_share[i] = 1000;
 
 	ret = kvmdirty_vm_new(&tv->vm);
 	if (ret < 0)
@@ -297,14 +298,27 @@ err:
 	return ret;
 }
 
+static void drop_timer(struct testvm *tv, unsigned int i)
+{
+	if (tv->timer_tid[i])
+		timer_delete(tv->timer[i]);
+	tv->timer_tid[i] = 0;
+	tv->timer_share[i] = 1000;
+	tv->slice_end[i] = 0;
+}
+
 void testvm_free(struct testvm *tv)
 {
+	unsigned int i;
+
 	if (!tv)
 		return;
 	if (tv->nr_threads) {
 		testvm_halt_all(tv);
 		testvm_join(tv, NULL, NULL);
 	}
+	for (i = 0; i < GUEST_MAX_VCPUS; i++)
+		drop_timer(tv, i);
 	/* frees the tracker and the vCPUs too */
 	kvmdirty_vm_free(tv->vm);
 	testvm_unmap(tv->sys, GUEST_SYS_SIZE);
@@ -349,22 +363,76 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* The rest of this period out of KVM_RUN, if the throttler asked (a pause cuts it short). */
+#define THROTTLE_PERIOD_NS 10000000ull
+
+/*
+ * The run share, by the thread that runs vCPU i: a timer of its own fires
+ * at each period's start (made, re-armed or stopped here as the share
+ * changes), and in the period's first part the vCPU stays out.  Time
+ * decides, not which signal came: a signal lost just before KVM_RUN costs
+ * at most the rest of one period.  A pause cuts the wait short.
+ */
+/* vCPU i's timer for this thread: made if needed; armed at `at` (then every period), or stopped (0). */
+static void set_timer(struct testvm *tv, unsigned int i, uint64_t at)
+{
+	struct itimerspec its = { 0 };
+
+	if (at && tv->timer_tid[i] != gettid()) {
+		struct sigevent sev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGUSR1 };
+
+		drop_timer(tv, i);
+		sev._sigev_un._tid = gettid();
+		if (timer_create(CLOCK_MONOTONIC, &sev, &tv->timer[i]))
+			return;
+		tv->timer_tid[i] = gettid();
+	}
+	if (!tv->timer_tid[i])
+		return;
+	if (at) {
+		its.it_value.tv_sec = (time_t)(at / 1000000000ull);
+		its.it_value.tv_nsec = (long)(at % 1000000000ull);
+		/* a signal lost just before KVM_RUN is made up a period later */
+		its.it_interval.tv_nsec = (long)THROTTLE_PERIOD_NS;
+	}
+	timer_settime(tv->timer[i], TIMER_ABSTIME, &its, NULL);
+}
+
+/*
+ * Before each KVM_RUN, on the thread that runs vCPU i: under a run share,
+ * a slice of share/1000 of the period in KVM_RUN, ended by its timer,
+ * then the rest of the period out (cut short by a pause).  A signal of
+ * another kind within the slice goes back in.
+ */
 static void sit_out(struct testvm *tv, unsigned int i)
 {
-	uint64_t until = __atomic_load_n(&tv->out_until[i], __ATOMIC_ACQUIRE), t0, now;
+	unsigned int share = __atomic_load_n(&tv->share[i], __ATOMIC_RELAXED);
+	uint64_t now, t0, end;
 
-	if (!until)
+	if (share >= 1000) {
+		if (tv->timer_share[i] < 1000)
+			set_timer(tv, i, 0);
+		tv->timer_share[i] = 1000;
+		tv->slice_end[i] = 0;
 		return;
-	t0 = now = mono_ns();
-	while (now < until && !__atomic_load_n(&tv->pause_req, __ATOMIC_ACQUIRE)) {
-		struct timespec ts = { (time_t)(until / 1000000000ull), (long)(until % 1000000000ull) };
-
-		clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
-		now = mono_ns();
 	}
-	__atomic_compare_exchange_n(&tv->out_until[i], &until, 0, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
-	__atomic_add_fetch(&tv->out_ns[i], now - t0, __ATOMIC_RELAXED);
+	now = mono_ns();
+	if (share == tv->timer_share[i] && tv->slice_end[i] && now < tv->slice_end[i] &&
+	    tv->timer_tid[i] == gettid())
+		return; /* within its slice */
+	if (tv->slice_end[i] && now >= tv->slice_end[i]) {
+		t0 = now;
+		end = now + (1000 - share) * THROTTLE_PERIOD_NS / 1000;
+		while (now < end && !__atomic_load_n(&tv->pause_req, __ATOMIC_ACQUIRE)) {
+			struct timespec ts = { (time_t)(end / 1000000000ull), (long)(end % 1000000000ull) };
+
+			clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+			now = mono_ns();
+		}
+		__atomic_add_fetch(&tv->out_ns[i], now - t0, __ATOMIC_RELAXED);
+	}
+	tv->slice_end[i] = now + share * THROTTLE_PERIOD_NS / 1000 + 1;
+	tv->timer_share[i] = share;
+	set_timer(tv, i, tv->slice_end[i]);
 }
 
 int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret)
@@ -458,6 +526,9 @@ static void *run_thread(void *p)
 			a->ret = -EIO;
 		break;
 	}
+	/* the timer signals this thread, which is about to end */
+	if (a->tv->timer_tid[a->i] == gettid())
+		drop_timer(a->tv, a->i);
 	pthread_mutex_lock(&a->tv->lock);
 	a->tv->alive--;
 	pthread_cond_broadcast(&a->tv->cond);
@@ -504,92 +575,23 @@ void testvm_resume_all(struct testvm *tv)
 	pthread_mutex_unlock(&tv->lock);
 }
 
-#define THROTTLE_PERIOD_NS 10000000ull
-
-/*
- * Each period: every vCPU under a run share is told how long to stay out
- * and signalled; the signal takes it out of KVM_RUN (one that lands just
- * before KVM_RUN is lost, and that vCPU runs the period whole).
- */
-static void *throttler(void *p)
-{
-	struct testvm *tv = p;
-	uint64_t next = mono_ns();
-	unsigned int i;
-
-	pthread_mutex_lock(&tv->lock);
-	while (!tv->throttler_stop) {
-		struct timespec ts;
-
-		for (i = 0; i < tv->nr_threads; i++) {
-			unsigned int share = __atomic_load_n(&tv->share[i], __ATOMIC_RELAXED);
-
-			if (share >= 1000)
-				continue;
-			__atomic_store_n(&tv->out_until[i], next + (1000 - share) * THROTTLE_PERIOD_NS / 1000,
-					 __ATOMIC_RELEASE);
-			pthread_kill(tv->threads[i], SIGUSR1);
-		}
-		next += THROTTLE_PERIOD_NS;
-		ts.tv_sec = (time_t)(next / 1000000000ull);
-		ts.tv_nsec = (long)(next % 1000000000ull);
-		pthread_mutex_unlock(&tv->lock);
-		clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
-		pthread_mutex_lock(&tv->lock);
-		if (mono_ns() > next + THROTTLE_PERIOD_NS)
-			next = mono_ns(); /* fell behind: start afresh */
-	}
-	pthread_mutex_unlock(&tv->lock);
-	return NULL;
-}
-
 int testvm_set_run_share(struct testvm *tv, unsigned int i, unsigned int permille)
 {
-	int ret = 0;
-
 	if (i >= tv->nr_vcpus || permille > 1000)
 		return -EINVAL;
+	if (__atomic_exchange_n(&tv->share[i], permille, __ATOMIC_RELAXED) == permille)
+		return 0;
+	/* a vCPU that never exits would not see it: its thread sets its timer at its next turn */
 	pthread_mutex_lock(&tv->lock);
-	if (!tv->nr_threads) {
-		ret = -EAGAIN;
-		goto out;
-	}
-	__atomic_store_n(&tv->share[i], permille, __ATOMIC_RELAXED);
-	if (permille < 1000 && !tv->throttler_on) {
-		tv->throttler_stop = false;
-		if (pthread_create(&tv->throttler, NULL, throttler, tv))
-			ret = -EAGAIN;
-		else
-			tv->throttler_on = true;
-	}
-out:
+	if (i < tv->nr_threads)
+		pthread_kill(tv->threads[i], SIGUSR1);
 	pthread_mutex_unlock(&tv->lock);
-	return ret;
+	return 0;
 }
 
 uint64_t testvm_out_ns(const struct testvm *tv, unsigned int i)
 {
 	return i < tv->nr_vcpus ? __atomic_load_n(&tv->out_ns[i], __ATOMIC_RELAXED) : 0;
-}
-
-static void throttler_stop(struct testvm *tv)
-{
-	unsigned int i;
-
-	pthread_mutex_lock(&tv->lock);
-	if (!tv->throttler_on) {
-		pthread_mutex_unlock(&tv->lock);
-		return;
-	}
-	tv->throttler_stop = true;
-	pthread_mutex_unlock(&tv->lock);
-	pthread_kill(tv->throttler, SIGUSR1);
-	pthread_join(tv->throttler, NULL);
-	tv->throttler_on = false;
-	for (i = 0; i < tv->nr_vcpus; i++) {
-		__atomic_store_n(&tv->share[i], 1000, __ATOMIC_RELAXED);
-		__atomic_store_n(&tv->out_until[i], 0, __ATOMIC_RELEASE);
-	}
 }
 
 int testvm_spawn(struct testvm *tv)
@@ -631,7 +633,6 @@ int testvm_join(struct testvm *tv, unsigned int *ret_bad_vcpu, struct testvm_exi
 	unsigned int i, n = tv->nr_threads;
 	int ret = 0;
 
-	throttler_stop(tv); /* it signals the threads joined below */
 	testvm_resume_all(tv); /* parked threads must see the stop */
 	for (i = 0; i < n; i++)
 		pthread_join(tv->threads[i], NULL);

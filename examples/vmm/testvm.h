@@ -18,6 +18,8 @@
 #include "../guest/guest-abi.h"
 
 #include <pthread.h>
+#include <sys/types.h>
+#include <time.h>
 
 struct testvm_run_arg;
 
@@ -39,12 +41,17 @@ struct testvm {
 	pthread_cond_t cond;
 	bool pause_req, halt_req;
 	unsigned int alive, parked;
-	/* testvm_set_run_share(): per vCPU, permille of each period in KVM_RUN, and the thread enforcing it */
+	/*
+	 * testvm_set_run_share(): per vCPU, permille of each period in
+	 * KVM_RUN; the timer that signals its thread at each period's start
+	 * (made by the thread that runs the vCPU, for it), and time kept out.
+	 */
 	unsigned int share[GUEST_MAX_VCPUS];
-	uint64_t out_until[GUEST_MAX_VCPUS]; /* CLOCK_MONOTONIC ns the vCPU stays out until */
-	uint64_t out_ns[GUEST_MAX_VCPUS];    /* time kept out so far */
-	pthread_t throttler;
-	bool throttler_on, throttler_stop;
+	timer_t timer[GUEST_MAX_VCPUS];
+	pid_t timer_tid[GUEST_MAX_VCPUS]; /* 0: no timer */
+	unsigned int timer_share[GUEST_MAX_VCPUS];
+	uint64_t slice_end[GUEST_MAX_VCPUS]; /* CLOCK_MONOTONIC ns the vCPU's slice in KVM_RUN ends */
+	uint64_t out_ns[GUEST_MAX_VCPUS];
 };
 
 struct testvm_opts {
@@ -140,12 +147,14 @@ void testvm_resume_all(struct testvm *tv);
 void testvm_halt_all(struct testvm *tv);
 
 /*
- * Keep spawned vCPU i in KVM_RUN for only permille/1000 of each 10 ms
- * period (1000: no limit), as a VMM slows a vCPU whose dirty pages it
- * cannot attribute to a ring: a thread of testvm's signals the vCPU's
- * thread each period, which then sits out the rest.  Returns 0, -EINVAL
- * (i or permille out of range) or -EAGAIN (no thread).  testvm_out_ns():
- * how long vCPU i was kept out so far.
+ * Keep vCPU i in KVM_RUN for only permille/1000 of each 10 ms period
+ * (1000: no limit), as a VMM slows a vCPU whose dirty pages it cannot
+ * attribute to a ring: the thread running the vCPU arms a timer
+ * (SIGUSR1) to end its slice of permille/1000 of a period in KVM_RUN,
+ * then sits out the rest of the period before it enters again.  The thread
+ * needs SIGUSR1's handler (testvm_spawn() installs it).  Returns 0 or
+ * -EINVAL (i or permille out of range).  testvm_out_ns(): how long vCPU
+ * i was kept out so far.
  */
 int testvm_set_run_share(struct testvm *tv, unsigned int i, unsigned int permille);
 uint64_t testvm_out_ns(const struct testvm *tv, unsigned int i);
