@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <time.h>
@@ -136,6 +138,16 @@ void mig_conn_set_deadline(struct mig_conn *c, uint64_t ms)
 uint64_t mig_conn_sent(const struct mig_conn *c)
 {
 	return c->sent;
+}
+
+uint64_t mig_conn_unacked(const struct mig_conn *c)
+{
+	int n = 0;
+
+	/* TCP: sent and not acknowledged; a Unix socket: not yet read by the peer */
+	if (ioctl(c->fd, SIOCOUTQ, &n) < 0 || n < 0)
+		return 0;
+	return (uint64_t)n;
 }
 
 void mig_conn_strerror(const struct mig_conn *c, int ret, char *buf, size_t len)

@@ -35,6 +35,8 @@ int mig_conn_writev(struct mig_conn *c, struct iovec *iov, int n);
 int mig_conn_close_write(struct mig_conn *c);
 
 uint64_t mig_conn_sent(const struct mig_conn *c);
+/* Of what was sent, the bytes still in the socket or on the link: not yet acknowledged (TCP) or read (Unix). */
+uint64_t mig_conn_unacked(const struct mig_conn *c);
 
 /* A few words on a negative result: "nothing from the peer for 30000 ms", ... */
 void mig_conn_strerror(const struct mig_conn *c, int ret, char *buf, size_t len);
