@@ -2,15 +2,19 @@
 # SPDX-License-Identifier: MIT
 # Live migration between two hosts (tests/two-hosts.sh: two namespaces, a
 # veth pair, tc tbf at RATE on the source's egress): a 2 GiB guest whose
-# vCPU 0 dirties 512 MiB flat out while vCPU 1 computes without writing
-# memory, in each tracking mode, with kvmdirty-migrate's defaults
-# (10 passes, 60 s) and a 300 ms downtime limit.  One line per mode, from
-# the --stats file; dirtier_speed and other_vcpu_speed are each vCPU's
-# speed from the start of tracking to the pause, as a fraction of its speed
-# in the 1 s before tracking.
+# vCPU 0 dirties 512 MiB (flat out, or at 100 MiB/s) while vCPU 1 computes
+# without writing memory, in each tracking mode, with kvmdirty-migrate's
+# defaults (50 ms downtime limit, 10 passes, 60 s, verification, the
+# throttle on).  One line per run, from the --stats file; dirtier_speed and
+# other_vcpu_speed are each vCPU's speed from the start of tracking to the
+# pause, as a fraction of its speed in the 1 s before tracking;
+# total_ms counts from the start of tracking, downtime_ms from the pause to
+# the destination's answer (it has resumed the guest by then).
 #
 # usage: bench/migrate-net.sh [BUILD_DIR [RATE [MODES...]]]
 #        (build, 800mbit, clear-log dirty-ring); as root
+# env:   WORKLOADS="flat-out 100MiB/s" (the default), SEND_ARGS (added to
+#        send, e.g. --no-throttle or -d 300)
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$top/build}" && pwd)
@@ -23,30 +27,39 @@ tmp=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && cp -r "$tmp" "$KEEP"; rm -rf "$tmp"' EXIT
 
 guest="-m 2048 -v 2"
+read -ra workloads <<<"${WORKLOADS:-flat-out 100MiB/s}"
+for workload in "${workloads[@]}"; do
 for mode in "${modes[@]}"; do
+	case $workload in
+	flat-out) dirty=512 ;;
+	100MiB/s) dirty=512:25600 ;;
+	*) echo "migrate-net: workload '$workload': expected flat-out or 100MiB/s" >&2; exit 2 ;;
+	esac
 	stats=$tmp/$mode.json
 	"$top/tests/two-hosts.sh" --rate "$rate" \
 		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 60000" \
 		--src "for i in \$(seq 300); do (echo >/dev/tcp/\$DST_ADDR/4444) 2>/dev/null && break; sleep 0.1; done;
-		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:512 --vcpu 1=compute -d 300 \
-		       -T 60000 --baseline 1000 --stats $stats" >"$tmp/out" 2>&1
+		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:$dirty --vcpu 1=compute \
+		       -T 60000 --baseline 1000 --stats $stats ${SEND_ARGS:-}" >"$tmp/out" 2>&1
 	status=$?
 	if [ "$status" != 0 ] || [ ! -s "$stats" ]; then
 		cat "$tmp/out" >&2
 		echo "migrate-net: $mode: the migration over the rig exited with $status" >&2
 		exit 1
 	fi
-	python3 - "$stats" "$rate" "$mode" <<'PY'
+	python3 - "$stats" "$rate" "$mode" "$workload" <<'PY'
 import json, sys
-path, rate, mode = sys.argv[1:]
+path, rate, mode, workload = sys.argv[1:]
 lines = [json.loads(l) for l in open(path)]
 start, end = lines[0], lines[-1]
 assert start["v"] == 1 and end["type"] == "end"
 v = {x["id"]: x for x in end["vcpu"]}
-print(f"migrate net={rate} workload=flat-out mode={mode} guest_gib={start['guest_pages'] * start['page_size'] / 2**30:.0f}"
+print(f"migrate net={rate} workload={workload} mode={mode} guest_gib={start['guest_pages'] * start['page_size'] / 2**30:.0f}"
       f" total_ms={end['total_ms']:.0f} downtime_ms={end['downtime_ms']:.0f} sent_mib={end['bytes_sent'] / 2**20:.0f}"
       f" passes={end['passes']} converged={'yes' if end['converged'] else 'no'} dirtier_speed={v[0]['speed']:.3f}"
       f" other_vcpu_speed={v[1]['speed']:.3f} reason={end['reason']}"
-      f" link_mbps={end['link_bytes_per_s'] / 2**20:.0f}")
+      f" link_mbps={end['link_bytes_per_s'] / 2**20:.0f} throttled={'yes' if end.get('throttled') else 'no'}"
+      f" dirtier_held_ms={v[0].get('held_ms', 0):.0f} other_held_ms={v[1].get('held_ms', 0):.0f}")
 PY
+done
 done

@@ -35,6 +35,16 @@ struct mig_guest_ops {
 	 * from it, before and during the migration.
 	 */
 	uint64_t (*progress)(void *ctx, unsigned int vcpu);
+	/*
+	 * Source, optional (NULL: the bitmap modes are not throttled): keep
+	 * vCPU i in KVM_RUN for only permille/1000 of each short period
+	 * (1000: always), as the throttle asks where a dirty page cannot be
+	 * traced to a ring; 0 or -errno.  kept_out_ns: the time it was kept
+	 * out so far.  In DIRTY_RING mode the engine sets libkvmdirty's
+	 * per-vCPU dirty limits on the vCPUs below instead.
+	 */
+	int (*set_run_share)(void *ctx, unsigned int vcpu, unsigned int permille);
+	uint64_t (*kept_out_ns)(void *ctx, unsigned int vcpu);
 };
 
 struct mig_guest_region {
@@ -56,6 +66,12 @@ struct mig_guest {
 	struct mig_guest_region regions[MIG_MAX_REGIONS];
 	unsigned int nr_vcpus;
 	struct kvmdirty_tracker *tracker; /* source: tracks the regions above */
+	/*
+	 * Source: the vCPUs as libkvmdirty knows them (NULL: not throttled),
+	 * for their dirty rates, their page-fault counts, and the dirty limit
+	 * (DIRTY_RING; the VMM runs them through kvmdirty_vcpu_run()).
+	 */
+	struct kvmdirty_vcpu *vcpu[MIG_MAX_VCPUS];
 	const struct mig_guest_ops *ops;
 	void *ctx;
 };

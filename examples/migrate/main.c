@@ -16,15 +16,19 @@
  * --fill ws|all|MIB: what holds non-zero data (ws: the working sets, the
  * rest never touched; all: all memory; MIB: the first MIB and the working
  * sets).  Migration options: -d DOWNTIME_MS (50), -p MAX_PASSES (10),
- * -t TIMEOUT_S (60), --no-verify, --stats FILE (JSON lines, version 1:
- * doc/migrate-stats.md), --baseline MS (each vCPU's speed before
- * tracking; 500 with --stats, else 0).
+ * -t TIMEOUT_S (60), --no-verify, --no-throttle (the vCPUs that dirty
+ * are not slowed, see source.h), --force-switchover (stop the guest and
+ * send the rest even when pre-copy did not converge; by default the
+ * migration is then abandoned and the guest runs on here), --stats FILE
+ * (JSON lines, version 1: doc/migrate-stats.md), --baseline MS (each
+ * vCPU's speed before tracking; 500 with --stats, else 0).
  * Both ends: -T MS, how long any wait for the peer may go without
  * progress (30000); listen: --deadline S for a whole stream (0: none).
  *
  * listen takes streams until one is accepted (a refused or silent peer is
- * dropped with a line on stderr), then runs the guest for --run-ms and
- * checks it; it exits 0 if the guest ran on, 1 otherwise.  send exits 0
+ * dropped with a line on stderr; with --once the first one decides), then
+ * runs the guest for --run-ms and checks it; it exits 0 if the guest ran
+ * on, 1 otherwise.  send exits 0
  * when the guest moved, 1 when it did not (it runs on here), 3 when it
  * moved but the check after switchover found pages that differ from what
  * was sent.
@@ -55,15 +59,17 @@ struct args {
 	struct mig_send_opts send;
 	struct mig_recv_opts recv;
 	uint64_t run_ms;
+	bool once; /* listen: the first stream only, accepted or not */
 };
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T MS] [--deadline S]\n"
+	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T MS] [--deadline S] [--once]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
-			"                              [-t TIMEOUT_S] [-T MS] [--no-verify] [--stats FILE] [--baseline MS]\n"
+			"                              [-t TIMEOUT_S] [-T MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
+			"                              [--stats FILE] [--baseline MS]\n"
 			"       kvmdirty-migrate demo [--no-verify]\n");
 }
 
@@ -131,6 +137,9 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "vcpu", required_argument, NULL, 'V' },
 		{ "fill", required_argument, NULL, 'F' },
 		{ "baseline", required_argument, NULL, 'B' },
+		{ "no-throttle", no_argument, NULL, 'X' },
+		{ "force-switchover", no_argument, NULL, 'W' },
+		{ "once", no_argument, NULL, 'O' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -144,7 +153,7 @@ static int parse(int argc, char **argv, struct args *a)
 	 * shared by both ends it only adds cache traffic between them.
 	 */
 	a->send = (struct mig_send_opts){ .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
-					  .peer_timeout_ms = 30000, .verify = true,
+					  .peer_timeout_ms = 30000, .verify = true, .throttle = true,
 					  .inline_hash = sysconf(_SC_NPROCESSORS_ONLN) <= 2 };
 	a->recv = (struct mig_recv_opts){ .timeout_ms = 30000, .inline_hash = a->send.inline_hash };
 	a->run_ms = 1000;
@@ -232,6 +241,15 @@ static int parse(int argc, char **argv, struct args *a)
 		case 'S':
 			a->stats = optarg;
 			break;
+		case 'X':
+			a->send.throttle = false;
+			break;
+		case 'W':
+			a->send.force_switchover = true;
+			break;
+		case 'O':
+			a->once = true;
+			break;
 		case 'h':
 			usage();
 			exit(0);
@@ -278,6 +296,10 @@ static int take_stream(const struct args *a, int lfd, const struct mig_guest *g,
 		close(fd);
 		if (ret == 0)
 			return 0;
+		if (a->once) {
+			fprintf(stderr, "kvmdirty-migrate: destination: stream refused: %s\n", err);
+			return ret;
+		}
 		/* nothing ran: the next stream must bring every page again */
 		fprintf(stderr, "kvmdirty-migrate: destination: stream refused, waiting for another: %s\n", err);
 	}

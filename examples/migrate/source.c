@@ -28,6 +28,7 @@
 #include "errf.h"
 #include "hostmem.h"
 #include "source.h"
+#include "throttle.h"
 #include "transport.h"
 #include "worker.h"
 
@@ -39,6 +40,12 @@
 #define LOST_STATS 64 /* ... and the stats */
 #define PM_BATCH 4096 /* pagemap entries read at once (32 KiB) */
 #define SAMPLE_MS 100.0 /* stats samples within a pass */
+/*
+ * Pages taken from the tracker at a time: a page handed out is no longer
+ * pending, and one the guest writes between its hand-out and its send
+ * goes again next pass.  4 MiB is about 40 ms of an 800 Mbit/s link.
+ */
+#define HAND_OUT 1024
 #define STATS_VERSION 1
 
 /* Pages of a batch to hash: into out (the batch's hashes) and sent_hash. */
@@ -87,6 +94,26 @@ struct source {
 	/* the hasher thread */
 	struct mig_worker w;
 	struct batch *todo; /* handed to the hasher, not yet hashed */
+	/*
+	 * Every SAMPLE_MS (tick()): the link while busy, each vCPU's dirtying
+	 * (ring entries in DIRTY_RING mode, KVM's fault count in the others),
+	 * and, throttling, the pages re-dirtied since the last tick (a sync)
+	 * and what the throttle makes of them.
+	 */
+	double tick_ms;
+	uint64_t tick_acked, tick_unacked;
+	double link; /* bytes/s, measured while the socket never ran dry */
+	unsigned int nv; /* vCPUs measured: those the guest gave, at most MIG_THROTTLE_MAX_VCPUS */
+	bool ring;
+	uint64_t vcpu_count[MIG_THROTTLE_MAX_VCPUS], vcpu_held_ns[MIG_THROTTLE_MAX_VCPUS];
+	double vcpu_rate[MIG_THROTTLE_MAX_VCPUS];
+	bool vcpu_held[MIG_THROTTLE_MAX_VCPUS];
+	double redirty; /* pages/s the guest made dirty again, at the last tick that synced */
+	struct mig_throttle th;
+	bool throttling;
+	int sync_err; /* a tick's sync failed: -errno */
+	uint64_t applied_limit[MIG_THROTTLE_MAX_VCPUS];
+	unsigned int applied_share[MIG_THROTTLE_MAX_VCPUS];
 };
 
 static double now_ms(void)
@@ -164,7 +191,7 @@ static void hasher_give(struct source *s, struct batch *b)
 	pthread_mutex_unlock(&s->w.lock);
 }
 
-static void maybe_sample(struct source *s);
+static int tick(struct source *s);
 
 static int send_batch(struct source *s, struct batch *b)
 {
@@ -223,7 +250,9 @@ static int put(struct source *s, struct mig_record rec, const void *payload, siz
 		ret = ship(s);
 		if (ret < 0)
 			return ret;
-		maybe_sample(s);
+		ret = tick(s);
+		if (ret < 0)
+			return ret;
 		b = s->cur;
 	}
 	b->hdr[b->nh] = rec;
@@ -376,20 +405,46 @@ static void line_start(const struct source *s, const char *type)
 	fprintf(s->o->stats, "{\"v\":%d,\"type\":\"%s\",\"t_ms\":%.3f", STATS_VERSION, type, now_rel(s));
 }
 
-/* "vcpu":[{"id":0,"progress":N,"per_s":X},...]: progress since the last sample, which moves on. */
+/* How long vCPU i was held by its dirty limit, or kept out by its run share, so far. */
+static double held_ms(const struct source *s, unsigned int i)
+{
+	struct kvmdirty_vcpu_stats st;
+
+	if (s->ring)
+		return i < s->nv && !kvmdirty_vcpu_stats(s->g->vcpu[i], &st, sizeof(st)) ? st.held_ns / 1e6 : 0;
+	return s->g->ops->kept_out_ns ? s->g->ops->kept_out_ns(s->g->ctx, i) / 1e6 : 0;
+}
+
+/*
+ * "vcpu":[{"id":0,"progress":N,"per_s":X,"dirty_per_s":D,...},...]:
+ * progress since the last sample (which moves on), the dirtying the last
+ * tick measured, and the throttle on the vCPU.
+ */
 static void vcpu_samples(struct source *s, double dt_ms)
 {
 	unsigned int i;
 
-	if (!s->g->ops->progress)
+	if (!s->g->ops->progress && !s->nv)
 		return;
 	fprintf(s->o->stats, ",\"vcpu\":[");
 	for (i = 0; i < s->g->nr_vcpus; i++) {
-		uint64_t p = s->g->ops->progress(s->g->ctx, i);
+		fprintf(s->o->stats, "%s{\"id\":%u", i ? "," : "", i);
+		if (s->g->ops->progress) {
+			uint64_t p = s->g->ops->progress(s->g->ctx, i);
 
-		fprintf(s->o->stats, "%s{\"id\":%u,\"progress\":%" PRIu64 ",\"per_s\":%.1f}", i ? "," : "", i, p,
-			dt_ms > 0 ? (double)(p - s->progress_at[i]) / (dt_ms / 1e3) : 0.0);
-		s->progress_at[i] = p;
+			fprintf(s->o->stats, ",\"progress\":%" PRIu64 ",\"per_s\":%.1f", p,
+				dt_ms > 0 ? (double)(p - s->progress_at[i]) / (dt_ms / 1e3) : 0.0);
+			s->progress_at[i] = p;
+		}
+		if (i < s->nv) {
+			fprintf(s->o->stats, ",\"dirty_per_s\":%.0f", s->vcpu_rate[i]);
+			if (s->ring)
+				fprintf(s->o->stats, ",\"dirty_limit\":%" PRIu64, s->applied_limit[i]);
+			else
+				fprintf(s->o->stats, ",\"run_share\":%u", s->applied_share[i]);
+			fprintf(s->o->stats, ",\"held_ms\":%.1f", held_ms(s, i));
+		}
+		fputc('}', s->o->stats);
 	}
 	fputc(']', s->o->stats);
 }
@@ -401,37 +456,130 @@ static void flow_fields(struct source *s, double dt_ms)
 	uint64_t sent = mig_conn_sent(s->c);
 
 	kvmdirty_tracker_stats(s->g->tracker, &st, sizeof(st));
+	/* the link: acknowledged bytes while the socket never ran dry; until measured, what was written */
 	fprintf(s->o->stats,
 		",\"pass\":%u,\"bytes_sent\":%" PRIu64 ",\"pages_sent\":%" PRIu64 ",\"dirty_bytes\":%" PRIu64
-		",\"link_bytes_per_s\":%.0f,\"dirty_pages_per_s\":%" PRIu64,
+		",\"link_bytes_per_s\":%.0f,\"dirty_pages_per_s\":%" PRIu64 ",\"redirty_pages_per_s\":%.0f"
+		",\"throttled\":%s",
 		s->pass, sent, s->pages, (kvmdirty_tracker_pending(s->g->tracker) + s->in_hand) * PAGE,
-		dt_ms > 0 ? (double)(sent - s->sample_bytes) / (dt_ms / 1e3) : 0.0, st.dirty_rate);
+		s->link > 0 ? s->link : dt_ms > 0 ? (double)(sent - s->sample_bytes) / (dt_ms / 1e3) : 0.0,
+		st.dirty_rate, s->redirty, s->th.engaged ? "true" : "false");
 	vcpu_samples(s, dt_ms);
 	s->sample_bytes = sent;
 	s->sample_ms = now_ms();
 }
 
-/* A sample within a pass, every SAMPLE_MS. */
-static void maybe_sample(struct source *s)
+/* The throttle's limits or shares, on the vCPUs; a limit that moved by less than 1/16 stays. */
+static void throttle_apply(struct source *s, bool all)
 {
-	double t = now_ms();
+	const struct mig_guest *g = s->g;
+	unsigned int i;
 
-	if (!s->o->stats || t - s->sample_ms < SAMPLE_MS)
-		return;
-	line_start(s, "sample");
-	flow_fields(s, t - s->sample_ms);
-	fprintf(s->o->stats, "}\n");
+	for (i = 0; i < s->nv; i++) {
+		uint64_t want = s->th.limit[i], had = s->applied_limit[i];
+
+		if (s->ring) {
+			if (!all && want == had)
+				continue;
+			if (!all && want && had && (want > had ? want - had : had - want) < had / 16)
+				continue;
+			if (!kvmdirty_vcpu_set_dirty_limit(g->vcpu[i], want))
+				s->applied_limit[i] = want;
+		} else if (g->ops->set_run_share && (all || s->th.share[i] != s->applied_share[i])) {
+			if (!g->ops->set_run_share(g->ctx, i, s->th.share[i]))
+				s->applied_share[i] = s->th.share[i];
+		}
+	}
 }
 
-/* Hand out and send everything pending. */
-static int drain(struct source *s)
+/* Every limit off, every share whole: the guest runs as before (after a failure, or once it moved). */
+static void throttle_off(struct source *s)
+{
+	unsigned int i;
+
+	if (!s->throttling)
+		return;
+	for (i = 0; i < s->nv; i++) {
+		s->th.limit[i] = 0;
+		s->th.share[i] = 1000;
+	}
+	throttle_apply(s, true);
+}
+
+/*
+ * A sample, every SAMPLE_MS while sending: the link (acknowledged bytes,
+ * counted only while the socket never ran dry), each vCPU's dirtying,
+ * and, throttling in pre-copy, a sync whose new pages are the guest's
+ * re-dirtying, for the throttle.  Then the stats line.
+ */
+static int tick(struct source *s)
+{
+	double t = now_ms(), dt = t - s->tick_ms;
+	uint64_t sent, unacked, acked;
+	unsigned int i;
+
+	if (dt < SAMPLE_MS)
+		return 0;
+	sent = mig_conn_sent(s->c);
+	unacked = mig_conn_unacked(s->c);
+	acked = sent - (unacked < sent ? unacked : sent);
+	if (unacked && s->tick_unacked && acked > s->tick_acked) {
+		double rate = (double)(acked - s->tick_acked) / (dt / 1e3);
+
+		s->link = s->link > 0 ? 0.75 * s->link + 0.25 * rate : rate;
+	}
+	s->tick_acked = acked;
+	s->tick_unacked = unacked;
+	s->tick_ms = t;
+	for (i = 0; i < s->nv; i++) {
+		struct kvmdirty_vcpu_stats st;
+		uint64_t n;
+
+		if (kvmdirty_vcpu_stats(s->g->vcpu[i], &st, sizeof(st)))
+			continue;
+		n = s->ring ? st.dirtied : st.faults;
+		s->vcpu_rate[i] = (double)(n - s->vcpu_count[i]) / (dt / 1e3);
+		s->vcpu_count[i] = n;
+		s->vcpu_held[i] = (double)(st.held_ns - s->vcpu_held_ns[i]) > 0.1 * dt * 1e6;
+		s->vcpu_held_ns[i] = st.held_ns;
+	}
+	if (s->throttling && s->pass && s->link > 0) {
+		struct mig_throttle_sample smp = { .link_pages_per_s = s->link / PAGE };
+		int64_t fresh = kvmdirty_tracker_sync(s->g->tracker);
+
+		if (fresh < 0)
+			return s->sync_err = (int)fresh;
+		smp.redirty_per_s = s->redirty = (double)fresh / (dt / 1e3);
+		memcpy(smp.vcpu_rate, s->vcpu_rate, sizeof(smp.vcpu_rate));
+		memcpy(smp.vcpu_held, s->vcpu_held, sizeof(smp.vcpu_held));
+		if (mig_throttle_update(&s->th, &smp))
+			throttle_apply(s, false);
+	}
+	if (s->o->stats) {
+		line_start(s, "sample");
+		flow_fields(s, t - s->sample_ms);
+		fprintf(s->o->stats, "}\n");
+	}
+	return 0;
+}
+
+/*
+ * Hand out and send what is pending, at most max_pages (0: all there is,
+ * however long the guest keeps dirtying): a pass sends what was pending
+ * when it began, while the ticks' syncs add what the guest re-dirties.
+ */
+static int drain(struct source *s, uint64_t max_pages)
 {
 	struct kvmdirty_range rg[64];
-	int n, i, ret;
+	uint64_t left = max_pages;
+	int n = 0, i, ret;
 
-	while ((n = kvmdirty_tracker_next(s->g->tracker, rg, 64, 0)) > 0) {
-		for (i = 0; i < n; i++)
+	while ((!max_pages || left) &&
+	       (n = kvmdirty_tracker_next(s->g->tracker, rg, 64, max_pages && left < HAND_OUT ? left : HAND_OUT)) > 0) {
+		for (i = 0; i < n; i++) {
 			s->in_hand += rg[i].npages;
+			left -= max_pages ? rg[i].npages : 0;
+		}
 		for (i = 0; i < n; i++) {
 			ret = send_range(s, &rg[i]);
 			if (ret < 0)
@@ -439,6 +587,28 @@ static int drain(struct source *s)
 		}
 	}
 	return n < 0 ? n : flush(s);
+}
+
+/*
+ * Wait until what was sent has left the socket and crossed the link
+ * (acknowledged), ticking meanwhile: a pass ends when its pages are
+ * across, so the rest measured after it is what the guest dirtied while
+ * they went, and a pause after it waits for nothing queued.
+ */
+static int settle(struct source *s)
+{
+	double t0 = now_ms();
+	int ret;
+
+	while (mig_conn_unacked(s->c)) {
+		if (s->o->peer_timeout_ms && now_ms() - t0 > (double)s->o->peer_timeout_ms)
+			return -ETIMEDOUT;
+		usleep(200);
+		ret = tick(s);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
 }
 
 static void pass_line(struct source *s, uint64_t pages, uint64_t zero, uint64_t untouched, uint64_t bytes, double ms,
@@ -530,7 +700,12 @@ static int alloc_hashes(struct source *s)
 	return 0;
 }
 
-/* Pre-copy passes until the rest fits the downtime, or a limit. */
+/*
+ * Pre-copy passes until the rest fits the downtime, or a limit.  A pass
+ * sends what was pending when it began and ends once it is across the
+ * link (settle()); then a sync, and the rest is judged at the link's rate
+ * plus what that sync took (the final one, paused, takes as long).
+ */
 static int precopy(struct source *s, struct mig_result *res, char *err, size_t len)
 {
 	const struct mig_send_opts *o = s->o;
@@ -540,26 +715,35 @@ static int precopy(struct source *s, struct mig_result *res, char *err, size_t l
 	for (;;) {
 		uint64_t pages0 = s->pages, zero0 = s->zero_pages, un0 = s->untouched_pages;
 		uint64_t bytes0 = mig_conn_sent(s->c), pending;
-		double tp = now_ms(), ms, mib_s, est;
+		double tp = now_ms(), ms, mib_s, est, link, ts;
 		int ret;
 
 		s->pass = (unsigned int)++res->passes;
-		ret = drain(s);
+		ret = drain(s, kvmdirty_tracker_pending(t));
 		if (ret == 0)
 			ret = put(s, mig_encode_pass(&s->enc, res->passes), NULL, 0, NULL);
+		if (ret == 0)
+			ret = flush(s);
+		if (ret == 0)
+			ret = settle(s);
+		if (s->sync_err)
+			return mig_errf(err, len, s->sync_err, "dirty log sync: %s", strerror(-s->sync_err));
 		if (ret < 0)
 			return net_fail(s, ret, "pre-copy: sending to the destination", err, len);
 		ms = now_ms() - tp;
 		mib_s = ms > 0 ? (mig_conn_sent(s->c) - bytes0) / 1048576.0 / (ms / 1e3) : 0;
+		ts = now_ms();
 		ret = (int)kvmdirty_tracker_sync(t);
 		if (ret < 0)
 			return mig_errf(err, len, ret, "dirty log sync: %s", strerror(-ret));
+		ts = now_ms() - ts;
 		pending = kvmdirty_tracker_pending(t);
-		est = mib_s > 0 ? pending * PAGE / 1048576.0 / mib_s * 1e3 : 0;
+		link = s->link > 0 ? s->link / 1048576.0 : mib_s;
+		est = link > 0 ? pending * PAGE / 1048576.0 / link * 1e3 + ts : 0;
 		pass_line(s, s->pages - pages0, s->zero_pages - zero0, s->untouched_pages - un0,
 			  mig_conn_sent(s->c) - bytes0, ms, pending, mib_s, est);
 		res->est_downtime_ms = est;
-		res->link_bytes_per_s = mib_s * 1048576.0;
+		res->link_bytes_per_s = link * 1048576.0;
 		res->remaining_pages = pending;
 		kvmdirty_tracker_stats(t, &st, sizeof(st));
 		res->dirty_pages_per_s = st.dirty_rate;
@@ -589,7 +773,7 @@ static int stop_and_copy(struct source *s, char *err, size_t len)
 
 	if (ret < 0)
 		return mig_errf(err, len, ret, "final dirty log sync: %s", strerror(-ret));
-	ret = drain(s);
+	ret = drain(s, 0);
 	for (i = 0; ret >= 0 && i < g->nr_vcpus; i++) {
 		ret = g->ops->vcpu_save(g->ctx, i, &s->vs[i]);
 		if (ret < 0)
@@ -613,6 +797,30 @@ static int stop_and_copy(struct source *s, char *err, size_t len)
 	if (ack.status)
 		return mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s", ack.message);
 	return 0;
+}
+
+/*
+ * The vCPUs to measure and, with o->throttle, to slow: those the guest
+ * gave (DIRTY_RING: by dirty limits; else by run shares, if the VMM can).
+ */
+static void throttle_init(struct source *s)
+{
+	const struct mig_guest *g = s->g;
+	unsigned int i;
+
+	s->ring = kvmdirty_tracker_mode(g->tracker) == KVMDIRTY_MODE_DIRTY_RING;
+	for (s->nv = 0; s->nv < g->nr_vcpus && s->nv < MIG_THROTTLE_MAX_VCPUS && g->vcpu[s->nv]; s->nv++)
+		;
+	mig_throttle_init(&s->th, s->ring, s->nv, 0);
+	s->throttling = s->o->throttle && s->nv && (s->ring || g->ops->set_run_share);
+	for (i = 0; i < s->nv; i++) {
+		struct kvmdirty_vcpu_stats st;
+
+		s->applied_share[i] = 1000;
+		if (!kvmdirty_vcpu_stats(g->vcpu[i], &st, sizeof(st)))
+			s->vcpu_count[i] = s->ring ? st.dirtied : st.faults;
+	}
+	s->tick_ms = now_ms();
 }
 
 static const char *mode_name(enum kvmdirty_mode m)
@@ -692,6 +900,17 @@ static void start_line(struct source *s, const struct mig_result *res)
 	fprintf(s->o->stats, "]}\n");
 }
 
+/* Why pre-copy did not converge, in words: what was left, what the link took, what the guest dirtied. */
+static void not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len)
+{
+	snprintf(buf, len, "after %" PRIu64 " passes the rest (%.1f MiB) needed %.0f ms at %.1f MiB/s, "
+		 "over the %" PRIu64 " ms limit; the guest dirtied %" PRIu64 " pages/s (%.1f MiB/s)%s",
+		 res->passes, res->remaining_pages * PAGE / 1048576.0, res->est_downtime_ms,
+		 res->link_bytes_per_s / 1048576.0, s->o->downtime_ms, res->dirty_pages_per_s,
+		 res->dirty_pages_per_s * PAGE / 1048576.0,
+		 !s->throttling ? ", not throttled" : "");
+}
+
 static void end_line(struct source *s, const struct mig_result *res, int ret, const char *err)
 {
 	const struct mig_guest *g = s->g;
@@ -712,25 +931,27 @@ static void end_line(struct source *s, const struct mig_result *res, int ret, co
 	if (ret < 0) {
 		fprintf(s->o->stats, ",\"error\":");
 		json_str(s->o->stats, err);
-	} else if (!res->converged) {
+	}
+	if (!res->converged && res->reason && strcmp(res->reason, "failed")) {
 		char why[256];
 
-		/* why not, in words: what was left, what the link took, what the guest dirtied */
-		snprintf(why, sizeof(why), "after %" PRIu64 " passes the rest (%.1f MiB) needed %.0f ms at %.1f MiB/s, "
-			 "over the %" PRIu64 " ms limit; the guest dirtied %" PRIu64 " pages/s (%.1f MiB/s)",
-			 res->passes, res->remaining_pages * PAGE / 1048576.0, res->est_downtime_ms,
-			 res->link_bytes_per_s / 1048576.0, s->o->downtime_ms, res->dirty_pages_per_s,
-			 res->dirty_pages_per_s * PAGE / 1048576.0);
+		not_converged(s, res, why, sizeof(why));
 		fprintf(s->o->stats, ",\"detail\":");
 		json_str(s->o->stats, why);
 	}
-	if (g->ops->progress) {
+	fprintf(s->o->stats, ",\"throttle\":%s,\"throttled\":%s", s->throttling ? "true" : "false",
+		res->throttled ? "true" : "false");
+	if (g->ops->progress || s->nv) {
 		fprintf(s->o->stats, ",\"vcpu\":[");
 		for (i = 0; i < g->nr_vcpus; i++) {
-			fprintf(s->o->stats, "%s{\"id\":%u,\"during_per_s\":%.1f", i ? "," : "", i, res->vcpu_during[i]);
-			if (s->o->baseline_ms)
+			fprintf(s->o->stats, "%s{\"id\":%u", i ? "," : "", i);
+			if (g->ops->progress)
+				fprintf(s->o->stats, ",\"during_per_s\":%.1f", res->vcpu_during[i]);
+			if (g->ops->progress && s->o->baseline_ms)
 				fprintf(s->o->stats, ",\"before_per_s\":%.1f,\"speed\":%.4f", res->vcpu_before[i],
 					res->vcpu_before[i] > 0 ? res->vcpu_during[i] / res->vcpu_before[i] : 0.0);
+			if (i < s->nv)
+				fprintf(s->o->stats, ",\"held_ms\":%.1f", res->vcpu_held_ms[i]);
 			fputc('}', s->o->stats);
 		}
 		fputc(']', s->o->stats);
@@ -746,7 +967,7 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 	struct mig_header h;
 	double tdown = 0;
 	uint64_t hashed0 = 0, pages0 = 0;
-	bool paused = false, started = false;
+	bool paused = false, started = false, abandoned = false;
 	unsigned int i;
 	int ret;
 
@@ -787,6 +1008,7 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 	}
 	for (i = 0; i < g->nr_regions; i++)
 		desc[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
+	throttle_init(s);
 	if (o->stats)
 		start_line(s, res);
 	ret = kvmdirty_tracker_start(g->tracker, NULL);
@@ -805,6 +1027,14 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 	}
 	if (ret == 0)
 		ret = precopy(s, res, err, len);
+	if (ret == 0 && !res->converged && !o->force_switchover) {
+		char why[256];
+
+		/* the downtime promised cannot be kept: the guest stays here, running */
+		not_converged(s, res, why, sizeof(why));
+		ret = mig_errf(err, len, -ETIME, "pre-copy did not converge (%s): %s", res->reason, why);
+		abandoned = true;
+	}
 	if (ret == 0) {
 		tdown = now_ms();
 		hashed0 = s->hashed;
@@ -823,13 +1053,19 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 out:
 	if (o->progress)
 		fprintf(stderr, "\n");
-	res->total_ms = now_ms() - s->t0;
+	/* the migration proper: from the start of tracking (a baseline measured before is not part of it) */
+	res->total_ms = now_ms() - (started ? s->t0 + s->before_ms : s->t0);
 	res->bytes = s->c ? mig_conn_sent(s->c) : 0;
 	res->pages = s->pages;
 	res->zero_pages = s->zero_pages;
 	res->untouched_pages = s->untouched_pages;
-	if (ret < 0)
+	/* abandoned for not converging: the reason stays why */
+	if (ret < 0 && !abandoned)
 		res->reason = "failed";
+	res->throttled = s->th.engaged;
+	for (i = 0; i < s->nv; i++)
+		res->vcpu_held_ms[i] = held_ms(s, i);
+	throttle_off(s);
 	if (started)
 		kvmdirty_tracker_stop(g->tracker, NULL);
 	/* a failed migration leaves the guest running where it was */

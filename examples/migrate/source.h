@@ -27,10 +27,23 @@ struct mig_send_opts {
 	FILE *stats;		  /* JSON lines (format: doc/migrate-stats.md), or NULL */
 	uint64_t baseline_ms;	  /* before tracking starts: each vCPU's speed over this long (0: not measured) */
 	bool progress;		  /* a status line on stderr */
+	/*
+	 * Slow the vCPUs that dirty, as much as the link needs, once the guest
+	 * re-dirties more than a third of it (throttle.h): per-vCPU dirty
+	 * limits in DIRTY_RING mode, run shares in the bitmap modes.
+	 */
+	bool throttle;
+	/*
+	 * When pre-copy ends without converging (pass or time limit): stop
+	 * the guest and send the rest anyway, however long that takes.
+	 * Otherwise (the default) the migration is abandoned: the guest runs
+	 * on here, untouched, and mig_send() returns -ETIME.
+	 */
+	bool force_switchover;
 };
 
 struct mig_result {
-	double total_ms;	  /* start to the destination's answer */
+	double total_ms;	  /* start of tracking to the destination's answer */
 	double downtime_ms;	  /* vCPUs paused to the destination's answer */
 	double verify_ms;	  /* the check after switchover */
 	uint64_t bytes, passes, pages, zero_pages;
@@ -48,12 +61,16 @@ struct mig_result {
 	const char *reason;
 	/* vCPU i's progress per second before tracking (baseline_ms; 0: not measured) and during pre-copy */
 	double vcpu_before[MIG_MAX_VCPUS], vcpu_during[MIG_MAX_VCPUS];
+	bool throttled; /* the throttle engaged */
+	/* how long each vCPU was held by its dirty limit or kept out by its run share */
+	double vcpu_held_ms[MIG_MAX_VCPUS];
 };
 
 /*
  * Migrate g (its vCPUs running, g->tracker covering its regions) over fd.
- * Returns -errno when the migration failed: the vCPUs run on here,
- * tracking is stopped, and the guest can be migrated again.  Otherwise
+ * Returns -errno when the migration failed (-ETIME: pre-copy did not
+ * converge and force_switchover is off): the vCPUs run on here, never
+ * paused, tracking is stopped, and the guest can be migrated again.  Otherwise
  * the destination has the guest and the vCPUs here stay paused; returns
  * 0, or with verify the number of pages (capped at INT_MAX) whose final
  * contents differ from what was sent, named in err (one line), in the

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* The test VM of examples/vmm behind the engine's guest interface. */
 #include <errno.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <pthread.h>
 #include <string.h>
@@ -71,7 +72,16 @@ static int add_data(struct testvm *tv, const struct mig_testvm_opts *g, void **r
 
 int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm **ret_tv, char *err, size_t len)
 {
-	struct testvm_opts o = { .nr_vcpus = g->vcpus, .track = source, .track_opts = { .mode = g->mode } };
+	/*
+	 * Dirty ring: 512 entries (2 MiB of writes, about 20 ms of an
+	 * 800 Mbit/s link, before a dirtier over its limit is held at a
+	 * ring-full exit) and a reaper every 10 ms, whose harvests kick a
+	 * vCPU over its limit out of KVM_RUN (SIGUSR1, testvm's kick).
+	 */
+	struct testvm_opts o = { .nr_vcpus = g->vcpus, .track = source,
+				 .track_opts = { .mode = g->mode,
+						 .ring_entries = g->mode == KVMDIRTY_MODE_DIRTY_RING ? 512 : 0,
+						 .reaper_ms = g->mode == KVMDIRTY_MODE_DIRTY_RING ? 10 : 0 } };
 	uint64_t pages[GUEST_MAX_VCPUS], at = 0, fill;
 	struct testvm *tv;
 	void *mem;
@@ -197,21 +207,40 @@ static uint64_t tg_progress(void *ctx, unsigned int i)
 	return mig_testvm_progress(ctx, i);
 }
 
+static int tg_set_run_share(void *ctx, unsigned int i, unsigned int permille)
+{
+	return testvm_set_run_share(ctx, i, permille);
+}
+
+static uint64_t tg_kept_out_ns(void *ctx, unsigned int i)
+{
+	return testvm_out_ns(ctx, i);
+}
+
 static const struct mig_guest_ops tg_ops = {
 	.vcpu_save = tg_vcpu_save,
 	.progress = tg_progress,
 	.vcpu_load = tg_vcpu_load,
 	.pause = tg_pause,
 	.resume = tg_resume,
+	.set_run_share = tg_set_run_share,
+	.kept_out_ns = tg_kept_out_ns,
 };
 
 int mig_testvm_guest(struct testvm *tv, struct mig_guest *g)
 {
+	unsigned int i;
+
 	memset(g, 0, sizeof(*g));
 	g->nr_vcpus = tv->nr_vcpus;
 	g->tracker = tv->tracker;
 	g->ops = &tg_ops;
 	g->ctx = tv;
+	for (i = 0; i < tv->nr_vcpus && i < MIG_MAX_VCPUS; i++)
+		g->vcpu[i] = tv->vcpu[i];
+	/* testvm_spawn() installs SIGUSR1's handler: the library's kicks share it */
+	if (tv->tracker && kvmdirty_tracker_mode(tv->tracker) == KVMDIRTY_MODE_DIRTY_RING && tv->nr_threads)
+		kvmdirty_vm_set_kick_signal(tv->vm, SIGUSR1);
 	return mig_guest_set_regions(g, tv->vm);
 }
 

@@ -21,8 +21,8 @@ void mig_throttle_init(struct mig_throttle *t, bool ring, unsigned int nr_vcpus,
 
 /*
  * What each vCPU would dirty unthrottled, from what it dirtied under the
- * throttle: scaled up by its run share; under a limit it presses (within
- * 80% of it), at least what it was seen at before.
+ * throttle: scaled up by its run share; under a limit it presses (held
+ * by it, or within 80% of it), at least what it was seen at before.
  */
 static void estimate(struct mig_throttle *t, const struct mig_throttle_sample *s)
 {
@@ -33,7 +33,7 @@ static void estimate(struct mig_throttle *t, const struct mig_throttle_sample *s
 
 		if (!t->ring)
 			t->free_rate[i] = m * 1000.0 / t->share[i];
-		else if (t->limit[i] && m >= 0.8 * (double)t->limit[i])
+		else if (t->limit[i] && (s->vcpu_held[i] || m >= 0.8 * (double)t->limit[i]))
 			t->free_rate[i] = m > t->free_rate[i] ? m : t->free_rate[i];
 		else
 			t->free_rate[i] = m;

@@ -50,6 +50,12 @@ struct mig_throttle_sample {
 	 * ring entries per second (ring), page faults per second (bitmap)
 	 */
 	double vcpu_rate[MIG_THROTTLE_MAX_VCPUS];
+	/*
+	 * ring: the vCPU was held by its limit for part of the sample: it
+	 * would have dirtied more (its rate, charged a ring at a time, says
+	 * too little of what it wants)
+	 */
+	bool vcpu_held[MIG_THROTTLE_MAX_VCPUS];
 };
 
 /* alpha <= 0 or >= 1 picks the default third. */
