@@ -18,6 +18,10 @@
       short option of their getopt strings and every option and command the
       program's --help prints is an entry (a line that starts with it) of
       the page;
+  examples MANDIR LIBRARY.so INCLUDE-DIR...
+      every complete program (one with main) in a page's EXAMPLES builds
+      with -Wall -Wextra -Werror against the library, and where the page
+      says what it prints, it runs (given /dev/kvm) and prints that;
   stream MANPAGE STREAM.H SOURCE...
       every record kind of STREAM.H's enum mig_kind, its version, and every
       key of the statistics lines the sources print is in the page.
@@ -242,6 +246,61 @@ def cmd_stream(page, stream_h, sources):
                         f"and {len(keys)} statistics keys, each in {os.path.basename(page)}")
 
 
+def unescape(roff):
+    for a, b in (("\\-", "-"), ("\\(aq", "'"), ("\\(dq", '"'), ("\\&", ""), ("\\e", "\\")):
+        roff = roff.replace(a, b)
+    return roff
+
+
+def cmd_examples(mandir, library, *includes):
+    errors, built, ran = [], 0, 0
+    cc = os.environ.get("CC", "cc").split()
+    cflags = os.environ.get("CONSUMER_CFLAGS", "").split()
+    libdir = os.path.dirname(os.path.abspath(library))
+    tmp = tempfile.mkdtemp()
+    try:
+        for p in pages(mandir):
+            with open(os.path.join(mandir, p)) as fh:
+                text = fh.read()
+            m = re.search(r"^\.SH EXAMPLES\n(.*?)(^\.SH|\Z)", text, re.M | re.S)
+            if not m:
+                continue
+            section = m.group(1)
+            blocks = list(re.finditer(r"^\.EX\n(.*?)^\.EE", section, re.M | re.S))
+            for i, b in enumerate(blocks):
+                code = unescape(b.group(1))
+                if not re.search(r"^int main\(", code, re.M):
+                    continue
+                src, exe = os.path.join(tmp, "example.c"), os.path.join(tmp, "example")
+                with open(src, "w") as fh:
+                    fh.write(code)
+                r = subprocess.run(cc + ["-std=gnu11", "-Wall", "-Wextra", "-Werror"] + cflags +
+                                   ["-I" + d for d in includes] + ["-o", exe, src, library,
+                                   "-Wl,-rpath," + libdir], capture_output=True, text=True)
+                if r.returncode:
+                    errors.append(f"{p}: its example does not build:\n{r.stderr}")
+                    continue
+                built += 1
+                # "It prints:" and the next block: what the program prints
+                between = section[b.end():blocks[i + 1].start()] if i + 1 < len(blocks) else ""
+                if "prints" not in between:
+                    continue
+                if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+                    print(f"{p}: /dev/kvm cannot be opened: example built, not run")
+                    continue
+                r = subprocess.run([exe], capture_output=True, text=True, timeout=60)
+                want = unescape(blocks[i + 1].group(1))
+                if r.returncode or r.stdout != want:
+                    errors.append(f"{p}: its example exited {r.returncode} and printed\n{r.stdout}{r.stderr}"
+                                  f"where the page says\n{want}")
+                ran += 1
+    finally:
+        shutil.rmtree(tmp)
+    if not built:
+        errors.append(f"{mandir}: no complete program in any EXAMPLES section")
+    return fail(errors, f"man-examples: {built} programs in the pages build, {ran} print what their page says")
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "render":
@@ -250,9 +309,11 @@ def main():
         return cmd_installed(*args)
     if cmd == "options":
         return cmd_options(args[0], args[1], args[2:])
+    if cmd == "examples":
+        return cmd_examples(*args)
     if cmd == "stream":
         return cmd_stream(args[0], args[1], args[2:])
-    sys.exit(f"usage: {sys.argv[0]} render|installed|options|stream ...")
+    sys.exit(f"usage: {sys.argv[0]} render|installed|options|examples|stream ...")
 
 
 if __name__ == "__main__":
