@@ -44,12 +44,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/*
+ * KVMDIRTY_VERSION_MAJOR, _MINOR, _MICRO and _STRING: the version this
+ * header came with (generated from the project version).
+ */
+#include "kvmdirty-version.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#define KVMDIRTY_VERSION_MAJOR 0
-#define KVMDIRTY_VERSION_MINOR 2
 
 struct kvmdirty_vm;
 struct kvmdirty_region;
@@ -538,6 +541,19 @@ struct kvmdirty_vcpu_stats {
  * kvmdirty_tracker_stats().  Errors: -EINVAL NULL or size 0.
  */
 int kvmdirty_vcpu_stats(const struct kvmdirty_vcpu *vcpu, struct kvmdirty_vcpu_stats *ret_stats, size_t size);
+
+/* ---- Version ---------------------------------------------------------- */
+
+/*
+ * The version of the library loaded at run time, which may be newer than
+ * the header the program was built with (KVMDIRTY_VERSION_*): a program
+ * that needs a call of a later version compares these before it makes it.
+ * They need no VM, never fail and may be called from any thread.
+ */
+int kvmdirty_version_major(void);
+int kvmdirty_version_minor(void);
+/* "MAJOR.MINOR.MICRO", a static string. */
+const char *kvmdirty_version_string(void);
 
 /* ---- Bitmap scanner --------------------------------------------------- */
 

@@ -29,8 +29,13 @@ int main(void)
 		fprintf(stderr, "consumer: region add/lookup failed: %s\n", strerror(-ret));
 		return 1;
 	}
-	printf("consumer: linked against libkvmdirty, slot %u, %u region(s)\n", kvmdirty_region_slot(r),
-	       kvmdirty_vm_region_count(vm));
+	if (strcmp(kvmdirty_version_string(), KVMDIRTY_VERSION_STRING)) {
+		fprintf(stderr, "consumer: built against libkvmdirty %s, loaded %s\n", KVMDIRTY_VERSION_STRING,
+			kvmdirty_version_string());
+		return 1;
+	}
+	printf("consumer: linked against libkvmdirty %s, slot %u, %u region(s)\n", kvmdirty_version_string(),
+	       kvmdirty_region_slot(r), kvmdirty_vm_region_count(vm));
 	kvmdirty_vm_free(vm);
 	free(mem);
 	return 0;
