@@ -29,9 +29,10 @@
  * dropped with a line on stderr; with --once the first one decides), then
  * runs the guest for --run-ms and checks it; it exits 0 if the guest ran
  * on, 1 otherwise.  send exits 0
- * when the guest moved, 1 when it did not (it runs on here), 3 when it
- * moved but the check after switchover found pages that differ from what
- * was sent.
+ * when the guest moved, 1 when it did not (it runs on here: the source
+ * then runs it --run-ms more and checks it as the destination would), 3
+ * when it moved but the check after switchover found pages that differ
+ * from what was sent.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -69,7 +70,7 @@ static void usage(void)
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
 			"                              [-t TIMEOUT_S] [-T MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
-			"                              [--stats FILE] [--baseline MS]\n"
+			"                              [--stats FILE] [--baseline MS] [--run-ms MS]\n"
 			"       kvmdirty-migrate demo [--no-verify]\n");
 }
 
@@ -391,6 +392,19 @@ static int source_guest(const struct args *a, struct testvm **ret_tv)
 	return 0;
 }
 
+/* After a failed or abandoned migration: the guest is still whole here, and running. */
+static void guest_runs_on(const struct args *a, struct testvm *tv)
+{
+	char err[256];
+
+	fflush(stderr);
+	if (mig_testvm_check_running(tv, a->run_ms, err, sizeof(err)) < 0)
+		fprintf(stderr, "kvmdirty-migrate: source: the guest after the failed migration: %s\n", err);
+	else
+		printf("source: guest ran on here %" PRIu64 " ms after the failed migration, %s, self-check ok\n",
+		       a->run_ms, err);
+}
+
 static int migrate_to(const struct args *a, struct testvm *tv)
 {
 	struct mig_send_opts o = a->send;
@@ -415,9 +429,10 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 	} else {
 		ret = mig_send(&g, fd, &o, &r, err, sizeof(err));
 		close(fd);
-		if (ret < 0)
+		if (ret < 0) {
 			fprintf(stderr, "kvmdirty-migrate: migration failed, the guest runs on here: %s\n", err);
-		else
+			guest_runs_on(a, tv);
+		} else
 			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero, %" PRIu64 " of them never touched"
 			       " and not read) in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime, %s; %s\n",
 			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.untouched_pages, r.passes, r.total_ms, r.downtime_ms,

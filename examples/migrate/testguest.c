@@ -265,7 +265,7 @@ static uint64_t thread_cpu_ms(pthread_t t)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
-int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_t len)
+int mig_testvm_check_running(struct testvm *tv, uint64_t run_ms, char *err, size_t len)
 {
 	struct timespec ts = { (time_t)(run_ms / 1000), (long)(run_ms % 1000) * 1000000 };
 	uint64_t pass[GUEST_MAX_VCPUS], writes[GUEST_MAX_VCPUS], cpu_ms[GUEST_MAX_VCPUS];
@@ -277,18 +277,21 @@ int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_
 		pass[i] = testvm_mailbox(tv, i)->pass;
 		writes[i] = testvm_mailbox(tv, i)->writes;
 	}
-	ret = testvm_spawn(tv);
-	if (ret < 0)
-		return mig_errf(err, len, ret, "starting vCPUs: %s", strerror(-ret));
-	nanosleep(&ts, NULL);
-	/* what each vCPU thread got of the CPU: one that hardly ran is not judged on progress */
+	/* the threads' CPU time so far: judged on what they get from here on */
 	for (i = 0; i < tv->nr_vcpus; i++)
 		cpu_ms[i] = thread_cpu_ms(tv->threads[i]);
+	nanosleep(&ts, NULL);
+	/* what each vCPU thread got of the CPU: one that hardly ran is not judged on progress */
+	for (i = 0; i < tv->nr_vcpus; i++) {
+		uint64_t now = thread_cpu_ms(tv->threads[i]);
+
+		cpu_ms[i] = now == UINT64_MAX || cpu_ms[i] == UINT64_MAX ? UINT64_MAX : now - cpu_ms[i];
+	}
 	/* out of KVM_RUN by signal: a guest that never looks at its stop flag cannot hold us */
 	testvm_halt_all(tv);
 	ret = testvm_join(tv, &bad, &ex);
 	if (ret < 0)
-		return mig_errf(err, len, ret, "vCPU %u after resume: %s (page 0x%" PRIx64 ")", bad,
+		return mig_errf(err, len, ret, "vCPU %u: %s (page 0x%" PRIx64 ")", bad,
 				ret == -EIO ? testvm_event_name(ex.event) : strerror(-ret), testvm_mailbox(tv, bad)->err_gpa);
 	for (i = 0; i < tv->nr_vcpus; i++) {
 		const struct guest_vcpu *mb = testvm_mailbox(tv, i);
@@ -296,9 +299,18 @@ int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_
 
 		if (ran >= MIN_CPU_MS && expected_writes(tv, i, ran) >= MIN_EXPECTED_WRITES &&
 		    mb->pass == pass[i] && mb->writes == writes[i])
-			return mig_errf(err, len, -EIO, "vCPU %u made no progress in %" PRIu64 " ms after resume (pass %"
+			return mig_errf(err, len, -EIO, "vCPU %u made no progress in %" PRIu64 " ms (pass %"
 					PRIu64 ", %" PRIu64 " pages written)", i, run_ms, pass[i], writes[i]);
 	}
 	return mig_errf(err, len, 0, "vCPU 0: pass %" PRIu64 " -> %" PRIu64 ", %" PRIu64 " pages written", pass[0],
 			testvm_mailbox(tv, 0)->pass, testvm_mailbox(tv, 0)->writes - writes[0]);
+}
+
+int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_t len)
+{
+	int ret = testvm_spawn(tv);
+
+	if (ret < 0)
+		return mig_errf(err, len, ret, "starting vCPUs: %s", strerror(-ret));
+	return mig_testvm_check_running(tv, run_ms, err, len);
 }

@@ -85,4 +85,11 @@ int mig_testvm_guest(struct testvm *tv, struct mig_guest *ret_g);
  */
 int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_t len);
 
+/*
+ * The same check for a guest whose vCPU threads already run (the source's,
+ * after a migration that failed or was abandoned): run_ms more, then stop
+ * and check.  The vCPU threads have ended when it returns.
+ */
+int mig_testvm_check_running(struct testvm *tv, uint64_t run_ms, char *err, size_t len);
+
 #endif
