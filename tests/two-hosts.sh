@@ -18,7 +18,10 @@
 #   --check  only say whether namespaces can be made here (exit 0 or 77)
 #
 # The commands run through bash -c with SRC_ADDR and DST_ADDR set (the
-# addresses exist only inside the namespaces) and RIG_RATE the rate.  The
+# addresses exist only inside the namespaces), RIG_RATE the rate and
+# RIG_SRC_NS, RIG_DST_NS the namespaces' names (a source command can wait
+# for a listener without connecting to it: `ip netns exec "$RIG_DST_NS"
+# ss -Hltn "sport = :PORT"` prints it once it listens).  The
 # exit status is the source command's; a destination that fails is
 # reported, and turns a successful run into status 1.  Exit 77 (one line
 # why) when namespaces cannot be made here; 2 for a bad command line.
@@ -59,7 +62,7 @@ fi
 tag=kd$$
 ns_src=$tag-src ns_dst=$tag-dst
 veth_src=$tag-s veth_dst=$tag-d
-export SRC_ADDR=10.77.0.1 DST_ADDR=10.77.0.2 RIG_RATE=$rate
+export SRC_ADDR=10.77.0.1 DST_ADDR=10.77.0.2 RIG_RATE=$rate RIG_SRC_NS=$ns_src RIG_DST_NS=$ns_dst
 dst_pid= src_pid=
 
 teardown() {
