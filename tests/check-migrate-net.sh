@@ -9,15 +9,7 @@
 # stats must be version 1 JSON lines ending in a verified migration with
 # both vCPUs' progress.  Skips (77) only where namespaces cannot be made.
 # usage: check-migrate-net.sh KVMDIRTY-MIGRATE
-set -uo pipefail
-here=$(cd "$(dirname "$0")" && pwd)
-rig=$here/two-hosts.sh
-migrate=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
-fail() { echo "check-migrate-net: $*"; exit 1; }
-
-out=$("$rig" --check) || { status=$?; echo "$out"; exit "$status"; }
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+. "$(dirname "$0")/rig-test.sh" check-migrate-net "$1"
 
 guest="-m 256 -v 2"
 for mode in clear-log dirty-ring; do
@@ -25,15 +17,13 @@ for mode in clear-log dirty-ring; do
 	# the source waits for the listener's port (the probe is a peer the listener drops)
 	out=$("$rig" --rate 800mbit \
 		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 30000" \
-		--src "for i in \$(seq 100); do (echo >/dev/tcp/\$DST_ADDR/4444) 2>/dev/null && break; sleep 0.1; done;
+		--src "$wait_dst;
 		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:16 --vcpu 1=compute -d 20 -p 8 \
 		       --baseline 200 --stats $stats" 2>&1)
 	status=$?
 	echo "$out"
 	[ "$status" = 0 ] || fail "$mode: the migration over the rig exited with $status"
-	echo "$out" | grep -q "every page arrived and matched its hash" || fail "$mode: the destination did not check every page's hash"
-	echo "$out" | grep -q "; verified$" || fail "$mode: the source did not verify its final memory against what it sent"
-	echo "$out" | grep -q "self-check ok" || fail "$mode: the guest did not run on at the destination"
+	rig_migrated "$mode"
 	python3 - "$stats" "$mode" <<'PY' || fail "$mode: stats: see above"
 import json, sys
 path, mode = sys.argv[1], sys.argv[2]
@@ -54,5 +44,5 @@ print(f"stats {mode}: {len(lines)} lines, {len(passes)} passes, reason {end['rea
       f"vCPU speeds {[v['speed'] for v in end['vcpu']]}")
 PY
 done
-[ "$(ip netns list | grep -c '^kd[0-9]*-')" = 0 ] || fail "namespaces left: $(ip netns list)"
+rig_done
 echo "check-migrate-net: migrations over the rig in both modes, hash-exact, stats: ok"

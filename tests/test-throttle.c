@@ -132,12 +132,38 @@ START_TEST(release_and_press)
 }
 END_TEST
 
+START_TEST(held_presses)
+{
+	struct mig_throttle t;
+	struct mig_throttle_sample s = sample(24000, 50000, 300000, 0, 0);
+
+	mig_throttle_init(&t, true, 1, 0);
+	mig_throttle_update(&t, &s);
+	ck_assert_uint_eq(t.limit[0], 8000);
+	/*
+	 * Charged a ring at a time, a held vCPU can show far less than its
+	 * limit in one sample: held, it still presses and keeps its estimate
+	 * (and its limit); the same rate without being held lets it go.
+	 */
+	s.vcpu_rate[0] = 2000;
+	s.vcpu_held[0] = true;
+	s.redirty_per_s = 2000;
+	mig_throttle_update(&t, &s);
+	ck_assert(t.free_rate[0] >= 300000);
+	ck_assert_uint_ne(t.limit[0], 0);
+	s.vcpu_held[0] = false;
+	mig_throttle_update(&t, &s);
+	ck_assert(t.free_rate[0] == 2000);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("throttle");
 	TCase *tc = tcase_create("throttle");
 
 	tcase_add_test(tc, engages_only_past_the_target);
+	tcase_add_test(tc, held_presses);
 	tcase_add_test(tc, water_filling);
 	tcase_add_test(tc, run_shares);
 	tcase_add_test(tc, correction);

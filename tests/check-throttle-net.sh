@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# Throttling on the two-host rig (800mbit tbf): a 512 MiB guest whose
+# vCPU 0 dirties 128 MiB flat out while vCPU 1 computes without writing
+# memory, in each tracking mode.
+#
+#  - throttle on (the default): converges within the pass limit (8),
+#    every page hash-exact at the destination and the source's final
+#    memory equal to what it sent, the guest runs on at the destination;
+#    the throttle engaged on vCPU 0 only: in the samples vCPU 0 had a
+#    dirty limit (ring mode) or a run share below 1000 (bitmap mode) and
+#    was held, vCPU 1 never had either and was never held;
+#  - --no-throttle: does not converge; the source abandons the migration
+#    (exit 1, "pre-copy did not converge"), its guest runs on and passes
+#    its self-check, and the destination (--once) never starts one.
+#
+# Behaviour only: no figure of time is judged here (bench/migrate-net.sh
+# measures).  Skips (77) only where namespaces cannot be made.
+# usage: check-throttle-net.sh KVMDIRTY-MIGRATE
+. "$(dirname "$0")/rig-test.sh" check-throttle-net "$1"
+
+guest="-m 512 -v 2"
+# run MODE NAME [send options]: the migration over the rig; its output in $out, its status in $status
+run() {
+	local mode=$1 name=$2
+	shift 2
+	stats=$tmp/$name.json
+	out=$("$rig" --rate 800mbit \
+		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 30000 --once; echo destination exit \$?" \
+		--src "$wait_dst;
+		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:128 --vcpu 1=compute -p 8 \
+		       -T 30000 --run-ms 300 --baseline 200 --stats $stats $*; echo source exit \$?" 2>&1)
+	echo "$out"
+}
+
+for mode in clear-log dirty-ring; do
+	run "$mode" "$mode"
+	echo "$out" | grep -q "^source exit 0$" || fail "$mode: the throttled migration did not complete"
+	rig_migrated "$mode"
+	echo "$out" | grep -q "^destination exit 0$" || fail "$mode: the destination failed"
+	python3 - "$stats" "$mode" <<'PY' || fail "$mode: stats: see above"
+import json, sys
+path, mode = sys.argv[1], sys.argv[2]
+lines = [json.loads(l) for l in open(path)]
+end = lines[-1]
+assert end["type"] == "end" and end["ok"] and end["verified"] and end["lost_pages"] == 0, end
+assert end["converged"] and end["reason"] == "fits_downtime" and end["passes"] <= 8, end
+assert end["throttle"] and end["throttled"], "the throttle never engaged"
+held = {v["id"]: v["held_ms"] for v in end["vcpu"]}
+assert held[0] > 0, f"the dirtier was never held: {held}"
+assert held[1] == 0, f"the vCPU that only computes was held: {held}"
+key, free = ("dirty_limit", 0) if mode == "dirty-ring" else ("run_share", 1000)
+timed = [l for l in lines if l["type"] in ("sample", "pass")]
+assert timed, "no samples"
+slowed = {i: [l["vcpu"][i][key] for l in timed if l["vcpu"][i][key] != free] for i in (0, 1)}
+assert slowed[0], f"vCPU 0 never had a {key}"
+assert not slowed[1], f"vCPU 1 had a {key}: {slowed[1][:5]}"
+print(f"stats {mode}: converged in {end['passes']} passes, vCPU 0 held {held[0]:.0f} ms, "
+      f"{key} {min(slowed[0])}..{max(slowed[0])}; vCPU 1 never slowed")
+PY
+done
+
+for mode in clear-log dirty-ring; do
+	run "$mode" "$mode-off" --no-throttle
+	echo "$out" | grep -q "^source exit 1$" || fail "$mode --no-throttle: the source did not report a failed migration"
+	echo "$out" | grep -q "pre-copy did not converge (pass_limit)" || fail "$mode --no-throttle: no line saying pre-copy did not converge"
+	echo "$out" | grep -q "^source: guest ran on here .* self-check ok$" || fail "$mode --no-throttle: the source's guest did not run on"
+	echo "$out" | grep -q "^destination exit 1$" || fail "$mode --no-throttle: the destination did not refuse the cut stream"
+	echo "$out" | grep -q "resuming the guest" && fail "$mode --no-throttle: the destination started a guest"
+	python3 - "$stats" <<'PY' || fail "$mode --no-throttle: stats: see above"
+import json, sys
+end = [json.loads(l) for l in open(sys.argv[1])][-1]
+assert end["type"] == "end" and not end["converged"] and end["reason"] == "pass_limit", end
+assert not end["throttle"] and not end["throttled"], end
+assert all(v.get("held_ms", 0) == 0 for v in end["vcpu"]), end["vcpu"]
+PY
+done
+rig_done
+echo "check-throttle-net: the rig in both modes: throttled migrations converge with only the dirtier slowed; unthrottled ones are abandoned and the guest runs on: ok"

@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: MIT
+# Sourced by the tests that migrate over the two-host rig (suite net):
+#   . rig-test.sh NAME KVMDIRTY-MIGRATE
+# sets here, rig, migrate, tmp (removed on exit); fail MSG prints
+# "NAME: MSG" and exits 1; exits 77 with the rig's reason where namespaces
+# cannot be made; rig_done fails if this run left a namespace behind
+# (others' runs may be going on: only namespaces new since the start count).
+set -uo pipefail
+rig_test_name=$1
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+rig=$here/two-hosts.sh
+migrate=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
+fail() { echo "$rig_test_name: $*"; exit 1; }
+
+out=$("$rig" --check) || { status=$?; echo "$out"; exit "$status"; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+rig_netns() { ip netns list | sed -n 's/^\(kd[0-9]*-[a-z]*\).*/\1/p' | sort; }
+rig_before=$(rig_netns)
+rig_done() {
+	[ -z "$(comm -13 <(echo "$rig_before") <(rig_netns))" ] || fail "namespaces left: $(ip netns list)"
+}
+# for a --src command: wait until the destination listens on 4444, without connecting
+# (a connection would be a stream to a listener that takes only one)
+wait_dst="for i in \$(seq 100); do ip netns exec \$RIG_DST_NS ss -Hltn 'sport = :4444' | grep -q . && break; sleep 0.1; done"
+# rig_migrated LABEL: $out shows a migration whose every page was checked at both ends and whose guest ran on
+rig_migrated() {
+	echo "$out" | grep -q "every page arrived and matched its hash" || fail "$1: the destination did not check every page's hash"
+	echo "$out" | grep -q "; verified$" || fail "$1: the source did not verify its final memory against what it sent"
+	echo "$out" | grep -q "self-check ok" || fail "$1: the guest did not run on at the destination"
+}
