@@ -9,7 +9,9 @@
 # other_vcpu_speed are each vCPU's speed from the start of tracking to the
 # pause, as a fraction of its speed in the 1 s before tracking;
 # total_ms counts from the start of tracking, downtime_ms from the pause to
-# the destination's answer (it has resumed the guest by then).
+# the destination's answer (it has resumed the guest by then).  A migration
+# that does not converge is abandoned (the guest runs on at the source):
+# converged=no, downtime_ms=none, and total_ms is the time until it gave up.
 #
 # usage: bench/migrate-net.sh [BUILD_DIR [RATE [MODES...]]]
 #        (build, 800mbit, clear-log dirty-ring); as root
@@ -37,12 +39,13 @@ for mode in "${modes[@]}"; do
 	esac
 	stats=$tmp/$mode.json
 	"$top/tests/two-hosts.sh" --rate "$rate" \
-		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 60000" \
-		--src "for i in \$(seq 300); do (echo >/dev/tcp/\$DST_ADDR/4444) 2>/dev/null && break; sleep 0.1; done;
+		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 60000 --once; true" \
+		--src "for i in \$(seq 300); do ip netns exec \$RIG_DST_NS ss -Hltn 'sport = :4444' | grep -q . && break; sleep 0.1; done;
 		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:$dirty --vcpu 1=compute \
 		       -T 60000 --baseline 1000 --stats $stats ${SEND_ARGS:-}" >"$tmp/out" 2>&1
 	status=$?
-	if [ "$status" != 0 ] || [ ! -s "$stats" ]; then
+	# a migration that does not converge is abandoned (exit 1): its stats still say how far it got
+	if { [ "$status" != 0 ] && ! grep -q "pre-copy did not converge" "$tmp/out"; } || [ ! -s "$stats" ]; then
 		cat "$tmp/out" >&2
 		echo "migrate-net: $mode: the migration over the rig exited with $status" >&2
 		exit 1
@@ -54,8 +57,10 @@ lines = [json.loads(l) for l in open(path)]
 start, end = lines[0], lines[-1]
 assert start["v"] == 1 and end["type"] == "end"
 v = {x["id"]: x for x in end["vcpu"]}
+# an abandoned migration never paused the guest: no downtime
+down = f"{end['downtime_ms']:.0f}" if end["converged"] else "none"
 print(f"migrate net={rate} workload={workload} mode={mode} guest_gib={start['guest_pages'] * start['page_size'] / 2**30:.0f}"
-      f" total_ms={end['total_ms']:.0f} downtime_ms={end['downtime_ms']:.0f} sent_mib={end['bytes_sent'] / 2**20:.0f}"
+      f" total_ms={end['total_ms']:.0f} downtime_ms={down} sent_mib={end['bytes_sent'] / 2**20:.0f}"
       f" passes={end['passes']} converged={'yes' if end['converged'] else 'no'} dirtier_speed={v[0]['speed']:.3f}"
       f" other_vcpu_speed={v[1]['speed']:.3f} reason={end['reason']}"
       f" link_mbps={end['link_bytes_per_s'] / 2**20:.0f} throttled={'yes' if end.get('throttled') else 'no'}"
