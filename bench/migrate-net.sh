@@ -7,7 +7,8 @@
 # defaults (50 ms downtime limit, 10 passes, 60 s, verification, the
 # throttle on).  One line per run, from the --stats file; dirtier_speed and
 # other_vcpu_speed are each vCPU's speed from the start of tracking to the
-# pause, as a fraction of its speed in the 1 s before tracking;
+# pause (or to giving up), as a fraction of its speed in the 1 s before
+# tracking;
 # total_ms counts from the start of tracking, downtime_ms from the pause to
 # the destination's answer (it has resumed the guest by then).  A migration
 # that does not converge is abandoned (the guest runs on at the source):

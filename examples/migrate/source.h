@@ -59,7 +59,10 @@ struct mig_result {
 	uint64_t dirty_pages_per_s; /* the dirty rate the tracker saw then */
 	/* why pre-copy ended: "fits_downtime", "pass_limit", "time_limit", or "failed" */
 	const char *reason;
-	/* vCPU i's progress per second before tracking (baseline_ms; 0: not measured) and during pre-copy */
+	/*
+	 * vCPU i's progress per second before tracking (baseline_ms; 0: not
+	 * measured) and during pre-copy (to the pause, or to giving up)
+	 */
 	double vcpu_before[MIG_MAX_VCPUS], vcpu_during[MIG_MAX_VCPUS];
 	bool throttled; /* the throttle engaged */
 	/* how long each vCPU was held by its dirty limit or kept out by its run share */
