@@ -10,7 +10,10 @@
 #include <limits.h>
 #include <liburing.h>
 #include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +151,17 @@ uint64_t mig_conn_unacked(const struct mig_conn *c)
 	if (ioctl(c->fd, SIOCOUTQ, &n) < 0 || n < 0)
 		return 0;
 	return (uint64_t)n;
+}
+
+uint64_t mig_conn_rtt_us(const struct mig_conn *c)
+{
+	struct tcp_info ti;
+	socklen_t n = sizeof(ti);
+
+	memset(&ti, 0, sizeof(ti));
+	if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &n) < 0 || n < offsetof(struct tcp_info, tcpi_rttvar))
+		return 0;
+	return ti.tcpi_rtt;
 }
 
 void mig_conn_strerror(const struct mig_conn *c, int ret, char *buf, size_t len)

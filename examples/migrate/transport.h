@@ -37,6 +37,8 @@ int mig_conn_close_write(struct mig_conn *c);
 uint64_t mig_conn_sent(const struct mig_conn *c);
 /* Of what was sent, the bytes still in the socket or on the link: not yet acknowledged (TCP) or read (Unix). */
 uint64_t mig_conn_unacked(const struct mig_conn *c);
+/* The round trip to the peer in microseconds as TCP smooths it (TCP_INFO); 0 where unknown (Unix sockets). */
+uint64_t mig_conn_rtt_us(const struct mig_conn *c);
 
 /* A few words on a negative result: "nothing from the peer for 30000 ms", ... */
 void mig_conn_strerror(const struct mig_conn *c, int ret, char *buf, size_t len);
