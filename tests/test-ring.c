@@ -82,7 +82,7 @@ static void turn_done(void)
 static void hold_point(enum kd_hook_point p, void *obj)
 {
 	if (p != hold.point || (hold.obj && hold.obj != obj) || __atomic_load_n(&hold.abandon, __ATOMIC_ACQUIRE) ||
-	    (hold.on_thread && !pthread_equal(hold.thread, pthread_self())))
+	    (__atomic_load_n(&hold.on_thread, __ATOMIC_ACQUIRE) && !pthread_equal(hold.thread, pthread_self())))
 		return;
 	if (__atomic_fetch_sub(&hold.times, 1, __ATOMIC_ACQ_REL) <= 0)
 		return;
