@@ -37,6 +37,13 @@ expect 2 "--vcpu 3: the guest has 2 vCPUs" "$migrate" send unix:/tmp/x -v 2 --vc
 expect 2 "--fill 'most'" "$migrate" send unix:/tmp/x --fill most
 expect 2 "--fill '0'" "$migrate" send unix:/tmp/x --fill 0
 expect 2 "--baseline 'soon'" "$migrate" send unix:/tmp/x --baseline soon
+expect 2 "-m ' 64'" "$migrate" send unix:/tmp/x -m " 64"
+expect 2 "-m '+64'" "$migrate" send unix:/tmp/x -m +64
+expect 2 "-m '0x'" "$migrate" send unix:/tmp/x -m 0x
+expect 2 "-m 'K'" "$migrate" send unix:/tmp/x -m K
+# a leading 0 is decimal (08 would not be octal), 0x is hex
+expect 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 08 -v 1 -d 010
+expect 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 0x10 -v 1
 expect 1 "working sets of 96 MiB exceed memory 64 MiB" "$migrate" send unix:/nonexistent/sock -m 64 -v 2 --vcpu 0=dirty:64 -w 32
 expect 2 "unexpected argument 'extra'" "$migrate" listen unix:/tmp/x extra
 expect 1 "address 'nowhere'" "$migrate" listen nowhere
