@@ -65,13 +65,14 @@ struct args {
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T MS] [--deadline S] [--once]\n"
+	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T|--peer-timeout MS] [--deadline S] [--once]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
-			"                              [-t TIMEOUT_S] [-T MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
+			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
 			"                              [--stats FILE] [--baseline MS] [--run-ms MS]\n"
-			"       kvmdirty-migrate demo [--no-verify]\n");
+			"       kvmdirty-migrate demo [--no-verify]\n"
+			"       kvmdirty-migrate -h|--help\n");
 }
 
 /* --vcpu I=dirty:MIB[:PAGES_PER_SEC] | I=compute | I=idle */
