@@ -17,6 +17,10 @@
  *   thread once; a signal that lands between sit_out() and KVM_RUN is
  *   lost, and a vCPU that had no share (no timer armed) and does not
  *   exit then never takes its share.
+ * - pause_during_sit_out: a vCPU sitting out the rest of its period
+ *   checks pause_req, then sleeps until the period ends; the pause's
+ *   signal landing between the two is taken by the handler, and the
+ *   pause waits for the whole sit-out (up to 10 ms of downtime).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -56,8 +60,11 @@ static bool wait_flag(const int *flag, unsigned int ms)
 static int (*real_pthread_kill)(pthread_t, int);
 static int (*real_ioctl)(int, unsigned long, void *);
 
+static int (*real_clock_nanosleep)(clockid_t, int, const struct timespec *, struct timespec *);
+
 static void (*kill_hook)(pthread_t th, int sig);
 static void (*run_hook)(void);
+static void (*sleep_hook)(const struct timespec *ts);
 
 int pthread_kill(pthread_t th, int sig)
 {
@@ -84,6 +91,17 @@ int ioctl(int fd, unsigned long req, ...)
 	if (hook && req == KVM_RUN)
 		hook();
 	return real_ioctl(fd, req, arg);
+}
+
+int clock_nanosleep(clockid_t clk, int flags, const struct timespec *ts, struct timespec *rem)
+{
+	void (*hook)(const struct timespec *) = __atomic_load_n(&sleep_hook, __ATOMIC_ACQUIRE);
+
+	if (!real_clock_nanosleep)
+		*(void **)&real_clock_nanosleep = dlsym(RTLD_NEXT, "clock_nanosleep");
+	if (hook && clk == CLOCK_MONOTONIC && (flags & TIMER_ABSTIME))
+		hook(ts);
+	return real_clock_nanosleep(clk, flags, ts, rem);
 }
 
 /* ---- kick_seq_before_signal ---- */
@@ -303,6 +321,69 @@ START_TEST(share_signal_before_run)
 }
 END_TEST
 
+/* ---- pause_during_sit_out ---- */
+
+static struct {
+	struct testvm *tv;
+	int armed, at_sleep, signalled;
+	uint64_t end; /* CLOCK_MONOTONIC ns the sit-out was to end */
+} ps;
+
+static void ps_handler(int sig)
+{
+	(void)sig;
+	if (__atomic_load_n(&ps.at_sleep, __ATOMIC_ACQUIRE) && pthread_equal(pthread_self(), ps.tv->threads[0]))
+		__atomic_store_n(&ps.signalled, 1, __ATOMIC_RELEASE);
+}
+
+static void ps_sleep(const struct timespec *ts)
+{
+	/* the vCPU thread in sit_out(), past its look at pause_req, about to sleep to the period's end */
+	if (!__atomic_exchange_n(&ps.armed, 0, __ATOMIC_ACQ_REL))
+		return;
+	ps.end = (uint64_t)ts->tv_sec * 1000000000ull + (uint64_t)ts->tv_nsec;
+	__atomic_store_n(&ps.at_sleep, 1, __ATOMIC_RELEASE);
+	wait_flag(&ps.signalled, 10000);
+}
+
+/*
+ * A vCPU at a run share of 5 permille sits out 9.95 ms of each period.
+ * The source pauses it (stop-and-copy) while its thread is between its
+ * look at pause_req and its sleep: the pause's signal lands there.  The
+ * pause must not wait for the rest of the sit-out; it returns before
+ * the sit-out would have ended.
+ */
+START_TEST(pause_during_sit_out)
+{
+	struct testvm_opts o = { .nr_vcpus = 1 };
+	struct sigaction sa = { .sa_handler = ps_handler };
+	uint64_t done;
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &ps.tv));
+	rig_work(ps.tv, 0, 0, 1000, GUEST_COMPUTE, 0);
+	ck_assert_ok(testvm_spawn(ps.tv));
+	sigaction(SIGUSR1, &sa, NULL); /* after testvm_spawn()'s; no SA_RESTART either */
+	ck_assert_ok(testvm_set_run_share(ps.tv, 0, 5));
+	/* a few periods in: the share is on */
+	rig_pause_us(50000);
+	ck_assert_uint_gt(testvm_out_ns(ps.tv, 0), 0);
+	__atomic_store_n(&sleep_hook, ps_sleep, __ATOMIC_RELEASE);
+	__atomic_store_n(&ps.armed, 1, __ATOMIC_RELEASE);
+	/* the race is forced at sit_out()'s clock_nanosleep(): a wait of another kind needs another test */
+	ck_assert_msg(wait_flag(&ps.at_sleep, 10000), "the vCPU never sat out again in clock_nanosleep()");
+	testvm_pause_all(ps.tv);
+	done = mono_ns();
+	__atomic_store_n(&sleep_hook, NULL, __ATOMIC_RELEASE);
+	ck_assert_msg(__atomic_load_n(&ps.signalled, __ATOMIC_ACQUIRE), "the pause's signal never reached the vCPU");
+	ck_assert_msg(done < ps.end,
+		      "the pause returned %.3f ms after the sit-out's end: it waited for the whole sit-out",
+		      (double)(done - ps.end) / 1e6);
+	testvm_resume_all(ps.tv);
+	testvm_free(ps.tv);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("throttle-race");
@@ -314,6 +395,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, kick_seq_before_signal);
 	tcase_add_test(tc, share_signal_before_run);
+	tcase_add_test(tc, pause_during_sit_out);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
