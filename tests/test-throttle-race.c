@@ -17,6 +17,11 @@
  *   thread once; a signal that lands between sit_out() and KVM_RUN is
  *   lost, and a vCPU that had no share (no timer armed) and does not
  *   exit then never takes its share.
+ * - held_while_held: kvmdirty_vcpu_stats() read while a vCPU is held
+ *   reports only the holds that ended: held_ns stands still for as long
+ *   as a hold lasts, and the source's tick (examples/migrate/source.c)
+ *   takes a vCPU held through a whole sample for one that neither dirties
+ *   nor is held.
  * - pause_during_sit_out: a vCPU sitting out the rest of its period
  *   checks pause_req, then sleeps until the period ends; the pause's
  *   signal landing between the two is taken by the handler, and the
@@ -321,6 +326,61 @@ START_TEST(share_signal_before_run)
 }
 END_TEST
 
+/* ---- held_while_held ---- */
+
+static struct kvmdirty_vcpu_stats vstats(struct kvmdirty_vcpu *v)
+{
+	struct kvmdirty_vcpu_stats st;
+
+	ck_assert_ok(kvmdirty_vcpu_stats(v, &st, sizeof(st)));
+	return st;
+}
+
+/*
+ * A vCPU charged a full ring at 1 page/s is held for minutes.  Read
+ * 300 ms apart within that hold, its statistics must show it held for
+ * longer at the second read: held_ns is "time held out of KVM_RUN by the
+ * limit", and the source's throttle judges a vCPU held by how much it
+ * grew over a 100 ms sample.
+ */
+START_TEST(held_while_held)
+{
+	struct rig g = ring_rig(1, 256, 0, 0);
+	struct kvmdirty_vcpu_stats a, b;
+	struct kvmdirty_region *ra;
+	struct runner r;
+	void *ma;
+	int i;
+
+	ck_assert_ok(testvm_add_memory(g.tv, L_GPA, 2048 * PAGE, 0, &ma, &ra));
+	rig_add_copy(&g, ra, false, false);
+	rig_add_copy(&g, g.tv->sys_region, true, false);
+	rig_work(g.tv, 0, L_GPA, 2048, GUEST_SEQUENTIAL, 0);
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	rig_consume(&g);
+	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 1));
+	runner_start(&r, g.tv, 0);
+	/* the first ring-full exit charges 256 pages: minutes owed */
+	for (i = 0; i < 60000 && !vstats(g.tv->vcpu[0]).holds; i++)
+		rig_pause_us(1000);
+	a = vstats(g.tv->vcpu[0]);
+	ck_assert_uint_gt(a.holds, 0);
+	rig_pause_us(300000);
+	b = vstats(g.tv->vcpu[0]);
+	ck_assert_uint_eq(b.holds, a.holds);
+	ck_assert_msg(b.held_ns > a.held_ns,
+		      "held_ns stood still at %" PRIu64 " ns through 300 ms of a hold (holds %" PRIu64 ")",
+		      b.held_ns, b.holds);
+	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 0));
+	testvm_stop_all(g.tv);
+	runner_join(&r);
+	rig_sync_consume(&g);
+	rig_expect_fresh(&g, "after the last sync");
+	rig_free(&g);
+	testvm_free(g.tv);
+}
+END_TEST
+
 /* ---- pause_during_sit_out ---- */
 
 static struct {
@@ -395,6 +455,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, kick_seq_before_signal);
 	tcase_add_test(tc, share_signal_before_run);
+	tcase_add_test(tc, held_while_held);
 	tcase_add_test(tc, pause_during_sit_out);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
