@@ -468,8 +468,9 @@ struct kvm_run *kvmdirty_vcpu_kvm_run(const struct kvmdirty_vcpu *vcpu);
  * -EINTR when a signal kicked the vCPU out, or of a ring reset that
  * failed (the pages it held are then protected again at the next sync).
  * A held vCPU returns -EINTR too once kvm_run->immediate_exit is set:
- * at once with a signal, else within 2 ms (the library reads the flag
- * while the vCPU is held: set it with an atomic store).  The VMM's kicks
+ * within one 2 ms slice of the hold, sooner with a signal (which cuts the
+ * slice short unless it lands just before the slice begins; the library
+ * reads the flag between slices: set it with an atomic store).  The VMM's kicks
  * set immediate_exit before they signal, as they must anyway, for a
  * signal that comes just before KVM_RUN is otherwise lost; an EINTR
  * without immediate_exit that follows a kick of the library's
@@ -518,7 +519,7 @@ struct kvmdirty_vcpu_stats {
 	uint64_t dirtied;	  /* ring entries harvested for it: pages it dirtied */
 	uint64_t dirty_rate;	  /* pages/s over the last closed 100 ms window (all vCPUs share it) */
 	uint64_t dirty_limit;	  /* pages/s, 0: none */
-	uint64_t held_ns;	  /* time held out of KVM_RUN by the limit */
+	uint64_t held_ns;	  /* time held out of KVM_RUN by the limit (a hold under way: to its last 2 ms slice) */
 	uint64_t holds;		  /* times held */
 	uint64_t kicks;		  /* kick signals sent to it */
 	uint64_t ring_full_exits; /* its KVM_EXIT_DIRTY_RING_FULL exits handled */

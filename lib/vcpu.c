@@ -496,10 +496,11 @@ static int hold(struct kvmdirty_vcpu *v)
 			break;
 		}
 		nanosleep(&ts, NULL);
+		/* counted slice by slice: a reader during a long hold sees it grow */
+		STORE(v->held_ns, v->held_ns + (kd_now_ns() - now));
 		now = kd_now_ns();
 	}
 	STORE(v->holding, 0);
-	STORE(v->held_ns, v->held_ns + (now - t0));
 	return ret;
 }
 
@@ -546,6 +547,14 @@ static int run_loop(struct kvmdirty_vcpu *v)
 			if (errno == EINTR && !LOAD(v->run->immediate_exit) &&
 			    (seq = __atomic_load_n(&v->kick_seq, __ATOMIC_SEQ_CST)) != v->kick_seen) {
 				v->kick_seen = seq;
+				/*
+				 * A kicker counted in seq may not have signalled
+				 * yet: let it, then take its signal here (the
+				 * sigmask call delivers an unblocked one, eat_kick
+				 * takes a blocked one), not in the next KVM_RUN.
+				 */
+				while (__atomic_load_n(&v->kickers, __ATOMIC_SEQ_CST))
+					sched_yield();
 				eat_kick(v->owner);
 				continue;
 			}
