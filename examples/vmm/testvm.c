@@ -260,6 +260,14 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	tv->ring0_vcpus = opts->ring0 ? ~0ull : opts->ring0_vcpus;
 	pthread_mutex_init(&tv->lock, NULL);
 	pthread_cond_init(&tv->cond, NULL);
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&tv->sit_cond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	for (i = 0; i < GUEST_MAX_VCPUS; i++)
 		tv->share[i] = tv->timer_share[i] = 1000;
 
@@ -298,11 +306,12 @@ err:
 	return ret;
 }
 
+/* Under tv->lock, or where no other thread can look (testvm_free). */
 static void drop_timer(struct testvm *tv, unsigned int i)
 {
 	if (tv->timer_tid[i])
 		timer_delete(tv->timer[i]);
-	tv->timer_tid[i] = 0;
+	__atomic_store_n(&tv->timer_tid[i], 0, __ATOMIC_RELAXED);
 	tv->timer_share[i] = 1000;
 	tv->slice_end[i] = 0;
 }
@@ -366,42 +375,51 @@ static uint64_t mono_ns(void)
 #define THROTTLE_PERIOD_NS 10000000ull
 
 /*
- * The run share, by the thread that runs vCPU i: a timer of its own fires
- * at each period's start (made, re-armed or stopped here as the share
- * changes), and in the period's first part the vCPU stays out.  Time
- * decides, not which signal came: a signal lost just before KVM_RUN costs
- * at most the rest of one period.  A pause cuts the wait short.
+ * The run share, by the thread that runs vCPU i: a timer aimed at that
+ * thread (SIGEV_THREAD_ID) ends each slice in KVM_RUN, and the rest of
+ * the period the vCPU stays out.  A thread of testvm_spawn() makes its
+ * timer as it starts (another thread, at its first share), so that
+ * testvm_set_run_share() can fire it: a new share reaches a vCPU that
+ * never exits, and a signal lost just before KVM_RUN is made up by the
+ * next firing, a period later.  The timer and its owner change under
+ * tv->lock.
  */
-/* vCPU i's timer for this thread: made if needed; armed at `at` (then every period), or stopped (0). */
-static void set_timer(struct testvm *tv, unsigned int i, uint64_t at)
+static void arm_timer(struct testvm *tv, unsigned int i, uint64_t at, uint64_t every)
 {
 	struct itimerspec its = { 0 };
 
-	if (at && tv->timer_tid[i] != gettid()) {
-		struct sigevent sev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGUSR1 };
-
-		drop_timer(tv, i);
-		sev._sigev_un._tid = gettid();
-		if (timer_create(CLOCK_MONOTONIC, &sev, &tv->timer[i]))
-			return;
-		tv->timer_tid[i] = gettid();
-	}
-	if (!tv->timer_tid[i])
-		return;
-	if (at) {
-		its.it_value.tv_sec = (time_t)(at / 1000000000ull);
-		its.it_value.tv_nsec = (long)(at % 1000000000ull);
-		/* a signal lost just before KVM_RUN is made up a period later */
-		its.it_interval.tv_nsec = (long)THROTTLE_PERIOD_NS;
-	}
+	its.it_value.tv_sec = (time_t)(at / 1000000000ull);
+	its.it_value.tv_nsec = (long)(at % 1000000000ull);
+	its.it_interval.tv_nsec = (long)every;
 	timer_settime(tv->timer[i], TIMER_ABSTIME, &its, NULL);
+}
+
+/* vCPU i's timer aimed at this thread, made if it is not; false if it cannot be made. */
+static bool own_timer(struct testvm *tv, unsigned int i)
+{
+	struct sigevent sev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGUSR1 };
+	pid_t tid = gettid();
+	bool ok = true;
+
+	if (__atomic_load_n(&tv->timer_tid[i], __ATOMIC_RELAXED) == tid)
+		return true;
+	pthread_mutex_lock(&tv->lock);
+	drop_timer(tv, i);
+	sev._sigev_un._tid = tid;
+	if (timer_create(CLOCK_MONOTONIC, &sev, &tv->timer[i]))
+		ok = false;
+	else
+		__atomic_store_n(&tv->timer_tid[i], tid, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&tv->lock);
+	return ok;
 }
 
 /*
  * Before each KVM_RUN, on the thread that runs vCPU i: under a run share,
  * a slice of share/1000 of the period in KVM_RUN, ended by its timer,
- * then the rest of the period out (cut short by a pause).  A signal of
- * another kind within the slice goes back in.
+ * then the rest of the period out, ended at once by a pause (the wait is
+ * on tv->sit_cond, which testvm_pause_all() wakes under tv->lock).  A
+ * signal of another kind within the slice goes back in.
  */
 static void sit_out(struct testvm *tv, unsigned int i)
 {
@@ -409,30 +427,39 @@ static void sit_out(struct testvm *tv, unsigned int i)
 	uint64_t now, t0, end;
 
 	if (share >= 1000) {
-		if (tv->timer_share[i] < 1000)
-			set_timer(tv, i, 0);
+		if (tv->timer_tid[i] == gettid() && (tv->timer_share[i] < 1000 || tv->slice_end[i])) {
+			pthread_mutex_lock(&tv->lock);
+			arm_timer(tv, i, 0, 0);
+			pthread_mutex_unlock(&tv->lock);
+		}
 		tv->timer_share[i] = 1000;
 		tv->slice_end[i] = 0;
 		return;
 	}
+	if (!own_timer(tv, i))
+		return;
 	now = mono_ns();
-	if (share == tv->timer_share[i] && tv->slice_end[i] && now < tv->slice_end[i] &&
-	    tv->timer_tid[i] == gettid())
+	if (share == tv->timer_share[i] && tv->slice_end[i] && now < tv->slice_end[i])
 		return; /* within its slice */
+	pthread_mutex_lock(&tv->lock);
 	if (tv->slice_end[i] && now >= tv->slice_end[i]) {
+		struct timespec ts;
+
 		t0 = now;
 		end = now + (1000 - share) * THROTTLE_PERIOD_NS / 1000;
+		ts.tv_sec = (time_t)(end / 1000000000ull);
+		ts.tv_nsec = (long)(end % 1000000000ull);
 		while (now < end && !__atomic_load_n(&tv->pause_req, __ATOMIC_ACQUIRE)) {
-			struct timespec ts = { (time_t)(end / 1000000000ull), (long)(end % 1000000000ull) };
-
-			clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+			pthread_cond_timedwait(&tv->sit_cond, &tv->lock, &ts);
 			now = mono_ns();
 		}
 		__atomic_add_fetch(&tv->out_ns[i], now - t0, __ATOMIC_RELAXED);
 	}
 	tv->slice_end[i] = now + share * THROTTLE_PERIOD_NS / 1000 + 1;
 	tv->timer_share[i] = share;
-	set_timer(tv, i, tv->slice_end[i]);
+	/* then every period: a signal lost just before KVM_RUN is made up */
+	arm_timer(tv, i, tv->slice_end[i], THROTTLE_PERIOD_NS);
+	pthread_mutex_unlock(&tv->lock);
 }
 
 int testvm_run(struct testvm *tv, unsigned int i, struct testvm_exit *ret)
@@ -508,6 +535,9 @@ static void *run_thread(void *p)
 {
 	struct testvm_run_arg *a = p;
 
+	/* before its first look at the share: testvm_set_run_share() fires this timer from then on */
+	own_timer(a->tv, a->i);
+
 	for (;;) {
 		if (__atomic_load_n(&a->tv->pause_req, __ATOMIC_ACQUIRE))
 			park(a->tv);
@@ -526,10 +556,10 @@ static void *run_thread(void *p)
 			a->ret = -EIO;
 		break;
 	}
+	pthread_mutex_lock(&a->tv->lock);
 	/* the timer signals this thread, which is about to end */
 	if (a->tv->timer_tid[a->i] == gettid())
 		drop_timer(a->tv, a->i);
-	pthread_mutex_lock(&a->tv->lock);
 	a->tv->alive--;
 	pthread_cond_broadcast(&a->tv->cond);
 	pthread_mutex_unlock(&a->tv->lock);
@@ -547,6 +577,8 @@ void testvm_pause_all(struct testvm *tv)
 
 	pthread_mutex_lock(&tv->lock);
 	__atomic_store_n(&tv->pause_req, true, __ATOMIC_RELEASE);
+	/* a vCPU sitting out its run share comes out at once */
+	pthread_cond_broadcast(&tv->sit_cond);
 	/* immediate_exit covers a vCPU about to enter KVM_RUN, the signal one inside */
 	for (i = 0; i < tv->nr_vcpus; i++)
 		__atomic_store_n(&kvmdirty_vcpu_kvm_run(tv->vcpu[i])->immediate_exit, 1, __ATOMIC_RELAXED);
@@ -581,9 +613,16 @@ int testvm_set_run_share(struct testvm *tv, unsigned int i, unsigned int permill
 		return -EINVAL;
 	if (__atomic_exchange_n(&tv->share[i], permille, __ATOMIC_RELAXED) == permille)
 		return 0;
-	/* a vCPU that never exits would not see it: its thread sets its timer at its next turn */
+	/*
+	 * A vCPU that never exits would not see it: fire its thread's timer
+	 * now and every period until the thread, at its next turn, sets the
+	 * timer to the new share (a firing that lands just before KVM_RUN
+	 * is lost, the next one is not).
+	 */
 	pthread_mutex_lock(&tv->lock);
-	if (i < tv->nr_threads)
+	if (tv->timer_tid[i])
+		arm_timer(tv, i, mono_ns() + 1000, THROTTLE_PERIOD_NS);
+	else if (i < tv->nr_threads)
 		pthread_kill(tv->threads[i], SIGUSR1);
 	pthread_mutex_unlock(&tv->lock);
 	return 0;

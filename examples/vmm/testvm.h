@@ -39,6 +39,7 @@ struct testvm {
 	/* testvm_pause_all(): threads still running, and how many are parked */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
+	pthread_cond_t sit_cond; /* CLOCK_MONOTONIC: a vCPU sitting out its run share waits here */
 	bool pause_req, halt_req;
 	unsigned int alive, parked;
 	/*
