@@ -180,8 +180,8 @@ int kvmdirty_region_remove(struct kvmdirty_vm *vm, struct kvmdirty_region *regio
  * memory and flags (KVM's MOVE).  Tracking goes on: pending pages and
  * marks stay with the region's pages.  Errors: -EINVAL unaligned or
  * wrapping new_gpa, region not of this VM; -EEXIST the new range overlaps
- * another region; errno of the ioctl.  Moving to the current gpa is a
- * no-op.
+ * another region; -ENOMEM for the index; errno of the ioctl.  Moving to
+ * the current gpa is a no-op.
  */
 int kvmdirty_region_move(struct kvmdirty_vm *vm, struct kvmdirty_region *region, uint64_t new_gpa);
 
@@ -202,7 +202,8 @@ int kvmdirty_region_set_logging(struct kvmdirty_vm *vm, struct kvmdirty_region *
 /*
  * The same for every region, tracked ones as above.  All or nothing: when
  * one region fails, those already switched are switched back (best effort)
- * and the first error is returned.
+ * and the first error is returned.  Errors: -EINVAL; -ENOMEM; errno of the
+ * ioctls.
  */
 int kvmdirty_vm_set_logging(struct kvmdirty_vm *vm, bool enable);
 
@@ -282,9 +283,12 @@ struct kvmdirty_tracker_opts {
  * kvmdirty_vcpu_create()/_add() in every mode.  opts NULL means AUTO.
  *
  * Errors: -EOPNOTSUPP the kernel lacks the mode; -EINVAL bad options
- * (ring size not a power of two or above the kernel's maximum, chunk not a
- * multiple of 64); -EBUSY the VM already has a tracker, or (DIRTY_RING)
- * vCPUs; -ENOMEM; errno of KVM_ENABLE_CAP.  Nothing changes on error.
+ * (an unknown mode, ring size not a power of two, below a page or above
+ * the kernel's maximum, chunk not a multiple of 64); -EBUSY the VM already
+ * has a tracker, or (DIRTY_RING) vCPUs, or an earlier tracker enabled
+ * another mode; -EAGAIN the reaper thread could not be started (the mode
+ * stays enabled on the VM); -ENOMEM; errno of KVM_ENABLE_CAP.  Apart from
+ * -EAGAIN, nothing changes on error.
  */
 int kvmdirty_tracker_new(struct kvmdirty_vm *vm, const struct kvmdirty_tracker_opts *opts,
 			 struct kvmdirty_tracker **ret_tracker);
@@ -371,7 +375,9 @@ struct kvmdirty_range {
  * reads the pages after this returns, never before.
  *
  * Returns the number of ranges (0: nothing pending) or -errno of
- * KVM_CLEAR_DIRTY_LOG (the pages then stay pending).
+ * KVM_CLEAR_DIRTY_LOG (the pages then stay pending; a call that handed out
+ * ranges before the failure returns those).  -EINVAL also for NULL ranges
+ * with max_ranges not 0.
  */
 int kvmdirty_tracker_next(struct kvmdirty_tracker *tracker, struct kvmdirty_range *ranges,
 			  size_t max_ranges, uint64_t max_pages);

@@ -1,6 +1,7 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
-# The tools refuse bad input with a one-line message naming it.
+# The tools refuse bad input with a one-line message naming it; a demo
+# whose migration is abandoned ends, exit 1.
 # usage: check-cli.sh KVMDIRTY-MIGRATE KVMDIRTY-VMM
 set -u
 migrate=$1 vmm=$2
@@ -49,6 +50,17 @@ expect 2 "unexpected argument 'extra'" "$migrate" listen unix:/tmp/x extra
 expect 1 "address 'nowhere'" "$migrate" listen nowhere
 expect 1 "address 'tcp:localhost'" "$migrate" send tcp:localhost -m 4 -v 1
 expect 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 4 -v 1
+# demo: a migration that cannot converge (-d 0: no rest fits) is abandoned; the demo ends, exit 1,
+# its destination not left waiting for another stream; its first line names the mode in use
+out=$(timeout 100 "$migrate" demo -m 64 -v 1 -M dirty-ring -d 0 -p 1 2>&1)
+got=$?
+if [ "$got" != 1 ] || ! printf '%s' "$out" | grep -qF "pre-copy did not converge" ||
+	! printf '%s' "$out" | grep -qF "tracked with dirty-ring"; then
+	echo "FAIL: demo -M dirty-ring -d 0 -p 1 -> exit $got (want 1), output: $out"
+	status=1
+else
+	echo "ok: demo -M dirty-ring -d 0 -p 1 -> exit 1, abandoned"
+fi
 expect 2 "-P 'zigzag'" "$vmm" -P zigzag
 expect 2 "-v '999'" "$vmm" -v 999
 expect 2 "invalid option -- 'q'" "$vmm" -q

@@ -8,8 +8,9 @@
  * post-resume check that ends whatever the guest does; verification whose
  * downtime share is the pages sent while paused, and whose check after
  * switchover catches a write tracking never saw; memory the guest never
- * touched sent without being read, memory backed by a file sent whole, and
- * each vCPU's progress in the stats.
+ * touched sent without being read, memory backed by a file sent whole,
+ * each vCPU's progress in the stats, and a pre-copy that cannot converge
+ * abandoned at its time limit, counted from the start of tracking.
  */
 #define _GNU_SOURCE /* memfd_create */
 #include <arpa/inet.h>
@@ -38,8 +39,14 @@ extern char **environ;
 #define MIB (1ull << 20)
 #define PAGE ((uint64_t)MIG_PAGE_SIZE)
 
+/*
+ * Whether pre-copy converges depends on how the host schedules both ends;
+ * these tests judge what arrives, so a pre-copy that hits its limit
+ * switches over all the same (time_limit_from_tracking tests giving up).
+ */
 static const struct mig_send_opts send_opts = {
 	.downtime_ms = 20, .max_passes = 6, .timeout_ms = 20000, .peer_timeout_ms = 60000, .verify = true,
+	.force_switchover = true,
 };
 
 /* ---- the daemon as a process ---- */
@@ -165,6 +172,9 @@ static int migrate_once(const struct mig_guest *g, const struct mig_testvm_opts 
 	ck_assert_msg(fd >= 0, "%s", err);
 	ret = mig_send(g, fd, &send_opts, r, err, len);
 	close(fd);
+	/* a source that gave up leaves the listener waiting for another stream: the failure is the source's */
+	if (ret < 0)
+		kill(pid, SIGTERM);
 	status = child_status(pid);
 	drop_addr(addr);
 	return ret < 0 ? ret : ret > 0 ? -EIO : status ? -status : 0;
@@ -1257,6 +1267,80 @@ START_TEST(vcpu_progress_reported)
 }
 END_TEST
 
+/* A peer that takes whatever comes and never answers. */
+static void *swallow(void *p)
+{
+	char buf[65536];
+	int fd = *(int *)p;
+
+	while (read(fd, buf, sizeof(buf)) > 0)
+		;
+	return NULL;
+}
+
+/*
+ * A pre-copy that cannot converge (a downtime of 0: no rest fits) ends at
+ * its time limit, counted from the start of tracking as total_ms is (the
+ * baseline measured before, longer than the limit here, is not part of
+ * it); the migration is abandoned, the guest runs on, and the end line
+ * still gives each vCPU's speed during pre-copy.
+ */
+START_TEST(time_limit_from_tracking)
+{
+	struct mig_testvm_opts o = { .mib = 8, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG,
+				     .work = { { .kind = MIG_WORK_DIRTY, .mib = 2 }, { .kind = MIG_WORK_COMPUTE } } };
+	struct mig_send_opts so = send_opts;
+	static char line[1 << 16], end[1 << 16];
+	const char *want = "{\"id\":1,\"during_per_s\":";
+	double during = -1;
+	struct testvm *tv;
+	struct mig_guest g;
+	struct mig_result r;
+	pthread_t th;
+	char err[512], *e;
+	uint64_t p;
+	FILE *f = tmpfile();
+	int sv[2], ret, i;
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_msg(mig_testvm_new(&o, true, &tv, err, sizeof(err)) == 0, "source: %s", err);
+	ck_assert_ok(mig_testvm_guest(tv, &g));
+	ck_assert_ok(testvm_spawn(tv));
+	so.downtime_ms = 0;
+	so.force_switchover = false;
+	so.max_passes = 100000;
+	so.timeout_ms = 1000;
+	so.baseline_ms = 1500;
+	so.stats = f;
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, swallow, &sv[1]), 0);
+	ret = mig_send(&g, sv[0], &so, &r, err, sizeof(err));
+	close(sv[0]);
+	pthread_join(th, NULL);
+	close(sv[1]);
+	ck_assert_msg(ret == -ETIME && r.reason && !strcmp(r.reason, "time_limit") && strstr(err, "did not converge"),
+		      "%d, reason %s (%s)", ret, r.reason ? r.reason : "none", err);
+	ck_assert_msg(r.total_ms >= (double)so.timeout_ms, "pre-copy stopped at its time limit of %" PRIu64
+		      " ms after %.1f ms of tracking (%" PRIu64 " passes)", so.timeout_ms, r.total_ms, r.passes);
+	ck_assert_msg(r.vcpu_during[1] > 0, "compute vCPU: %.1f/s during pre-copy", r.vcpu_during[1]);
+	rewind(f);
+	end[0] = 0;
+	while (next_line(f, line, sizeof(line)))
+		memcpy(end, line, sizeof(line));
+	e = strstr(end, want);
+	ck_assert_msg(strstr(end, "\"type\":\"end\"") && e && sscanf(e + strlen(want), "%lf", &during) == 1 &&
+		      during - r.vcpu_during[1] < 0.1 && r.vcpu_during[1] - during < 0.1,
+		      "vCPU 1: %.1f/s in the end line, %.1f/s in the result: %.300s", during, r.vcpu_during[1], end);
+	/* never paused: the guest runs on here */
+	p = mig_testvm_progress(tv, 1);
+	for (i = 0; i < 30000 && mig_testvm_progress(tv, 1) == p; i++)
+		usleep(1000);
+	ck_assert_msg(mig_testvm_progress(tv, 1) != p, "the source's guest stopped after an abandoned migration");
+	fclose(f);
+	mig_testvm_free(tv);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("migrate");
@@ -1282,6 +1366,7 @@ int main(void)
 	tcase_add_test(tc, file_backed_arrives);
 	tcase_add_test(tc, dest_leaves_unwritten_alone);
 	tcase_add_test(tc, vcpu_progress_reported);
+	tcase_add_test(tc, time_limit_from_tracking);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -55,6 +55,7 @@
 
 struct args {
 	const char *cmd, *addr, *stats;
+	const char *mode; /* -M as given */
 	bool baseline_set;
 	struct mig_testvm_opts guest;
 	struct mig_send_opts send;
@@ -159,6 +160,7 @@ static int parse(int argc, char **argv, struct args *a)
 					  .inline_hash = sysconf(_SC_NPROCESSORS_ONLN) <= 2 };
 	a->recv = (struct mig_recv_opts){ .timeout_ms = 30000, .inline_hash = a->send.inline_hash };
 	a->run_ms = 1000;
+	a->mode = "clear-log";
 	optind = 2;
 	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:T:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -187,6 +189,7 @@ static int parse(int argc, char **argv, struct args *a)
 					optarg);
 				return -1;
 			}
+			a->mode = optarg;
 			break;
 		case 'w':
 			if (cli_number("kvmdirty-migrate", "-w", optarg, 0, 1 << 16, &a->guest.ws_mib))
@@ -470,8 +473,10 @@ static int cmd_demo(struct args *a)
 	a->addr = addr;
 	a->guest.ws_mib = 64;
 	a->run_ms = 500;
+	/* the one peer is the source below: a stream it gave up on must not leave the destination waiting */
+	a->once = true;
 	printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB flat out, tracked with %s, over %s\n",
-	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, "clear-log", addr);
+	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->mode, addr);
 	fflush(stdout);
 	lfd = mig_listen(addr, err, sizeof(err));
 	if (lfd < 0) {

@@ -765,7 +765,8 @@ static int precopy(struct source *s, struct mig_result *res, char *err, size_t l
 			res->reason = "pass_limit";
 			return 0;
 		}
-		if (now_ms() - s->t0 >= (double)o->timeout_ms) {
+		/* from the start of tracking, as total_ms: a baseline measured before is not pre-copy */
+		if (now_rel(s) - s->before_ms >= (double)o->timeout_ms) {
 			res->reason = "time_limit";
 			return 0;
 		}
@@ -1063,6 +1064,9 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 		res->downtime_pages = s->pages - pages0;
 	}
 out:
+	/* never paused (abandoned, or failed in pre-copy): each vCPU's speed up to now */
+	if (started && !paused)
+		during(s, res);
 	if (o->progress)
 		fprintf(stderr, "\n");
 	/* the migration proper: from the start of tracking (a baseline measured before is not part of it) */

@@ -20,7 +20,7 @@
 struct mig_send_opts {
 	uint64_t downtime_ms;	  /* stop-and-copy once the rest fits this */
 	unsigned int max_passes;  /* ... or after this many passes */
-	uint64_t timeout_ms;	  /* ... or after this long */
+	uint64_t timeout_ms;	  /* ... or after this long, from the start of tracking */
 	uint64_t peer_timeout_ms; /* each wait for the destination (0: none) */
 	bool verify;		  /* page hashes, and the check after switchover */
 	bool inline_hash;	  /* hash on the sending thread, not on a thread of its own */
