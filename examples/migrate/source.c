@@ -1043,7 +1043,6 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 		char why[256];
 
 		/* the downtime promised cannot be kept: the guest stays here, running */
-		during(s, res);
 		not_converged(s, res, why, sizeof(why));
 		ret = mig_errf(err, len, -ETIME, "pre-copy did not converge (%s): %s", res->reason, why);
 		abandoned = true;
