@@ -17,7 +17,7 @@
 guest="-m 256 -v 2"
 for mode in clear-log dirty-ring; do
 	stats=$tmp/$mode.json
-	# the source waits for the listener's port (the probe is a peer the listener drops)
+	# the source waits until the listener listens (ss in its namespace)
 	out=$("$rig" --rate 800mbit \
 		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 30000" \
 		--src "$wait_dst;
