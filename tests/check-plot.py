@@ -15,7 +15,10 @@
       (needs /dev/kvm) the same for stats the daemon writes now, over a
       Unix socket: a migration with the throttle, one without, and a
       source killed mid-migration (SIGKILL: its stats end wherever stdio
-      last flushed, usually inside a line).
+      last flushed, usually inside a line);
+  same KVMDIRTY-MIGRATE STATS SVG
+      (from the top of the tree) SVG, the picture the README shows, is what
+      plot draws from STATS today.
 
 Exits 1 with what is wrong, 77 (live) where /dev/kvm cannot be opened.
 
@@ -378,14 +381,34 @@ def cmd_live(migrate):
     return 0
 
 
+def cmd_same(migrate, stats, svg):
+    tmp = tempfile.mkdtemp()
+    try:
+        out = os.path.join(tmp, "now.svg")
+        rc, err = plot(migrate, stats, out)
+        if rc != 0:
+            return fail(f"{stats}: plot exited {rc}: {err.strip()}")
+        with open(out, "rb") as a, open(svg, "rb") as b:
+            if a.read() != b.read():
+                return fail(f"{svg} is not what plot draws from {stats} now: run "
+                            f"'kvmdirty-migrate plot {stats}' from the top of the tree, and look at it")
+        print(f"{svg}: what plot draws from {stats}: ok")
+    finally:
+        shutil.rmtree(tmp)
+
+
 def main():
     if len(sys.argv) == 4 and sys.argv[1] == "recorded":
         cmd_recorded(sys.argv[2], sys.argv[3])
         status = 0
+    elif len(sys.argv) == 5 and sys.argv[1] == "same":
+        cmd_same(sys.argv[2], sys.argv[3], sys.argv[4])
+        status = 0
     elif len(sys.argv) == 3 and sys.argv[1] == "live":
         status = cmd_live(sys.argv[2])
     else:
-        sys.exit("usage: check-plot.py recorded KVMDIRTY-MIGRATE DATA-DIR | live KVMDIRTY-MIGRATE")
+        sys.exit("usage: check-plot.py recorded KVMDIRTY-MIGRATE DATA-DIR | live KVMDIRTY-MIGRATE\n"
+                 "       check-plot.py same KVMDIRTY-MIGRATE STATS SVG")
     for e in errors:
         print(e)
     return 1 if errors else status
