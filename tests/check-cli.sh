@@ -42,6 +42,12 @@ expect 2 "unexpected argument 'extra'" "$migrate" listen unix:/tmp/x extra
 expect 1 "address 'nowhere'" "$migrate" listen nowhere
 expect 1 "address 'tcp:localhost'" "$migrate" send tcp:localhost -m 4 -v 1
 expect 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 4 -v 1
+expect 2 "plot needs a stats file (plot STATS.json [-o OUT.svg])" "$migrate" plot
+expect 2 "unexpected argument 'b.json'" "$migrate" plot a.json b.json
+expect 2 "invalid option -- 'Z'" "$migrate" plot a.json -Z
+expect 1 "plot: '/nonexistent/run.json': No such file or directory" "$migrate" plot /nonexistent/run.json
+expect 1 "plot: '/': Is a directory" "$migrate" plot / -o /dev/null
+expect 1 "plot: '/dev/null': empty: no stats lines" "$migrate" plot /dev/null -o /dev/null
 expect 2 "-P 'zigzag'" "$vmm" -P zigzag
 expect 2 "-v '999'" "$vmm" -v 999
 expect 2 "invalid option -- 'q'" "$vmm" -q

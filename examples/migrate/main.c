@@ -514,13 +514,15 @@ static char *slurp(const char *path, size_t *ret_len)
 			break;
 		}
 		buf = b;
+		errno = 0;
 		n = fread(buf + len, 1, cap - len, f);
 		len += n;
 		if (len < cap || len > MIG_PLOT_MAX_FILE) {
-			e = ferror(f) ? EIO : 0;
+			e = ferror(f) ? (errno ? errno : EIO) : 0;
 			break;
 		}
-		cap *= 2;
+		/* one byte past the limit tells a file too long */
+		cap = cap * 2 > MIG_PLOT_MAX_FILE ? (size_t)MIG_PLOT_MAX_FILE + 1 : cap * 2;
 	}
 	if (f != stdin)
 		fclose(f);
@@ -559,9 +561,12 @@ static int cmd_plot(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (optind + 1 != argc) {
-		fprintf(stderr, "kvmdirty-migrate: plot needs one stats file (plot STATS.json [-o OUT.svg])%s%s%s\n",
-			optind < argc ? ", not '" : "", optind < argc ? argv[argc - 1] : "", optind < argc ? "'" : "");
+	if (optind == argc) {
+		fprintf(stderr, "kvmdirty-migrate: plot needs a stats file (plot STATS.json [-o OUT.svg])\n");
+		return 2;
+	}
+	if (optind + 1 < argc) {
+		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[optind + 1]);
 		return 2;
 	}
 	in = argv[optind];
