@@ -472,6 +472,28 @@ START_TEST(svg_hostile)
 }
 END_TEST
 
+/* A start line without a vCPU count: the vCPUs the lines name, every one. */
+START_TEST(svg_vcpus_from_lines)
+{
+	static const char stats[] =
+		"{\"v\":1,\"type\":\"start\",\"t_ms\":0}\n"
+		"{\"v\":1,\"type\":\"sample\",\"t_ms\":100,\"pass\":1,\"bytes_sent\":1,\"dirty_bytes\":1,"
+		"\"vcpu\":[{\"id\":0,\"dirty_per_s\":1}]}\n"
+		"{\"v\":1,\"type\":\"sample\",\"t_ms\":200,\"pass\":1,\"bytes_sent\":2,\"dirty_bytes\":1,"
+		"\"vcpu\":[{\"id\":3,\"dirty_per_s\":2},{\"id\":0,\"dirty_per_s\":3}]}\n";
+	char *svg = render(stats, sizeof(stats) - 1, NULL);
+
+	ck_assert_int_eq(vertices(svg, "vcpu0_dirty"), 2);
+	ck_assert_int_eq(vertices(svg, "vcpu3_dirty"), 1);
+	ck_assert_int_eq(vertices(svg, "vcpu1_dirty"), -1);
+	/* no baseline, no downtime limit: no speed, no line of what the limit allows */
+	ck_assert_int_eq(vertices(svg, "vcpu0_speed"), -1);
+	ck_assert_int_eq(vertices(svg, "downtime_fit"), -1);
+	ck_assert(strstr(svg, ">no speed before tracking in these stats"));
+	free(svg);
+}
+END_TEST
+
 /* A long migration: every series thinned to at most four vertices a pixel column, ends kept. */
 START_TEST(svg_long)
 {
@@ -516,6 +538,7 @@ int main(void)
 	tcase_add_test(svg, svg_values);
 	tcase_add_test(svg, svg_incomplete);
 	tcase_add_test(svg, svg_hostile);
+	tcase_add_test(svg, svg_vcpus_from_lines);
 	tcase_add_test(svg, svg_long);
 	tcase_set_timeout(svg, 60);
 	suite_add_tcase(s, json);

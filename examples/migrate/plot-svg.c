@@ -7,8 +7,8 @@
  *
  * Every series is a <g class="series" data-series="NAME"> of polylines,
  * one vertex per line of the file that has the figure (a gap where a
- * line lacks it), so that a script can find each quantity and count its
- * samples.  Text from the file is escaped and cleaned to what XML 1.0
+ * line lacks it; past ALL_POINTS lines, four a pixel column), so that a
+ * script can find each quantity and count its samples.  Text from the file is escaped and cleaned to what XML 1.0
  * allows; coordinates are clamped, so no input makes the SVG invalid.
  */
 #include <errno.h>
@@ -28,7 +28,6 @@
 #define WRAP 150	 /* characters of the outcome's detail on a line */
 #define LEGEND_MAX 10	 /* legend entries in a panel; then "and N more" */
 #define ALL_POINTS (4 * PW) /* beyond this many points, a series keeps 4 a pixel column */
-#define MIB 1048576.0
 /*
  * A vCPU's share of time held and its speed are differences of counters
  * over at least this long: a pass line comes a moment after a sample.
@@ -38,6 +37,7 @@
 /* data clamped to this, so that differences stay finite */
 #define HUGE_DATA 1e30
 
+static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
 static const char *const palette[] = { "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
 				       "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf" };
 
@@ -74,7 +74,7 @@ struct panel {
 	unsigned int ns;
 	/* laid out */
 	double top, h, lo, hi, step, scale;
-	const char *uname;
+	char uname[8];
 	bool empty;
 };
 
@@ -160,7 +160,6 @@ static void text(struct svg *g, double x, double y, const char *cls, const char 
 /* 1.5 GiB, 512 MiB, 4 KiB, 100 B */
 static void fmt_bytes(char *buf, size_t len, double v)
 {
-	static const char *const units[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
 	unsigned int u = 0;
 
 	while (fabs(v) >= 1024 && u < 5)
@@ -208,8 +207,6 @@ static double value(const struct mig_plot *p, const struct series *s, size_t i)
 /* The panel's range from its series: linear from 0 (or below, for negative data), log in powers of 2. */
 static void fit(struct panel *pn, const struct mig_plot *p)
 {
-	static const char *const bytes[] = { "B", "KiB", "MiB", "GiB", "TiB", "PiB" };
-	static const char *const rates[] = { "B/s", "KiB/s", "MiB/s", "GiB/s", "TiB/s", "PiB/s" };
 	double lo = 0, hi = 0, minpos = INFINITY;
 	unsigned int i, u = 0;
 	size_t k;
@@ -240,11 +237,11 @@ static void fit(struct panel *pn, const struct mig_plot *p)
 	if (pn->unit == UNIT_PERCENT) {
 		hi = hi > 100 ? hi : 100;
 		pn->scale = 1;
-		pn->uname = "%";
+		snprintf(pn->uname, sizeof(pn->uname), "%%");
 	} else {
 		for (pn->scale = 1; (hi > -lo ? hi : -lo) >= 1024 * pn->scale && u < 5; u++)
 			pn->scale *= 1024;
-		pn->uname = pn->unit == UNIT_BYTES ? bytes[u] : rates[u];
+		snprintf(pn->uname, sizeof(pn->uname), "%s%s", units[u], pn->unit == UNIT_RATE ? "/s" : "");
 	}
 	if (hi - lo < (fabs(hi) + fabs(lo)) * 1e-9 + 1e-9 * pn->scale)
 		hi = lo + (fabs(lo) * 1e-3 + 1) * pn->scale;
@@ -740,8 +737,8 @@ static int build(const struct mig_plot *p, struct panel *pn, unsigned int *ret_n
 	bool ring = !strcmp(p->mode, "dirty-ring"), share = false;
 	size_t j;
 
-	/* without a start line count, the highest id the lines name */
-	for (j = 0; !nid && j < p->n; j++)
+	/* without a count in the start line, the highest id the lines name */
+	for (j = 0; !p->vcpus && j < p->n; j++)
 		for (k = 0; k < p->pt[j].nv; k++)
 			nid = p->pt[j].vcpu[k].id + 1 > nid ? p->pt[j].vcpu[k].id + 1 : nid;
 	for (j = 0; j < p->n && !share; j++)
