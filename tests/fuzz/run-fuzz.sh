@@ -11,6 +11,8 @@ exe=$1 scratch=$2 runs=${FUZZ_RUNS:-$3} max_len=$4
 shift 4
 rm -rf "$scratch"
 mkdir -p "$scratch"
+# a finding exits 1: libFuzzer's own 77 is what meson counts as a skip
 exec "$exe" -runs="$runs" -seed=1010 -max_len="$max_len" -timeout=30 -print_final_stats=1 \
+	-error_exitcode=1 -timeout_exitcode=1 \
 	-artifact_prefix="$scratch/" \
 	"$scratch" "$@"
