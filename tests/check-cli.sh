@@ -50,6 +50,12 @@ expect 2 "unexpected argument 'extra'" "$migrate" listen unix:/tmp/x extra
 expect 1 "address 'nowhere'" "$migrate" listen nowhere
 expect 1 "address 'tcp:localhost'" "$migrate" send tcp:localhost -m 4 -v 1
 expect 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 4 -v 1
+expect 2 "plot needs a stats file (plot STATS.json [-o OUT.svg])" "$migrate" plot
+expect 2 "unexpected argument 'b.json'" "$migrate" plot a.json b.json
+expect 2 "invalid option -- 'Z'" "$migrate" plot a.json -Z
+expect 1 "plot: '/nonexistent/run.json': No such file or directory" "$migrate" plot /nonexistent/run.json
+expect 1 "plot: '/': Is a directory" "$migrate" plot / -o /dev/null
+expect 1 "plot: '/dev/null': empty: no stats lines" "$migrate" plot /dev/null -o /dev/null
 # demo: a migration that cannot converge (-d 0: no rest fits) is abandoned; the demo ends, exit 1,
 # its destination not left waiting for another stream; its first line names the mode in use
 out=$(timeout 100 "$migrate" demo -m 64 -v 1 -M dirty-ring -d 0 -p 1 2>&1)

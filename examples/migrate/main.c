@@ -6,6 +6,7 @@
  *   kvmdirty-migrate listen ADDR [guest options] [--run-ms MS] [-T MS] [--deadline S]
  *   kvmdirty-migrate send ADDR [guest options] [migration options]
  *   kvmdirty-migrate demo
+ *   kvmdirty-migrate plot STATS.json [-o OUT.svg]
  *
  * ADDR is tcp:HOST:PORT (HOST empty: loopback) or unix:PATH.
  * Guest options (both ends must agree): -m MIB memory (256), -v VCPUS (2);
@@ -33,6 +34,11 @@
  * then runs it --run-ms more and checks it as the destination would), 3
  * when it moved but the check after switchover found pages that differ
  * from what was sent.
+ *
+ * plot draws a --stats file as one SVG (plot.h), by default beside it
+ * (run.json: run.svg; -o - for standard output); it exits 0 when it drew
+ * one (also from a file cut short, marked incomplete and said so on
+ * stderr), 1 when it refused the file or could not write the picture.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -48,6 +54,7 @@
 
 #include "../common/cli.h"
 #include "dest.h"
+#include "plot.h"
 #include "source.h"
 #include "testguest.h"
 
@@ -73,6 +80,7 @@ static void usage(void)
 			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
 			"                              [--stats FILE] [--baseline MS] [--run-ms MS]\n"
 			"       kvmdirty-migrate demo [--no-verify]\n"
+			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
 			"       kvmdirty-migrate -h|--help\n");
 }
 
@@ -510,6 +518,132 @@ static int cmd_demo(struct args *a)
 	return status;
 }
 
+/* The whole of a file ("-": standard input), at most MIG_PLOT_MAX_FILE + 1 bytes; NULL with errno. */
+static char *slurp(const char *path, size_t *ret_len)
+{
+	FILE *f = strcmp(path, "-") ? fopen(path, "rb") : stdin;
+	size_t len = 0, cap = 1 << 16, n;
+	char *buf = NULL, *b;
+	int e = 0;
+
+	if (!f)
+		return NULL;
+	for (;;) {
+		b = realloc(buf, cap);
+		if (!b) {
+			e = ENOMEM;
+			break;
+		}
+		buf = b;
+		errno = 0;
+		n = fread(buf + len, 1, cap - len, f);
+		len += n;
+		if (len < cap || len > MIG_PLOT_MAX_FILE) {
+			e = ferror(f) ? (errno ? errno : EIO) : 0;
+			break;
+		}
+		/* one byte past the limit tells a file too long */
+		cap = cap * 2 > MIG_PLOT_MAX_FILE ? (size_t)MIG_PLOT_MAX_FILE + 1 : cap * 2;
+	}
+	if (f != stdin)
+		fclose(f);
+	if (e) {
+		free(buf);
+		errno = e;
+		return NULL;
+	}
+	*ret_len = len;
+	return buf;
+}
+
+/* kvmdirty-migrate plot STATS [-o OUT]: 0 drawn, 1 refused or not written, 2 a bad command line. */
+static int cmd_plot(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "output", required_argument, NULL, 'o' },
+		{ "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	const char *in, *out = NULL;
+	char err[256], *buf, *def = NULL;
+	struct mig_plot *p;
+	size_t len;
+	FILE *f;
+	int c, ret;
+
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
+		if (c == 'o') {
+			out = optarg;
+		} else if (c == 'h') {
+			usage();
+			return 0;
+		} else {
+			return 2;
+		}
+	}
+	if (optind == argc) {
+		fprintf(stderr, "kvmdirty-migrate: plot needs a stats file (plot STATS.json [-o OUT.svg])\n");
+		return 2;
+	}
+	if (optind + 1 < argc) {
+		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[optind + 1]);
+		return 2;
+	}
+	in = argv[optind];
+	if (!out && strcmp(in, "-")) {
+		len = strlen(in);
+		def = malloc(len + 5);
+		if (!def) {
+			fprintf(stderr, "kvmdirty-migrate: plot: out of memory\n");
+			return 1;
+		}
+		if (len > 5 && !strcmp(in + len - 5, ".json"))
+			len -= 5;
+		snprintf(def, len + 5, "%.*s.svg", (int)len, in);
+		out = def;
+	}
+	if (!out)
+		out = "-";
+	buf = slurp(in, &len);
+	if (!buf) {
+		fprintf(stderr, "kvmdirty-migrate: plot: '%s': %s\n", in, strerror(errno));
+		free(def);
+		return 1;
+	}
+	ret = mig_plot_read(buf, len, &p, err, sizeof(err));
+	free(buf);
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: plot: '%s': %s\n", in, ret == -ENOMEM ? "out of memory" : err);
+		free(def);
+		return 1;
+	}
+	f = strcmp(out, "-") ? fopen(out, "w") : stdout;
+	ret = f ? mig_plot_svg(p, in, f) : -errno;
+	if (f && f != stdout && fclose(f) && ret == 0)
+		ret = -errno;
+	if (f == stdout && fflush(f) && ret == 0)
+		ret = -errno;
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: plot: writing '%s': %s\n", out, strerror(-ret));
+		if (f && f != stdout)
+			unlink(out);
+	} else {
+		if (p->cut_line)
+			fprintf(stderr, "kvmdirty-migrate: plot: '%s': line %u is cut short; the picture is marked "
+					"incomplete\n", in, p->cut_line);
+		else if (!p->has_end)
+			fprintf(stderr, "kvmdirty-migrate: plot: '%s': no end line; the picture is marked incomplete\n",
+				in);
+		if (f != stdout)
+			printf("plot: %s: %zu samples, %s\n", out, p->n,
+			       p->incomplete ? "incomplete" : p->converged ? "converged" : "not converged");
+	}
+	mig_plot_free(p);
+	free(def);
+	return ret < 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
@@ -524,12 +658,14 @@ int main(int argc, char **argv)
 			return 2;
 		return cmd_demo(&a);
 	}
+	if (!strcmp(a.cmd, "plot"))
+		return cmd_plot(argc, argv);
 	if (!strcmp(a.cmd, "-h") || !strcmp(a.cmd, "--help")) {
 		usage();
 		return 0;
 	}
 	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
-		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send or demo; --help for more)\n", a.cmd);
+		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo or plot; --help for more)\n", a.cmd);
 		return 2;
 	}
 	if (argc < 3) {

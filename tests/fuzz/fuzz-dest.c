@@ -5,7 +5,7 @@
  * what the sanitizers catch (a write outside guest memory, an overflow), it
  * stops on a refusal without a one-line reason, and on an accepted stream
  * that left a vCPU unloaded, bytes unread or an MSR the engine does not
- * send.  Built with clang by tests/meson.build; run by run-fuzz.sh.
+ * send.  Built with clang by tests/fuzz/meson.build; run by run-fuzz.sh.
  */
 #include <stdint.h>
 #include <stdio.h>
