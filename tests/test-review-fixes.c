@@ -74,9 +74,12 @@ static struct {
 
 static void count_handler(int sig)
 {
+	int err = errno;
+
 	(void)sig;
 	if (gettid() == __atomic_load_n(&sg.tid, __ATOMIC_ACQUIRE))
 		__atomic_add_fetch(&sg.n, 1, __ATOMIC_ACQ_REL);
+	errno = err;
 }
 
 /* Spawn vCPU 0 (a guest that never exits), count the SIGUSR1s its thread takes. */
@@ -97,7 +100,8 @@ static struct testvm *spawn_counted(void)
 	for (i = 0; i < 10000 && !(tid = __atomic_load_n(&tv->timer_tid[0], __ATOMIC_RELAXED)); i++)
 		rig_pause_us(1000);
 	ck_assert_int_ne(tid, 0);
-	sg = (typeof(sg)){ .tid = tid };
+	__atomic_store_n(&sg.n, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&sg.tid, tid, __ATOMIC_RELEASE);
 	return tv;
 }
 
@@ -174,9 +178,12 @@ static struct {
 
 static void tr_handler(int sig)
 {
+	int err = errno;
+
 	(void)sig;
 	if (gettid() == __atomic_load_n(&tr.t2, __ATOMIC_ACQUIRE))
 		__atomic_add_fetch(&tr.t2_sigs, 1, __ATOMIC_ACQ_REL);
+	errno = err;
 }
 
 static void *tr_first(void *p)
@@ -359,7 +366,7 @@ static struct {
 static void rs_settime(const struct itimerspec *its)
 {
 	/* the vCPU thread in sit_out(), at a share of 1000: it stops its timer */
-	if (!__atomic_load_n(&rs.watch, __ATOMIC_ACQUIRE) || gettid() != sg.tid || its->it_value.tv_sec ||
+	if (!__atomic_load_n(&rs.watch, __ATOMIC_ACQUIRE) || gettid() != __atomic_load_n(&sg.tid, __ATOMIC_ACQUIRE) || its->it_value.tv_sec ||
 	    its->it_value.tv_nsec || its->it_interval.tv_nsec)
 		return;
 	__atomic_store_n(&rs.stopped, 1, __ATOMIC_RELEASE);
