@@ -41,6 +41,7 @@ static void kick(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
 	__atomic_add_fetch(&v->kickers, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&v->in_run, __ATOMIC_SEQ_CST) && !pthread_equal(v->thread, pthread_self())) {
 		KD_HOOK_POINT(KD_HOOK_KICK, v);
+		STORE(v->kick_sig, signo);
 		__atomic_add_fetch(&v->kick_seq, 1, __ATOMIC_SEQ_CST);
 		if (!pthread_kill(v->thread, signo))
 			STORE(v->kicks, v->kicks + 1);
@@ -509,9 +510,10 @@ static int hold(struct kvmdirty_vcpu *v)
  * unblocks it inside) still has it pending after the EINTR, and every
  * KVM_RUN would end at once: take it.  Unblocked, its handler ran already.
  */
-static void eat_kick(struct kd_vcpus *vs)
+static void eat_kick(struct kvmdirty_vcpu *v)
 {
-	int signo = LOAD(vs->kick_signo);
+	/* the kick's own signal: kicks may have been turned off or moved to another since */
+	int signo = LOAD(v->kick_sig);
 	struct timespec zero = { 0, 0 };
 	sigset_t cur, one;
 
@@ -521,6 +523,25 @@ static void eat_kick(struct kd_vcpus *vs)
 	sigaddset(&one, signo);
 	while (sigtimedwait(&one, NULL, &zero) > 0)
 		;
+}
+
+/*
+ * Until no kicker is between its look at in_run and its signal: a few
+ * yields (a kicker takes well under a microsecond there), then short
+ * sleeps, so that a kicker this thread has pushed off the CPU (a vCPU
+ * thread of a higher real-time priority on the same CPU) can finish.
+ */
+static void wait_kickers(struct kvmdirty_vcpu *v)
+{
+	struct timespec ts = { 0, 50000 };
+	int i;
+
+	for (i = 0; __atomic_load_n(&v->kickers, __ATOMIC_SEQ_CST); i++) {
+		if (i < 16)
+			sched_yield();
+		else
+			nanosleep(&ts, NULL);
+	}
 }
 
 static int run_loop(struct kvmdirty_vcpu *v)
@@ -553,9 +574,8 @@ static int run_loop(struct kvmdirty_vcpu *v)
 				 * sigmask call delivers an unblocked one, eat_kick
 				 * takes a blocked one), not in the next KVM_RUN.
 				 */
-				while (__atomic_load_n(&v->kickers, __ATOMIC_SEQ_CST))
-					sched_yield();
-				eat_kick(v->owner);
+				wait_kickers(v);
+				eat_kick(v);
 				continue;
 			}
 			return -errno;
@@ -580,8 +600,7 @@ KD_EXPORT int kvmdirty_vcpu_run(struct kvmdirty_vcpu *v)
 	ret = run_loop(v);
 	/* a kicker that saw in_run set finishes with v->thread before this returns */
 	__atomic_store_n(&v->in_run, 0, __ATOMIC_SEQ_CST);
-	while (__atomic_load_n(&v->kickers, __ATOMIC_SEQ_CST))
-		sched_yield();
+	wait_kickers(v);
 	return ret;
 }
 
