@@ -97,8 +97,9 @@ static struct testvm *spawn_counted(void)
 	ck_assert_ok(testvm_spawn(tv));
 	/* no SA_RESTART, as testvm_spawn()'s own handler */
 	sigaction(SIGUSR1, &sa, NULL);
-	for (i = 0; i < 10000 && !(tid = __atomic_load_n(&tv->timer_tid[0], __ATOMIC_RELAXED)); i++)
+	for (i = 0; i < 10000 && !__atomic_load_n(&tv->timer_owner[0], __ATOMIC_RELAXED); i++)
 		rig_pause_us(1000);
+	tid = __atomic_load_n(&tv->thread_tid[0], __ATOMIC_RELAXED);
 	ck_assert_int_ne(tid, 0);
 	__atomic_store_n(&sg.n, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&sg.tid, tid, __ATOMIC_RELEASE);
@@ -542,9 +543,9 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("review-fixes");
-	TCase *tc = tcase_create("review-fixes");
-	int skip = require_kvm("test-review-fixes");
+	Suite *s = suite_create("throttle-signals");
+	TCase *tc = tcase_create("throttle-signals");
+	int skip = require_kvm("test-throttle-signals");
 
 	if (skip)
 		return skip;

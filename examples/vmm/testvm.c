@@ -309,9 +309,10 @@ err:
 /* Under tv->lock, or where no other thread can look (testvm_free). */
 static void drop_timer(struct testvm *tv, unsigned int i)
 {
-	if (tv->timer_tid[i])
+	if (tv->timer_owner[i])
 		timer_delete(tv->timer[i]);
-	__atomic_store_n(&tv->timer_tid[i], 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&tv->timer_owner[i], 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&tv->timer_armed[i], false, __ATOMIC_RELAXED);
 	tv->timer_share[i] = 1000;
 	tv->slice_end[i] = 0;
 }
@@ -333,6 +334,7 @@ void testvm_free(struct testvm *tv)
 	testvm_unmap(tv->sys, GUEST_SYS_SIZE);
 	pthread_mutex_destroy(&tv->lock);
 	pthread_cond_destroy(&tv->cond);
+	pthread_cond_destroy(&tv->sit_cond);
 	free(tv);
 }
 
@@ -392,24 +394,40 @@ static void arm_timer(struct testvm *tv, unsigned int i, uint64_t at, uint64_t e
 	its.it_value.tv_nsec = (long)(at % 1000000000ull);
 	its.it_interval.tv_nsec = (long)every;
 	timer_settime(tv->timer[i], TIMER_ABSTIME, &its, NULL);
+	__atomic_store_n(&tv->timer_armed[i], at != 0, __ATOMIC_RELAXED);
+}
+
+/*
+ * This thread's number, unique for the life of the process: thread ids
+ * (and pthread_t values) are reused after a thread ends, and a timer
+ * aimed at an ended thread must not pass for a later thread's.
+ */
+static uint64_t thread_serial(void)
+{
+	static uint64_t next;
+	static __thread uint64_t mine;
+
+	if (!mine)
+		mine = __atomic_add_fetch(&next, 1, __ATOMIC_RELAXED);
+	return mine;
 }
 
 /* vCPU i's timer aimed at this thread, made if it is not; false if it cannot be made. */
 static bool own_timer(struct testvm *tv, unsigned int i)
 {
 	struct sigevent sev = { .sigev_notify = SIGEV_THREAD_ID, .sigev_signo = SIGUSR1 };
-	pid_t tid = gettid();
+	uint64_t me = thread_serial();
 	bool ok = true;
 
-	if (__atomic_load_n(&tv->timer_tid[i], __ATOMIC_RELAXED) == tid)
+	if (__atomic_load_n(&tv->timer_owner[i], __ATOMIC_RELAXED) == me)
 		return true;
 	pthread_mutex_lock(&tv->lock);
 	drop_timer(tv, i);
-	sev._sigev_un._tid = tid;
+	sev._sigev_un._tid = gettid();
 	if (timer_create(CLOCK_MONOTONIC, &sev, &tv->timer[i]))
 		ok = false;
 	else
-		__atomic_store_n(&tv->timer_tid[i], tid, __ATOMIC_RELAXED);
+		__atomic_store_n(&tv->timer_owner[i], me, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&tv->lock);
 	return ok;
 }
@@ -427,9 +445,12 @@ static void sit_out(struct testvm *tv, unsigned int i)
 	uint64_t now, t0, end;
 
 	if (share >= 1000) {
-		if (tv->timer_tid[i] == gettid() && (tv->timer_share[i] < 1000 || tv->slice_end[i])) {
+		/* armed by this thread's last share, or fired by testvm_set_run_share() for one it never took */
+		if (__atomic_load_n(&tv->timer_armed[i], __ATOMIC_RELAXED)) {
 			pthread_mutex_lock(&tv->lock);
-			arm_timer(tv, i, 0, 0);
+			if (tv->timer_owner[i] == thread_serial() && share >= 1000 &&
+			    __atomic_load_n(&tv->share[i], __ATOMIC_RELAXED) >= 1000)
+				arm_timer(tv, i, 0, 0);
 			pthread_mutex_unlock(&tv->lock);
 		}
 		tv->timer_share[i] = 1000;
@@ -535,6 +556,7 @@ static void *run_thread(void *p)
 {
 	struct testvm_run_arg *a = p;
 
+	__atomic_store_n(&a->tv->thread_tid[a->i], gettid(), __ATOMIC_RELAXED);
 	/* before its first look at the share: testvm_set_run_share() fires this timer from then on */
 	own_timer(a->tv, a->i);
 
@@ -558,7 +580,7 @@ static void *run_thread(void *p)
 	}
 	pthread_mutex_lock(&a->tv->lock);
 	/* the timer signals this thread, which is about to end */
-	if (a->tv->timer_tid[a->i] == gettid())
+	if (a->tv->timer_owner[a->i] == thread_serial())
 		drop_timer(a->tv, a->i);
 	a->tv->alive--;
 	pthread_cond_broadcast(&a->tv->cond);
@@ -620,7 +642,7 @@ int testvm_set_run_share(struct testvm *tv, unsigned int i, unsigned int permill
 	 * is lost, the next one is not).
 	 */
 	pthread_mutex_lock(&tv->lock);
-	if (tv->timer_tid[i])
+	if (tv->timer_owner[i])
 		arm_timer(tv, i, mono_ns() + 1000, THROTTLE_PERIOD_NS);
 	else if (i < tv->nr_threads)
 		pthread_kill(tv->threads[i], SIGUSR1);

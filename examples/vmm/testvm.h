@@ -49,7 +49,9 @@ struct testvm {
 	 */
 	unsigned int share[GUEST_MAX_VCPUS];
 	timer_t timer[GUEST_MAX_VCPUS];
-	pid_t timer_tid[GUEST_MAX_VCPUS]; /* 0: no timer */
+	uint64_t timer_owner[GUEST_MAX_VCPUS]; /* the owning thread's serial (testvm.c); 0: no timer */
+	bool timer_armed[GUEST_MAX_VCPUS];     /* it fires (else it is stopped) */
+	pid_t thread_tid[GUEST_MAX_VCPUS];     /* testvm_spawn()'s thread for the vCPU, once it runs */
 	unsigned int timer_share[GUEST_MAX_VCPUS];
 	uint64_t slice_end[GUEST_MAX_VCPUS]; /* CLOCK_MONOTONIC ns the vCPU's slice in KVM_RUN ends */
 	uint64_t out_ns[GUEST_MAX_VCPUS];
