@@ -179,7 +179,7 @@ static int open_record(struct mig_chan *ch)
 	if (h.len > MIG_SEAL_MAX || (!h.len && !(h.flags & MIG_SEAL_LAST))) {
 		ch->fail = FAIL_LENGTH;
 		ch->fail_len = h.len;
-		return -EBADMSG;
+		return -EACCES;
 	}
 	ret = mig_conn_read(ch->c, payload, h.len + MIG_SEAL_TAG);
 	if (ret >= 0 && ret < (int)(h.len + MIG_SEAL_TAG)) {
@@ -200,7 +200,7 @@ static int open_record(struct mig_chan *ch)
 	/* the flags and the reserved field count only once the tag says they are the sender's */
 	if (!memeql_sec(tag, payload + h.len, sizeof(tag)) || h.reserved || (h.flags & ~MIG_SEAL_LAST)) {
 		ch->fail = FAIL_TAG;
-		return -EBADMSG;
+		return -EACCES;
 	}
 	ch->rx_seq++;
 	ch->roff = HDR;
@@ -227,7 +227,7 @@ int mig_chan_read(struct mig_chan *ch, void *buf, size_t len)
 		return ret < 0 ? ret : (int)got + ret;
 	}
 	if (ch->fail)
-		return ch->fail == FAIL_CUT ? -EPIPE : -EBADMSG;
+		return ch->fail == FAIL_CUT ? -EPIPE : -EACCES;
 	while (got < len) {
 		if (ch->roff == ch->rlen) {
 			if (ch->ended)
@@ -247,10 +247,10 @@ int mig_chan_read(struct mig_chan *ch, void *buf, size_t len)
 
 void mig_chan_strerror(const struct mig_chan *ch, int ret, char *buf, size_t len)
 {
-	if (ch->fail == FAIL_TAG && ret == -EBADMSG)
+	if (ch->fail == FAIL_TAG && ret == -EACCES)
 		snprintf(buf, len, "authentication: sealed record %" PRIu64 " on connection %" PRIu32
 			 " failed its check (changed, dropped, replayed or reordered in flight)", ch->rx_seq, ch->conn);
-	else if (ch->fail == FAIL_LENGTH && ret == -EBADMSG)
+	else if (ch->fail == FAIL_LENGTH && ret == -EACCES)
 		snprintf(buf, len, "authentication: sealed record %" PRIu64 " on connection %" PRIu32
 			 " claims %" PRIu32 " bytes (1..%u): not a sealed record", ch->rx_seq, ch->conn, ch->fail_len,
 			 MIG_SEAL_MAX);

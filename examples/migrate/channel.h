@@ -68,8 +68,9 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n);
 /*
  * mig_conn_read()'s contract.  Sealed: only bytes of records whose tag
  * matched; fewer than len only after the peer's MIG_SEAL_LAST record;
- * -EBADMSG for a record that failed its tag or whose length cannot be,
- * -EPIPE for a connection that ended without MIG_SEAL_LAST.
+ * -EACCES for a record that failed its tag or whose length cannot be (a
+ * failure of authentication: the bytes are not the peer's), -EPIPE for a
+ * connection that ended without MIG_SEAL_LAST.
  */
 int mig_chan_read(struct mig_chan *ch, void *buf, size_t len);
 /* Nothing more will be sent (sealed: the MIG_SEAL_LAST record first). */
