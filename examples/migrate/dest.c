@@ -381,10 +381,6 @@ static int join_lanes(struct dest *d0)
 	for (i = 1; i < sh->started; i++)
 		pthread_join(sh->d[i]->thread, NULL);
 	sh->started = 0;
-	for (i = 1; i < sh->n; i++) {
-		d0->res->pages += sh->d[i]->res->pages;
-		d0->res->records += sh->d[i]->res->records;
-	}
 	return sh->failed ? sh->ret : 0;
 }
 
@@ -539,6 +535,10 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 	if (ret < 0)
 		lane_failed(d, ret);
 	join_lanes(d);
+	for (i = 1; i < sh.n; i++) {
+		res->pages += sh.d[i]->res->pages;
+		res->records += sh.d[i]->res->records;
+	}
 	if (sh.failed) {
 		snprintf(err, len, "%s", sh.err);
 		ret = sh.ret;

@@ -524,8 +524,8 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	if (ret < (int)sizeof(h.magic) || memcmp(h.magic, MIG_SESSION_MAGIC, sizeof(h.magic))) {
 		/* a plain stream (or not a stream): the decoder says what is wrong with it */
 		if (o->psk) {
-			ret = mig_errf(err, len, -EACCES, "authentication: the peer sent a stream without a key, "
-				       "this destination requires one (--psk)");
+			ret = mig_errf(err, len, -EACCES, "authentication: the peer %s, this destination requires a key "
+				       "(--psk)", ret ? "sent a stream without a key" : "closed without a word");
 			goto plain_refusal;
 		}
 		int got = ret;
