@@ -32,7 +32,8 @@ enum chan_fail {
 };
 
 struct mig_chan {
-	struct mig_conn *c;
+	struct mig_conn *c;	/* NULL: a channel that only reads, from raw */
+	struct mig_reader raw; /* where the bytes come from: c, or memory */
 	bool sealed, encrypt;
 	uint32_t conn;
 	struct gcm_aes256_ctx tx, rx;
@@ -50,13 +51,25 @@ struct mig_chan {
 	size_t unread_off, unread_len;
 };
 
-int mig_chan_new(struct mig_conn *c, const struct mig_chan_keys *keys, struct mig_chan **ret_ch)
+static int conn_read(void *ctx, void *buf, size_t len)
+{
+	return mig_conn_read(ctx, buf, len);
+}
+
+static void conn_describe(void *ctx, int ret, char *buf, size_t len)
+{
+	mig_conn_strerror(ctx, ret, buf, len);
+}
+
+static int chan_new(struct mig_conn *c, const struct mig_reader *raw, const struct mig_chan_keys *keys,
+		    struct mig_chan **ret_ch)
 {
 	struct mig_chan *ch = calloc(1, sizeof(*ch));
 
 	if (!ch)
 		return -ENOMEM;
 	ch->c = c;
+	ch->raw = c ? (struct mig_reader){ .read = conn_read, .describe = conn_describe, .ctx = c } : *raw;
 	if (keys) {
 		ch->sealed = true;
 		ch->encrypt = keys->encrypt;
@@ -72,6 +85,16 @@ int mig_chan_new(struct mig_conn *c, const struct mig_chan_keys *keys, struct mi
 	}
 	*ret_ch = ch;
 	return 0;
+}
+
+int mig_chan_new(struct mig_conn *c, const struct mig_chan_keys *keys, struct mig_chan **ret_ch)
+{
+	return chan_new(c, NULL, keys, ret_ch);
+}
+
+int mig_chan_new_reader(const struct mig_reader *raw, const struct mig_chan_keys *keys, struct mig_chan **ret_ch)
+{
+	return chan_new(NULL, raw, keys, ret_ch);
 }
 
 void mig_chan_free(struct mig_chan *ch)
@@ -116,6 +139,8 @@ static int seal_send(struct mig_chan *ch, uint32_t flags)
 	uint8_t iv[GCM_IV_SIZE], *payload = ch->wbuf + HDR;
 	struct iovec iov;
 
+	if (!ch->c)
+		return -EBADF;
 	memcpy(ch->wbuf, &h, HDR);
 	nonce(ch, ch->tx_seq++, iv);
 	gcm_aes256_set_iv(&ch->tx, sizeof(iv), iv);
@@ -135,6 +160,8 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
 {
 	int i, ret;
 
+	if (!ch->c)
+		return -EBADF;
 	if (!ch->sealed)
 		return mig_conn_writev(ch->c, iov, n);
 	for (i = 0; i < n; i++) {
@@ -159,6 +186,8 @@ int mig_chan_close_write(struct mig_chan *ch)
 {
 	int ret = ch->sealed ? seal_send(ch, MIG_SEAL_LAST) : 0;
 
+	if (!ch->c)
+		return -EBADF;
 	return ret < 0 ? ret : mig_conn_close_write(ch->c);
 }
 
@@ -167,7 +196,7 @@ static int open_record(struct mig_chan *ch)
 {
 	struct mig_seal h;
 	uint8_t iv[GCM_IV_SIZE], tag[MIG_SEAL_TAG], *payload = ch->rbuf + HDR;
-	int ret = mig_conn_read(ch->c, ch->rbuf, HDR);
+	int ret = ch->raw.read(ch->raw.ctx, ch->rbuf, HDR);
 
 	if (ret >= 0 && ret < (int)HDR) {
 		ch->fail = FAIL_CUT;
@@ -181,7 +210,7 @@ static int open_record(struct mig_chan *ch)
 		ch->fail_len = h.len;
 		return -EACCES;
 	}
-	ret = mig_conn_read(ch->c, payload, h.len + MIG_SEAL_TAG);
+	ret = ch->raw.read(ch->raw.ctx, payload, h.len + MIG_SEAL_TAG);
 	if (ret >= 0 && ret < (int)(h.len + MIG_SEAL_TAG)) {
 		ch->fail = FAIL_CUT;
 		return -EPIPE;
@@ -223,7 +252,7 @@ int mig_chan_read(struct mig_chan *ch, void *buf, size_t len)
 	if (!ch->sealed) {
 		if (got == len)
 			return (int)got;
-		ret = mig_conn_read(ch->c, (uint8_t *)buf + got, len - got);
+		ret = ch->raw.read(ch->raw.ctx, (uint8_t *)buf + got, len - got);
 		return ret < 0 ? ret : (int)got + ret;
 	}
 	if (ch->fail)
@@ -258,7 +287,7 @@ void mig_chan_strerror(const struct mig_chan *ch, int ret, char *buf, size_t len
 		snprintf(buf, len, "authentication: connection %" PRIu32 " ended after %" PRIu64
 			 " sealed records without its last one (records cut off in flight)", ch->conn, ch->rx_seq);
 	else
-		mig_conn_strerror(ch->c, ret, buf, len);
+		ch->raw.describe(ch->raw.ctx, ret, buf, len);
 }
 
 static int reader_read(void *ctx, void *buf, size_t len)

@@ -54,6 +54,11 @@ struct mig_chan;
  * sealed with keys, or plain when keys is NULL.  0 or -ENOMEM.
  */
 int mig_chan_new(struct mig_conn *c, const struct mig_chan_keys *keys, struct mig_chan **ret_ch);
+/*
+ * A channel that only reads, from raw (a stream held in memory: the tests
+ * and the fuzzer); writing to it is -EBADF.
+ */
+int mig_chan_new_reader(const struct mig_reader *raw, const struct mig_chan_keys *keys, struct mig_chan **ret_ch);
 void mig_chan_free(struct mig_chan *ch);
 struct mig_conn *mig_chan_conn(struct mig_chan *ch);
 
