@@ -578,7 +578,7 @@ int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, s
 	     char *err, size_t len)
 {
 	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .timeout_ms = o->timeout_ms,
-				       .log = o->log, .log_ctx = o->log_ctx };
+				       .deadline_ms = o->deadline_ms, .log = o->log, .log_ctx = o->log_ctx };
 	struct mig_reader rd[MIG_MAX_CONNS];
 	struct mig_ack ack = { 0 };
 	struct iovec iov = { &ack, sizeof(ack) };
@@ -591,10 +591,8 @@ int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, s
 	ret = mig_session_accept(fd, &so, o->accept, o->accept_ctx, &s, err, len);
 	if (ret < 0)
 		return ret; /* answered */
-	for (i = 0; i < s.conns; i++) {
-		mig_conn_set_deadline(s.conn[i], o->deadline_ms);
+	for (i = 0; i < s.conns; i++)
 		rd[i] = mig_chan_reader(s.chan[i]);
-	}
 	ret = recv_lanes(g, rd, s.conns, o->inline_hash, cancel_session, &s, res, err, len);
 	ack.status = ret;
 	snprintf(ack.message, sizeof(ack.message), "%s", ret < 0 ? err : "ok");

@@ -474,6 +474,7 @@ static int take_join(struct mig_session *s, int fd, const struct mig_session_opt
 
 	if (ret < 0)
 		return mig_errf(err, len, ret, "io_uring: %s", strerror(-ret));
+	mig_conn_set_deadline(c, o->deadline_ms);
 	ret = recv_all(c, &h, sizeof(h), "a joining connection's hello", err, len);
 	if (ret == 0 && memcmp(h.magic, MIG_SESSION_MAGIC, sizeof(h.magic)))
 		ret = mig_errf(err, len, -EACCES, "authentication: a connection that does not join this session");
@@ -512,6 +513,8 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	ret = mig_conn_new(fd, o->timeout_ms, &s->conn[0]);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "io_uring: %s", strerror(-ret));
+	/* a peer that trickles its hello is bounded as a stream is */
+	mig_conn_set_deadline(s->conn[0], o->deadline_ms);
 	s->conns = 1;
 	ret = mig_conn_read(s->conn[0], &h, sizeof(h.magic));
 	if (ret < 0) {
