@@ -562,6 +562,18 @@ static int cmd_demo(struct args *a)
 	return status;
 }
 
+/* --psk FILE, read before any guest is built: a bad key file costs nothing */
+static int load_key(struct args *a)
+{
+	char err[256];
+
+	if (a->psk_file && mig_psk_load(a->psk_file, &a->psk, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return -1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
@@ -573,9 +585,11 @@ int main(int argc, char **argv)
 	}
 	a.cmd = argv[1];
 	if (!strcmp(a.cmd, "demo")) {
-		if (parse(argc, argv, &a))
+		if (parse(argc, argv, &a) || load_key(&a))
 			return 2;
-		return cmd_demo(&a);
+		ret = cmd_demo(&a);
+		mig_psk_clear(&a.psk);
+		return ret;
 	}
 	if (!strcmp(a.cmd, "-h") || !strcmp(a.cmd, "--help")) {
 		usage();
@@ -593,15 +607,8 @@ int main(int argc, char **argv)
 	argv[2] = argv[1]; /* options start after ADDR */
 	if (parse(argc - 1, argv + 1, &a))
 		return 2;
-	if (a.psk_file) {
-		char err[256];
-
-		/* before any guest is built: a bad key file costs nothing */
-		if (mig_psk_load(a.psk_file, &a.psk, err, sizeof(err)) < 0) {
-			fprintf(stderr, "kvmdirty-migrate: %s\n", err);
-			return 2;
-		}
-	}
+	if (load_key(&a))
+		return 2;
 	ret = !strcmp(a.cmd, "listen") ? cmd_listen(&a) : cmd_send(&a);
 	mig_psk_clear(&a.psk);
 	return ret;
