@@ -1525,7 +1525,8 @@ static int lanes_connect(void *ctx, char *err, size_t len)
 
 	if (fd < 0)
 		return fd;
-	*r = (struct relay){ .sealed = ln->sealed, .late_ms = ln->n == 1 ? 100 : 0 };
+	/* ln->n 0: the session's connection 1 */
+	*r = (struct relay){ .sealed = ln->sealed, .late_ms = ln->n == 0 ? 100 : 0 };
 	ln->n++;
 	return relay_start(r, fd);
 }
@@ -1649,6 +1650,25 @@ START_TEST(connections_digest_exact)
 }
 END_TEST
 
+/* A session's connection 1 through a man in the middle who flips a byte of its sealed record 3. */
+struct mitm_net {
+	const char *addr;
+	struct relay r;
+	bool used;
+};
+
+static int mitm_connect(void *ctx, char *err, size_t len)
+{
+	struct mitm_net *m = ctx;
+	int fd = mig_connect(m->addr, 10000, err, len);
+
+	if (fd < 0)
+		return fd;
+	m->r = (struct relay){ .sealed = true, .mitm = MITM_FLIP, .k = 3 };
+	m->used = true;
+	return relay_start(&m->r, fd);
+}
+
 /* One attempt at the listener through a relay: mig_send's result and reason. */
 static int attempt(const struct mig_guest *g, const char *addr, const struct mig_send_opts *so, struct relay *r,
 		   char *err, size_t len)
@@ -1669,8 +1689,8 @@ static int attempt(const struct mig_guest *g, const char *addr, const struct mig
 /*
  * A listener with a key (and --once) before the real source: a source
  * without a key, one with another key, a man in the middle who flips a
- * byte of a sealed record, drops one or swaps two, and a recorded session
- * played again.  Each is refused with one line naming authentication,
+ * byte of a sealed record, drops one or swaps two, a recorded session
+ * played again, and a byte flipped on the second connection of two.  Each is refused with one line naming authentication,
  * the guest never runs from any of them, --once does not end the
  * listener, and the real source then moves the guest.
  */
@@ -1738,6 +1758,21 @@ START_TEST(authentication_refused)
 	r = (struct relay){ .sealed = true, .mitm = MITM_SWAP, .k = 3 };
 	ret = attempt(&g, addr, &keyed, &r, err, sizeof(err));
 	ck_assert_msg(ret < 0, "swapped records: accepted");
+	/* two connections, the second tampered with: the destination says which, and the source hears it */
+	{
+		struct mitm_net m = { .addr = addr };
+		struct mig_send_opts two = keyed;
+
+		two.connections = 2;
+		two.connect = mitm_connect;
+		two.connect_ctx = &m;
+		ret = attempt(&g, addr, &two, NULL, err, sizeof(err));
+		if (m.used)
+			relay_stop(&m.r);
+		ck_assert_msg(ret < 0 && strstr(err, "destination refused: connection 1: ") &&
+				      strstr(err, "authentication: sealed record 3 on connection 1 failed its check"),
+			      "connection 1 tampered with: %d (%s)", ret, err);
+	}
 	/* the real source, the guest still running here after all that */
 	ret = attempt(&g, addr, &keyed, NULL, err, sizeof(err));
 	ck_assert_msg(ret == 0, "the real source: %d (%s)", ret, err);
@@ -1756,6 +1791,7 @@ START_TEST(authentication_refused)
 			"or a recorded session played again)",
 			"authentication: sealed record 3 on connection 0 failed its check",
 			"authentication: sealed record 3 on connection 0 failed its check",
+			"authentication: sealed record 3 on connection 1 failed its check",
 		};
 
 		while (fgets(line, sizeof(line), log)) {

@@ -570,8 +570,9 @@ static void cancel_session(void *ctx)
 	const struct mig_session *s = ctx;
 	unsigned int i;
 
+	/* reads only: connection 0 still carries the answer that says why */
 	for (i = 0; i < s->conns; i++)
-		shutdown(s->fd[i], SHUT_RDWR);
+		shutdown(s->fd[i], SHUT_RD);
 }
 
 int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, struct mig_recv_result *res,
