@@ -8,13 +8,17 @@
  * beforehand as the destination's memory is.  A 16 GiB guest that touched
  * only 64 MiB, over TCP loopback.  Over a Unix socket: a 2 GiB guest whose
  * vCPU writes one word per page over 512 MiB flat out; the same at 100
- * MiB/s; and the downtime with verification and without.
+ * MiB/s; and the downtime with verification and without.  And the
+ * sessions (bench-migrate sessions): the idle guest over TCP loopback
+ * plain, with a key (records sealed), with a key and encryption, and over
+ * two connections against one.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -32,6 +36,11 @@
 #define GUEST_MIB 2048
 
 static bool inline_hash; /* hash on the threads that move the bytes */
+/* the session of the next run: a key (NULL: none), encryption, connections */
+static struct mig_psk bench_psk;
+static const struct mig_psk *psk;
+static bool encrypt;
+static unsigned int conns = 1;
 
 static double now_ms(void)
 {
@@ -41,13 +50,19 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+static int accept_next(void *ctx, uint64_t timeout_ms, char *err, size_t len)
+{
+	return mig_accept(*(int *)ctx, err, len);
+}
+
 /* The destination, in a child; one byte on ready once its memory is in place. */
 static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int ready)
 {
 	pid_t pid = fork();
 
 	if (pid == 0) {
-		struct mig_recv_opts o = { .timeout_ms = 60000, .inline_hash = inline_hash };
+		struct mig_recv_opts o = { .timeout_ms = 60000, .inline_hash = inline_hash, .psk = psk,
+					   .encrypt = encrypt, .accept = accept_next, .accept_ctx = &lfd };
 		struct mig_recv_result res;
 		struct testvm *tv = NULL;
 		struct mig_guest dg;
@@ -91,6 +106,11 @@ static void bench_addr(char *addr, size_t len)
 		snprintf(addr, len, "unix:/tmp/kvmdirty-bench-%d.sock", (int)getpid());
 }
 
+static int connect_again(void *ctx, char *err, size_t len)
+{
+	return mig_connect(ctx, 10000, err, len);
+}
+
 /* Fill the source's memory: all of it non-zero (the old default), or as the options say. */
 static bool fill_all = true;
 /* The source's vCPUs never run (a halted guest). */
@@ -98,9 +118,11 @@ static bool halted;
 
 static int run(const char *name, const struct mig_testvm_opts *g, bool verify, struct mig_result *r)
 {
-	struct mig_send_opts o = { .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
-				   .peer_timeout_ms = 60000, .verify = verify, .inline_hash = inline_hash };
 	char addr[108], err[512], c;
+	struct mig_send_opts o = { .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
+				   .peer_timeout_ms = 60000, .verify = verify, .inline_hash = inline_hash,
+				   .psk = psk, .encrypt = encrypt, .connections = conns, .connect = connect_again,
+				   .connect_ctx = addr };
 	struct mig_guest sg;
 	struct testvm *tv;
 	int lfd, fd, ret, st, ready[2];
@@ -337,6 +359,73 @@ static int idle(int rounds)
 	return 0;
 }
 
+/*
+ * The idle 2 GiB guest (all memory non-zero, verified) over TCP loopback
+ * in each session: plain, --psk, --psk --encrypt, and each of those over
+ * two connections; rounds of all six in turn, the median total time of
+ * each and its ratio to its baseline (plain, or the same over one
+ * connection).  On two CPUs that both ends share, one connection already
+ * keeps both busy: these are figures, not goals.
+ */
+static int sessions(int rounds)
+{
+	static const struct {
+		const char *name;
+		bool psk, encrypt;
+		unsigned int conns;
+	} cfg[] = {
+		{ "plain", false, false, 1 },	  { "psk", true, false, 1 },	 { "psk+encrypt", true, true, 1 },
+		{ "plain-2conn", false, false, 2 }, { "psk-2conn", true, false, 2 }, { "psk+encrypt-2conn", true, true, 2 },
+	};
+	enum { NCFG = sizeof(cfg) / sizeof(cfg[0]) };
+	struct mig_testvm_opts g = { .mib = GUEST_MIB, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	double ms[NCFG][16], m[NCFG];
+	struct mig_result r;
+	int i, k;
+
+	if (rounds > 16)
+		rounds = 16;
+	tcp = true;
+	fill_all = true;
+	halted = true;
+	bench_psk.len = 32;
+	if (getrandom(bench_psk.key, 32, 0) != 32)
+		return -1;
+	for (i = 0; i < rounds; i++) {
+		for (k = 0; k < NCFG; k++) {
+			psk = cfg[k].psk ? &bench_psk : NULL;
+			encrypt = cfg[k].encrypt;
+			conns = cfg[k].conns;
+			if (run(cfg[k].name, &g, true, &r) < 0)
+				return -1;
+			ms[k][i] = r.total_ms;
+		}
+	}
+	psk = NULL;
+	encrypt = false;
+	conns = 1;
+	halted = false;
+	for (k = 0; k < NCFG; k++) {
+		int base = cfg[k].conns > 1 ? k - 3 : 0;
+
+		m[k] = median(ms[k], rounds);
+		printf("migrate net=loopback guest_gib=%.1f fill=all verify=on%s session=%s runs=%d total_ms=%.1f mbps=%.0f",
+		       GUEST_MIB / 1024.0, inline_hash ? " inline_hash" : "", cfg[k].name, rounds, m[k],
+		       (double)GUEST_MIB / (m[k] / 1e3));
+		if (k)
+			printf(" vs_%s=%.2f", cfg[base].name, m[base] > 0 ? m[k] / m[base] : 0);
+		printf("\n");
+	}
+	for (k = 0; k < NCFG; k++) {
+		printf("  %-18s:", cfg[k].name);
+		for (i = 0; i < rounds; i++)
+			printf(" %.0f", ms[k][i]);
+		printf(" ms\n");
+	}
+	fflush(stdout);
+	return 0;
+}
+
 /* A 16 GiB guest that touched only 64 MiB, idle, over TCP loopback: start to the destination's answer. */
 static int sparse(void)
 {
@@ -386,7 +475,7 @@ static int throughput(void)
 }
 
 /*
- * bench-migrate [all|idle|sparse|throughput|downtime [ROUNDS [MIB]]]:
+ * bench-migrate [all|idle|sparse|throughput|sessions|downtime [ROUNDS [MIB]]]:
  * every case by default, 5 rounds of downtime at 256 MiB and 2 GiB (MIB:
  * only that one).
  */
@@ -406,6 +495,8 @@ int main(int argc, char **argv)
 	if ((all || !strcmp(what, "sparse")) && sparse() < 0)
 		return 1;
 	if ((all || !strcmp(what, "throughput")) && throughput() < 0)
+		return 1;
+	if ((all || !strcmp(what, "sessions")) && sessions(rounds) < 0)
 		return 1;
 	tcp = false;
 	fill_all = true;

@@ -16,8 +16,10 @@
 #
 # usage: bench/migrate-net.sh [BUILD_DIR [RATE [MODES...]]]
 #        (build, 800mbit, clear-log dirty-ring); as root
-# env:   WORKLOADS="flat-out 100MiB/s" (the default), SEND_ARGS (added to
-#        send, e.g. --no-throttle or -d 300)
+# env:   WORKLOADS="flat-out 100MiB/s" (the default; also 1gib-paced: 1 GiB
+#        of data, vCPU 0 dirtying 64 MiB at 10 MiB/s, which converges),
+#        SEND_ARGS (added to send, e.g. --no-throttle or -d 300),
+#        LISTEN_ARGS (added to listen, e.g. --psk FILE)
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$top/build}" && pwd)
@@ -33,16 +35,18 @@ guest="-m 2048 -v 2"
 read -ra workloads <<<"${WORKLOADS:-flat-out 100MiB/s}"
 for workload in "${workloads[@]}"; do
 for mode in "${modes[@]}"; do
+	fill=
 	case $workload in
 	flat-out) dirty=512 ;;
 	100MiB/s) dirty=512:25600 ;;
-	*) echo "migrate-net: workload '$workload': expected flat-out or 100MiB/s" >&2; exit 2 ;;
+	1gib-paced) dirty=64:2560 fill="--fill 1024" ;;
+	*) echo "migrate-net: workload '$workload': expected flat-out, 100MiB/s or 1gib-paced" >&2; exit 2 ;;
 	esac
 	stats=$tmp/$mode.json
 	"$top/tests/two-hosts.sh" --rate "$rate" \
-		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 60000 --once; true" \
+		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 60000 --once ${LISTEN_ARGS:-}; true" \
 		--src "for i in \$(seq 300); do ip netns exec \$RIG_DST_NS ss -Hltn 'sport = :4444' | grep -q . && break; sleep 0.1; done;
-		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:$dirty --vcpu 1=compute \
+		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:$dirty --vcpu 1=compute $fill \
 		       -T 60000 --baseline 1000 --stats $stats ${SEND_ARGS:-}" >"$tmp/out" 2>&1
 	status=$?
 	# a migration that does not converge is abandoned (exit 1): its stats still say how far it got

@@ -67,6 +67,24 @@ if [ "$got" != 1 ] || ! printf '%s' "$out" | grep -qF "pre-copy did not converge
 else
 	echo "ok: demo -M dirty-ring -d 0 -p 1 -> exit 1, abandoned"
 fi
+# key files: too open, too short, not a file, missing; the key itself never printed
+keydir=$(mktemp -d)
+trap 'rm -rf "$keydir"' EXIT
+printf 'secret-key-material-0123456789\n' >"$keydir/open" && chmod 644 "$keydir/open"
+printf 'short\n' >"$keydir/short" && chmod 600 "$keydir/short"
+printf 'secret-key-material-0123456789\n' >"$keydir/good" && chmod 600 "$keydir/good"
+expect 2 "--psk '$keydir/open': group or others may read or write it (mode 0644)" "$migrate" listen unix:/tmp/x --psk "$keydir/open"
+expect 2 "--psk '$keydir/short': 5 bytes of key, at least 16 needed" "$migrate" send unix:/tmp/x --psk "$keydir/short"
+expect 2 "--psk '$keydir': not a regular file" "$migrate" send unix:/tmp/x --psk "$keydir"
+expect 2 "--psk '$keydir/none': No such file or directory" "$migrate" listen unix:/tmp/x --psk "$keydir/none"
+expect 2 "--encrypt: needs a key (--psk FILE)" "$migrate" send unix:/tmp/x --encrypt
+expect 2 "--connections '17'" "$migrate" send unix:/tmp/x --connections 17
+expect 2 "--connections '0'" "$migrate" send unix:/tmp/x --connections 0
+expect 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 4 -v 1 --psk "$keydir/good" --encrypt --connections 2
+if "$migrate" send unix:/tmp/x --psk "$keydir/open" 2>&1 | grep -q secret-key-material; then
+	echo "FAIL: a refused key file's contents were printed"
+	status=1
+fi
 expect 2 "-P 'zigzag'" "$vmm" -P zigzag
 expect 2 "-v '999'" "$vmm" -v 999
 expect 2 "invalid option -- 'q'" "$vmm" -q

@@ -18,6 +18,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include "channel.h"
 #include "dest.h"
 
 #define FAKE_NR_VCPUS 2
@@ -114,20 +118,119 @@ static inline void mem_describe(void *ctx, int ret, char *buf, size_t len)
 	snprintf(buf, len, "%s", strerror(-ret));
 }
 
-/* Receive buf into f; mig_recv_stream()'s result, and *ret_used the bytes it read. */
+/*
+ * A stream in sealed records (channel.h), as the fuzzer takes one: this
+ * magic, one byte (bit 0: encrypted), then the records of connection 0
+ * under FAKE_SEAL_KEY, the source's direction.
+ */
+#define FAKE_SEALED_MAGIC "KVMDSEAL"
+#define FAKE_SEALED_HDR 9
+
+static inline struct mig_chan_keys fake_seal_keys(bool encrypt, bool source)
+{
+	struct mig_chan_keys k = { .conn = 0, .encrypt = encrypt };
+
+	memset(source ? k.send : k.recv, 0x5e, MIG_SEAL_KEY);
+	memset(source ? k.recv : k.send, 0xa1, MIG_SEAL_KEY);
+	return k;
+}
+
+/*
+ * Receive buf into f; mig_recv_stream()'s result, and *ret_used the bytes
+ * it read.  A buffer that starts with FAKE_SEALED_MAGIC is opened from
+ * its sealed records first.
+ */
 static inline int fake_receive(struct fake_guest *f, const uint8_t *buf, size_t len, bool inline_hash, char *err,
 			       size_t elen, size_t *ret_used)
 {
 	struct mem_stream m = { .buf = buf, .len = len };
 	struct mig_reader rd = { .read = mem_read, .describe = mem_describe, .ctx = &m };
 	struct mig_recv_result res;
+	struct mig_chan *ch = NULL;
 	int ret;
 
 	f->loads = 0;
+	if (len >= FAKE_SEALED_HDR && !memcmp(buf, FAKE_SEALED_MAGIC, 8)) {
+		struct mig_chan_keys k = fake_seal_keys(buf[8] & 1, false);
+
+		m.off = FAKE_SEALED_HDR;
+		if (mig_chan_new_reader(&rd, &k, &ch) < 0)
+			abort();
+		rd = mig_chan_reader(ch);
+	}
 	ret = mig_recv_stream(&f->g, &rd, inline_hash, &res, err, elen);
+	mig_chan_free(ch);
 	if (ret_used)
 		*ret_used = m.off;
 	return ret;
+}
+
+struct fake_drain {
+	int fd;
+	uint8_t *buf;
+	size_t len;
+};
+
+static inline void *fake_drain_run(void *p)
+{
+	struct fake_drain *d = p;
+	uint8_t b[65536];
+	ssize_t k;
+
+	while ((k = read(d->fd, b, sizeof(b))) > 0) {
+		d->buf = realloc(d->buf, d->len + (size_t)k);
+		memcpy(d->buf + d->len, b, (size_t)k);
+		d->len += (size_t)k;
+	}
+	return NULL;
+}
+
+/*
+ * A plain stream sealed as fake_receive() opens it, by the engine's own
+ * channel, written in pieces of at most piece bytes (so records of that
+ * size).  A malloc()ed buffer, or NULL.
+ */
+static inline uint8_t *fake_seal(const uint8_t *plain, size_t len, bool encrypt, size_t piece, size_t *ret_len)
+{
+	struct mig_chan_keys k = fake_seal_keys(encrypt, true);
+	struct fake_drain d = { 0 };
+	struct mig_chan *ch = NULL;
+	struct mig_conn *c = NULL;
+	pthread_t th;
+	size_t off;
+	int sv[2], ret = -1;
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		return NULL;
+	d.fd = sv[1];
+	d.buf = malloc(FAKE_SEALED_HDR);
+	memcpy(d.buf, FAKE_SEALED_MAGIC, 8);
+	d.buf[8] = encrypt;
+	d.len = FAKE_SEALED_HDR;
+	if (pthread_create(&th, NULL, fake_drain_run, &d) == 0) {
+		ret = mig_conn_new(sv[0], 10000, &c);
+		if (ret == 0)
+			ret = mig_chan_new(c, &k, &ch);
+		for (off = 0; ret == 0 && off < len; off += piece) {
+			struct iovec iov = { (void *)(plain + off), len - off < piece ? len - off : piece };
+
+			ret = mig_chan_writev(ch, &iov, 1);
+		}
+		if (ret == 0)
+			ret = mig_chan_close_write(ch);
+		shutdown(sv[0], SHUT_WR);
+		pthread_join(th, NULL);
+	}
+	mig_chan_free(ch);
+	mig_conn_free(c);
+	close(sv[0]);
+	close(sv[1]);
+	if (ret < 0) {
+		free(d.buf);
+		return NULL;
+	}
+	*ret_len = d.len;
+	return d.buf;
 }
 
 /* A destination that reads a stream to its end, then answers ok. */

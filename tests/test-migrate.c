@@ -1341,6 +1341,554 @@ START_TEST(time_limit_from_tracking)
 }
 END_TEST
 
+/* ---- sessions: keys, sealed records, several connections ---- */
+
+/* A key file of this process's own, mode 0600, and the key from it. */
+static void make_key(const char *tag, char *path, size_t len, struct mig_psk *psk)
+{
+	char err[256];
+	int fd;
+
+	snprintf(path, len, "/tmp/kvmdirty-test-%d-%s.key", (int)getpid(), tag);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, tag, strlen(tag)), (ssize_t)strlen(tag));
+	ck_assert_int_eq(write(fd, "-a-key-of-32-bytes-or-so-here\n", 30), 30);
+	close(fd);
+	ck_assert_msg(mig_psk_load(path, psk, err, sizeof(err)) == 0, "%s", err);
+}
+
+enum mitm { MITM_NONE, MITM_FLIP, MITM_DROP, MITM_SWAP };
+
+/* A piece the relay holds back. */
+struct late {
+	struct late *next;
+	double due_ms;
+	size_t n;
+	uint8_t buf[];
+};
+
+/*
+ * A relay between a source (src, one end of a socket pair) and a
+ * destination (dst), which may be late (it takes every piece at once, so
+ * the source counts it delivered, and passes it on late_ms later) or a
+ * man in the middle: on a sealed connection (the hello and the proof,
+ * then sealed records) it flips a byte in record k, drops it, or swaps it
+ * with record k + 1.  It can record what the source sent.
+ */
+struct relay {
+	int src, dst;
+	bool gone; /* the destination closed: the writer's alone */
+	bool sealed;
+	enum mitm mitm;
+	unsigned int k;
+	unsigned int late_ms;
+	bool record; /* keep what the source sent in rec (the caller frees it) */
+	uint8_t *rec;
+	size_t rec_len;
+	pthread_t up, down, writer;
+	/* what a late relay holds: [head .. tail], under lock; done once the source ended */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct late *head, **tail;
+	bool done;
+};
+
+static double mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static bool relay_read(struct relay *r, void *buf, size_t n)
+{
+	size_t got = 0;
+
+	while (got < n) {
+		ssize_t k = read(r->src, (uint8_t *)buf + got, n - got);
+
+		if (k <= 0)
+			return false;
+		got += (size_t)k;
+	}
+	if (!r->record)
+		return true;
+	r->rec = realloc(r->rec, r->rec_len + n);
+	memcpy(r->rec + r->rec_len, buf, n);
+	r->rec_len += n;
+	return true;
+}
+
+/* Pass bytes on; once the destination is gone, keep reading so that the source finds out from its answer. */
+static void relay_send(struct relay *r, const void *buf, size_t n)
+{
+	if (!r->gone && send(r->dst, buf, n, MSG_NOSIGNAL) != (ssize_t)n)
+		r->gone = true;
+}
+
+/* Pass bytes on now, or hold them late_ms. */
+static void relay_write(struct relay *r, const void *buf, size_t n)
+{
+	struct late *l;
+
+	if (!r->late_ms) {
+		relay_send(r, buf, n);
+		return;
+	}
+	l = malloc(sizeof(*l) + n);
+	l->next = NULL;
+	l->due_ms = mono_ms() + r->late_ms;
+	l->n = n;
+	memcpy(l->buf, buf, n);
+	pthread_mutex_lock(&r->lock);
+	*r->tail = l;
+	r->tail = &l->next;
+	pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&r->lock);
+}
+
+static void *relay_late(void *p)
+{
+	struct relay *r = p;
+
+	pthread_mutex_lock(&r->lock);
+	for (;;) {
+		struct late *l;
+		double wait;
+
+		while (!r->head && !r->done)
+			pthread_cond_wait(&r->cond, &r->lock);
+		l = r->head;
+		if (!l)
+			break;
+		r->head = l->next;
+		if (!r->head)
+			r->tail = &r->head;
+		pthread_mutex_unlock(&r->lock);
+		wait = l->due_ms - mono_ms();
+		if (wait > 0)
+			usleep((useconds_t)(wait * 1e3));
+		relay_send(r, l->buf, l->n);
+		free(l);
+		pthread_mutex_lock(&r->lock);
+	}
+	pthread_mutex_unlock(&r->lock);
+	shutdown(r->dst, SHUT_WR);
+	return NULL;
+}
+
+static void *relay_up(void *p)
+{
+	struct relay *r = p;
+	size_t cap = sizeof(struct mig_seal) + MIG_SEAL_MAX + MIG_SEAL_TAG;
+	uint8_t *buf = malloc(cap), *held = malloc(cap);
+	size_t held_len = 0;
+	unsigned int i;
+
+	/* the hello, then (once the destination answered it) the proof */
+	if (r->sealed && relay_read(r, buf, sizeof(struct mig_hello)))
+		relay_write(r, buf, sizeof(struct mig_hello));
+	if (r->sealed && relay_read(r, buf, MIG_PROOF))
+		relay_write(r, buf, MIG_PROOF);
+	for (i = 0;; i++) {
+		size_t n;
+
+		if (r->sealed) {
+			struct mig_seal h;
+
+			if (!relay_read(r, &h, sizeof(h)) || h.len > MIG_SEAL_MAX)
+				break;
+			memcpy(buf, &h, sizeof(h));
+			n = sizeof(h) + h.len + MIG_SEAL_TAG;
+			if (!relay_read(r, buf + sizeof(h), n - sizeof(h)))
+				break;
+		} else {
+			ssize_t k = read(r->src, buf, 65536);
+
+			if (k <= 0)
+				break;
+			n = (size_t)k;
+		}
+		if (r->mitm != MITM_NONE && i == r->k) {
+			if (r->mitm == MITM_FLIP) {
+				buf[n / 2] ^= 0x10;
+			} else if (r->mitm == MITM_SWAP) {
+				memcpy(held, buf, n);
+				held_len = n;
+			}
+			if (r->mitm != MITM_FLIP)
+				continue;
+		}
+		relay_write(r, buf, n);
+		if (held_len) {
+			relay_write(r, held, held_len);
+			held_len = 0;
+		}
+	}
+	if (r->late_ms) {
+		pthread_mutex_lock(&r->lock);
+		r->done = true;
+		pthread_cond_signal(&r->cond);
+		pthread_mutex_unlock(&r->lock);
+	} else {
+		shutdown(r->dst, SHUT_WR);
+	}
+	free(buf);
+	free(held);
+	return NULL;
+}
+
+static void *relay_down(void *p)
+{
+	struct relay *r = p;
+	uint8_t buf[4096];
+	ssize_t k;
+
+	while ((k = read(r->dst, buf, sizeof(buf))) > 0)
+		if (send(r->src, buf, (size_t)k, MSG_NOSIGNAL) != k)
+			break;
+	shutdown(r->src, SHUT_WR);
+	return NULL;
+}
+
+/* Relay to fd; the source's end of the relay. */
+static int relay_start(struct relay *r, int fd)
+{
+	int sv[2];
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	r->src = sv[1];
+	r->dst = fd;
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_cond_init(&r->cond, NULL);
+	r->tail = &r->head;
+	if (r->late_ms)
+		ck_assert_int_eq(pthread_create(&r->writer, NULL, relay_late, r), 0);
+	ck_assert_int_eq(pthread_create(&r->up, NULL, relay_up, r), 0);
+	ck_assert_int_eq(pthread_create(&r->down, NULL, relay_down, r), 0);
+	return sv[0];
+}
+
+static void relay_stop(struct relay *r)
+{
+	pthread_join(r->up, NULL);
+	if (r->late_ms)
+		pthread_join(r->writer, NULL);
+	shutdown(r->dst, SHUT_RDWR);
+	pthread_join(r->down, NULL);
+	pthread_mutex_destroy(&r->lock);
+	pthread_cond_destroy(&r->cond);
+	close(r->src);
+	close(r->dst);
+}
+
+/* Each connection of a session through a relay of its own, connection 1 late by 100 ms. */
+struct lanes_net {
+	char addr[128];
+	int lfd;
+	bool sealed;
+	struct relay relay[MIG_MAX_CONNS];
+	unsigned int n;
+};
+
+static int lanes_connect(void *ctx, char *err, size_t len)
+{
+	struct lanes_net *ln = ctx;
+	struct relay *r = &ln->relay[ln->n];
+	int fd = mig_connect(ln->addr, 10000, err, len);
+
+	if (fd < 0)
+		return fd;
+	/* ln->n 0: the session's connection 1 */
+	*r = (struct relay){ .sealed = ln->sealed, .late_ms = ln->n == 0 ? 100 : 0 };
+	ln->n++;
+	return relay_start(r, fd);
+}
+
+static int lanes_accept(void *ctx, uint64_t timeout_ms, char *err, size_t len)
+{
+	struct lanes_net *ln = ctx;
+
+	return mig_accept(ln->lfd, err, len);
+}
+
+struct receiving {
+	const struct mig_guest *g;
+	struct mig_recv_opts o;
+	int fd, ret;
+	struct mig_recv_result res;
+	char err[512];
+};
+
+static void *receiving_run(void *p)
+{
+	struct receiving *rv = p;
+
+	rv->ret = mig_recv(rv->g, rv->fd, &rv->o, &rv->res, rv->err, sizeof(rv->err));
+	return NULL;
+}
+
+struct lanes_case {
+	unsigned int conns;
+	enum kvmdirty_mode mode;
+	bool psk, encrypt;
+};
+
+static const struct lanes_case lanes_cases[] = {
+	{ .conns = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG },
+	{ .conns = 2, .mode = KVMDIRTY_MODE_DIRTY_RING },
+	{ .conns = 3, .mode = KVMDIRTY_MODE_DIRTY_LOG },
+	{ .conns = 3, .mode = KVMDIRTY_MODE_CLEAR_LOG, .psk = true },
+	{ .conns = 3, .mode = KVMDIRTY_MODE_DIRTY_RING, .psk = true, .encrypt = true },
+	{ .conns = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .psk = true, .encrypt = true },
+};
+
+/*
+ * A guest dirtying its working set flat out, over several passes forced
+ * (no downtime fits 1 ms), over N connections of which connection 1
+ * arrives 100 ms late (its relay takes each piece at once, so the source
+ * counts it delivered and goes on with the next pass): copies of a page
+ * from several passes are in flight at once, the older ones on the late
+ * connection if a page could change connection.  The destination's memory
+ * must equal the paused source's, byte for byte, in every region.
+ */
+START_TEST(connections_digest_exact)
+{
+	const struct lanes_case *c = &lanes_cases[_i];
+	struct mig_testvm_opts o = { .mib = 32, .vcpus = 2, .mode = c->mode, .ws_mib = 8 };
+	struct mig_send_opts so = send_opts;
+	struct lanes_net ln = { .sealed = c->psk };
+	struct receiving rv = { 0 };
+	struct mig_guest g, dg;
+	struct testvm *tv, *dtv;
+	struct mig_result r;
+	struct mig_psk psk;
+	char keypath[128], err[512];
+	uint64_t guest_pages = 0;
+	pthread_t th;
+	unsigned int i;
+	int fd, ret;
+
+	make_key("lanes", keypath, sizeof(keypath), &psk);
+	ck_assert_msg(mig_testvm_new(&o, false, &dtv, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dtv, &dg));
+	ck_assert_ok(mig_guest_zero_known(&dg));
+	tv = running_source(&o, &g);
+	make_addr("unix", ln.addr, sizeof(ln.addr));
+	ln.lfd = mig_listen(ln.addr, err, sizeof(err));
+	ck_assert_msg(ln.lfd >= 0, "%s", err);
+	rv.g = &dg;
+	rv.o = (struct mig_recv_opts){ .timeout_ms = 60000, .psk = c->psk ? &psk : NULL, .encrypt = c->encrypt,
+				       .accept = lanes_accept, .accept_ctx = &ln };
+	so.downtime_ms = 1;
+	so.max_passes = 4;
+	so.psk = c->psk ? &psk : NULL;
+	so.encrypt = c->encrypt;
+	so.connections = c->conns;
+	so.connect = lanes_connect;
+	so.connect_ctx = &ln;
+	fd = mig_connect(ln.addr, 10000, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	rv.fd = mig_accept(ln.lfd, err, sizeof(err));
+	ck_assert_msg(rv.fd >= 0, "%s", err);
+	ck_assert_int_eq(pthread_create(&th, NULL, receiving_run, &rv), 0);
+	ret = mig_send(&g, fd, &so, &r, err, sizeof(err));
+	pthread_join(th, NULL);
+	for (i = 0; i < ln.n; i++)
+		relay_stop(&ln.relay[i]);
+	close(fd);
+	close(rv.fd);
+	close(ln.lfd);
+	drop_addr(ln.addr);
+	ck_assert_msg(ret == 0 && rv.ret == 0, "%u connections, mode %d, psk %d, encrypt %d: source %d (%s), "
+		      "destination %d (%s)", c->conns, c->mode, c->psk, c->encrypt, ret, err, rv.ret, rv.err);
+	ck_assert_uint_eq(ln.n, c->conns - 1);
+	ck_assert_uint_eq(r.lost_pages, 0);
+	ck_assert(rv.res.hashed);
+	for (i = 0; i < g.nr_regions; i++) {
+		guest_pages += g.regions[i].size / PAGE;
+		ck_assert_msg(!memcmp(g.regions[i].hva, dg.regions[i].hva, g.regions[i].size),
+			      "region %u differs between the source and the destination", i);
+	}
+	/* several passes, pages sent more than once, the destination counted every copy */
+	ck_assert_uint_ge(r.passes, 2);
+	ck_assert_uint_gt(r.pages, guest_pages);
+	ck_assert_uint_eq(rv.res.pages, r.pages);
+	printf("%u connections, mode %d, psk %d, encrypt %d: %" PRIu64 " pages in %" PRIu64 " passes, %" PRIu64
+	       " records, digest-exact\n", c->conns, c->mode, c->psk, c->encrypt, r.pages, r.passes, rv.res.records);
+	mig_guest_release(&dg);
+	mig_testvm_free(dtv);
+	mig_testvm_free(tv);
+	unlink(keypath);
+	mig_psk_clear(&psk);
+}
+END_TEST
+
+/* A session's connection 1 through a man in the middle who flips a byte of its sealed record 3. */
+struct mitm_net {
+	const char *addr;
+	struct relay r;
+	bool used;
+};
+
+static int mitm_connect(void *ctx, char *err, size_t len)
+{
+	struct mitm_net *m = ctx;
+	int fd = mig_connect(m->addr, 10000, err, len);
+
+	if (fd < 0)
+		return fd;
+	m->r = (struct relay){ .sealed = true, .mitm = MITM_FLIP, .k = 3 };
+	m->used = true;
+	return relay_start(&m->r, fd);
+}
+
+/* One attempt at the listener through a relay: mig_send's result and reason. */
+static int attempt(const struct mig_guest *g, const char *addr, const struct mig_send_opts *so, struct relay *r,
+		   char *err, size_t len)
+{
+	struct mig_result res;
+	int fd = mig_connect(addr, 10000, err, len), ret;
+
+	ck_assert_msg(fd >= 0, "%s", err);
+	if (r)
+		fd = relay_start(r, fd);
+	ret = mig_send(g, fd, so, &res, err, len);
+	close(fd);
+	if (r)
+		relay_stop(r);
+	return ret;
+}
+
+/*
+ * A listener with a key (and --once) before the real source: a source
+ * without a key, one with another key, a man in the middle who flips a
+ * byte of a sealed record, drops one or swaps two, a recorded session
+ * played again, and a byte flipped on the second connection of two.  Each is refused with one line naming authentication,
+ * the guest never runs from any of them, --once does not end the
+ * listener, and the real source then moves the guest.
+ */
+START_TEST(authentication_refused)
+{
+	struct mig_testvm_opts o = { .mib = 16, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 4 };
+	struct mig_send_opts plain = send_opts, keyed = send_opts, other = send_opts;
+	struct mig_psk psk, psk_b;
+	char keypath[128], keypath_b[128], addr[128], err[512], logpath[128], line[512];
+	char mib[32], vcpus[32];
+	struct relay r;
+	struct mig_guest g;
+	struct testvm *tv;
+	unsigned int refused = 0;
+	FILE *log;
+	int logfd, fd, ret;
+	pid_t pid;
+
+	make_key("real", keypath, sizeof(keypath), &psk);
+	make_key("other", keypath_b, sizeof(keypath_b), &psk_b);
+	keyed.psk = &psk;
+	keyed.encrypt = true;
+	other.psk = &psk_b;
+	other.encrypt = true;
+	make_addr("tcp", addr, sizeof(addr));
+	snprintf(logpath, sizeof(logpath), "/tmp/kvmdirty-test-%d-listener.log", (int)getpid());
+	logfd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(logfd, 0);
+	snprintf(mib, sizeof(mib), "%" PRIu64, o.mib);
+	snprintf(vcpus, sizeof(vcpus), "%u", o.vcpus);
+	{
+		char *args[] = { "listen", addr, "-m", mib, "-v", vcpus, "--run-ms", "300", "-T", "10000", "--once",
+				 "--psk", keypath, "--encrypt", NULL };
+
+		pid = spawn_migrate(args, logfd);
+	}
+	close(logfd);
+	fd = connect_retry(addr, pid, err, sizeof(err)); /* the listener is up: this one says nothing and goes */
+	close(fd);
+	tv = running_source(&o, &g);
+
+	ret = attempt(&g, addr, &plain, NULL, err, sizeof(err));
+	ck_assert_msg(ret < 0 && strstr(err, "authentication"), "no key: %d (%s)", ret, err);
+	ret = attempt(&g, addr, &other, NULL, err, sizeof(err));
+	ck_assert_msg(ret == -EACCES && strstr(err, "authentication failed"), "another key: %d (%s)", ret, err);
+	r = (struct relay){ .sealed = true, .mitm = MITM_FLIP, .k = 3, .record = true };
+	ret = attempt(&g, addr, &keyed, &r, err, sizeof(err));
+	ck_assert_msg(ret < 0, "flipped byte: accepted");
+	/* what the source sent, before the flip: a whole hello, proof and records */
+	{
+		struct feeder f = { .buf = r.rec, .len = r.rec_len };
+		pthread_t th;
+
+		fd = mig_connect(addr, 10000, err, sizeof(err));
+		ck_assert_msg(fd >= 0, "%s", err);
+		f.fd = fd;
+		ck_assert_int_eq(pthread_create(&th, NULL, feed, &f), 0);
+		pthread_join(th, NULL);
+		close(fd);
+		free(r.rec);
+	}
+	r = (struct relay){ .sealed = true, .mitm = MITM_DROP, .k = 3 };
+	ret = attempt(&g, addr, &keyed, &r, err, sizeof(err));
+	ck_assert_msg(ret < 0, "dropped record: accepted");
+	r = (struct relay){ .sealed = true, .mitm = MITM_SWAP, .k = 3 };
+	ret = attempt(&g, addr, &keyed, &r, err, sizeof(err));
+	ck_assert_msg(ret < 0, "swapped records: accepted");
+	/* two connections, the second tampered with: the destination says which, and the source hears it */
+	{
+		struct mitm_net m = { .addr = addr };
+		struct mig_send_opts two = keyed;
+
+		two.connections = 2;
+		two.connect = mitm_connect;
+		two.connect_ctx = &m;
+		ret = attempt(&g, addr, &two, NULL, err, sizeof(err));
+		if (m.used)
+			relay_stop(&m.r);
+		ck_assert_msg(ret < 0 && strstr(err, "destination refused: connection 1: ") &&
+				      strstr(err, "authentication: sealed record 3 on connection 1 failed its check"),
+			      "connection 1 tampered with: %d (%s)", ret, err);
+	}
+	/* the real source, the guest still running here after all that */
+	ret = attempt(&g, addr, &keyed, NULL, err, sizeof(err));
+	ck_assert_msg(ret == 0, "the real source: %d (%s)", ret, err);
+	ck_assert_int_eq(child_status(pid), 0);
+
+	/* the listener's account: a line each, naming authentication and what was wrong */
+	log = fopen(logpath, "r");
+	ck_assert_ptr_nonnull(log);
+	{
+		static const char *const says[] = {
+			"authentication: the peer closed without a word", /* the first connection, to see it listens */
+			"authentication: the peer sent a stream without a key",
+			"authentication failed on connection 0: the peer does not prove that it holds the key",
+			"authentication: sealed record 3 on connection 0 failed its check",
+			"authentication failed on connection 0: the peer does not prove that it holds the key (a wrong key, "
+			"or a recorded session played again)",
+			"authentication: sealed record 3 on connection 0 failed its check",
+			"authentication: sealed record 3 on connection 0 failed its check",
+			"authentication: sealed record 3 on connection 1 failed its check",
+		};
+
+		while (fgets(line, sizeof(line), log)) {
+			ck_assert_msg(refused < sizeof(says) / sizeof(says[0]) && strstr(line, says[refused]) &&
+					      strstr(line, "stream refused, waiting for another"),
+				      "listener line %u: '%s', expected '%s'", refused, line,
+				      refused < sizeof(says) / sizeof(says[0]) ? says[refused] : "none");
+			refused++;
+		}
+		ck_assert_uint_eq(refused, sizeof(says) / sizeof(says[0]));
+	}
+	fclose(log);
+	unlink(logpath);
+	unlink(keypath);
+	unlink(keypath_b);
+	mig_psk_clear(&psk);
+	mig_psk_clear(&psk_b);
+	mig_testvm_free(tv);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("migrate");
@@ -1367,6 +1915,12 @@ int main(void)
 	tcase_add_test(tc, dest_leaves_unwritten_alone);
 	tcase_add_test(tc, vcpu_progress_reported);
 	tcase_add_test(tc, time_limit_from_tracking);
+	suite_add_tcase(s, tc);
+	/* CK_RUN_CASE=sessions runs these alone */
+	tc = tcase_create("sessions");
+	tcase_set_timeout(tc, 300);
+	tcase_add_loop_test(tc, connections_digest_exact, 0, (int)(sizeof(lanes_cases) / sizeof(lanes_cases[0])));
+	tcase_add_test(tc, authentication_refused);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -256,6 +256,48 @@ START_TEST(seeds_accepted)
 }
 END_TEST
 
+/*
+ * The sealed seeds (hashed.bin in sealed records, both modes): accepted,
+ * and the guest they leave is the one hashed.bin leaves; a flipped byte
+ * in any record is refused naming authentication, with a guest never
+ * loaded.
+ */
+START_TEST(sealed_seeds_accepted)
+{
+	static const char *const sealed[] = { "sealed.bin", "sealed-encrypted.bin" };
+	struct fake_guest f, want;
+	char err[256];
+	size_t len, plen, used;
+	uint8_t *buf = slurp("seeds", sealed[_i], &len), *plain = slurp("seeds", "hashed.bin", &plen);
+	unsigned int r;
+	size_t at;
+	int ret;
+
+	ck_assert_ok(fake_guest_init(&f));
+	ck_assert_ok(fake_guest_init(&want));
+	ck_assert_msg(fake_receive(&want, plain, plen, true, err, sizeof(err), NULL) == 0, "%s", err);
+	ret = fake_receive(&f, buf, len, true, err, sizeof(err), &used);
+	ck_assert_msg(ret == 0, "seed %s refused: %s", sealed[_i], err);
+	ck_assert_uint_eq(used, len);
+	ck_assert_uint_eq(f.loads, FAKE_NR_VCPUS);
+	for (r = 0; r < FAKE_NR_REGIONS; r++)
+		ck_assert(!memcmp(f.g.regions[r].hva, want.g.regions[r].hva, f.g.regions[r].size));
+	ck_assert(!memcmp(f.loaded, want.loaded, sizeof(f.loaded)));
+	/* a byte flipped anywhere after the magic: refused, naming authentication (or the cut it makes) */
+	for (at = FAKE_SEALED_HDR; at < len; at += 997) {
+		buf[at] ^= 0x20;
+		ret = fake_receive(&f, buf, len, true, err, sizeof(err), NULL);
+		buf[at] ^= 0x20;
+		expect(ret < 0 && f.loads == 0 && strstr(err, "authentication") && !strchr(err, '\n'),
+		       "%s, byte %zu flipped: %d '%s', %u vCPUs loaded", sealed[_i], at, ret, err, f.loads);
+	}
+	fake_guest_free(&f);
+	fake_guest_free(&want);
+	free(buf);
+	free(plain);
+}
+END_TEST
+
 /* passes.bin: pages sent twice, one zeroed after its data; what lands is the last word on each. */
 START_TEST(seed_pages_land)
 {
@@ -363,6 +405,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, hash_sees_every_bit_and_position);
 	tcase_add_test(tc, decode_record_fields);
 	tcase_add_test(tc, decode_header_fields);
+	tcase_add_loop_test(tc, sealed_seeds_accepted, 0, 2);
 	tcase_add_loop_test(tc, seeds_accepted, 0, (int)(sizeof(seeds) / sizeof(seeds[0])));
 	tcase_add_test(tc, seed_pages_land);
 	tcase_add_loop_test(tc, regressions_refused, 0, (int)(sizeof(regressions) / sizeof(regressions[0])));

@@ -14,10 +14,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "dest.h"
 #include "errf.h"
+#include "session.h"
 #include "worker.h"
+
+#define MIG_MAX_LANES 16
 
 #define PAGE ((uint64_t)MIG_PAGE_SIZE)
 #define CHUNK_PAGES 32u	 /* received, then hashed (while in cache when inline) */
@@ -53,6 +57,28 @@ struct dest {
 	struct mig_worker w;
 	struct vjob q[QUEUE];
 	unsigned int head, tail;
+	/* a stream over several connections: one struct dest a connection, each on a thread of its own but 0's */
+	struct lanes *sh;
+	unsigned int lane;
+	pthread_t thread;
+	struct mig_recv_result lane_res;
+	char lane_err[256];
+};
+
+/*
+ * What the connections of one stream share: the first refusal (it is
+ * the one reported; the others follow from the cancel it makes) and how
+ * to wake the connections still reading.
+ */
+struct lanes {
+	pthread_mutex_t lock;
+	bool failed;
+	int ret;
+	char err[256];
+	void (*cancel)(void *ctx);
+	void *cancel_ctx;
+	struct dest *d[MIG_MAX_LANES];
+	unsigned int n, started;
 };
 
 #define fail(d, ret, ...) mig_errf((d)->err, (d)->len, ret, __VA_ARGS__)
@@ -250,21 +276,125 @@ static int recv_vcpu(struct dest *d, const struct mig_record *rec)
 	return ret < 0 ? ret : mig_decode_vcpu_state(&d->dec, &d->vs[rec->index], d->err, d->len);
 }
 
-/* After END: the end of the stream, every page arrived, every page whole. */
-static int check_complete(struct dest *d)
+/* After END: the end of this connection's stream. */
+static int check_end(struct dest *d)
 {
 	uint8_t extra;
-	unsigned int i;
 	int ret = d->rd->read(d->rd->ctx, &extra, 1);
 
 	if (ret > 0)
 		return fail(d, -EPROTO, "after END: more bytes; the stream must end at END");
 	if (ret < 0) {
-		char why[96];
+		char why[160];
 
 		d->rd->describe(d->rd->ctx, ret, why, sizeof(why));
 		return fail(d, ret, "awaiting the end of the stream after END: %s", why);
 	}
+	return 0;
+}
+
+/* A connection's refusal: the stream's, if it is the first; every connection still reading is woken. */
+static int lane_failed(struct dest *d, int ret)
+{
+	struct lanes *sh = d->sh;
+
+	if (!sh)
+		return ret;
+	pthread_mutex_lock(&sh->lock);
+	if (!sh->failed) {
+		sh->failed = true;
+		sh->ret = ret;
+		if (d->lane)
+			snprintf(sh->err, sizeof(sh->err), "connection %u: %s", d->lane, d->err);
+		else
+			snprintf(sh->err, sizeof(sh->err), "%s", d->err);
+		if (sh->cancel)
+			sh->cancel(sh->cancel_ctx);
+	}
+	pthread_mutex_unlock(&sh->lock);
+	return ret;
+}
+
+/* Records up to END on a connection other than 0: DATA and ZERO only (the decoder refuses the rest). */
+static int receive_lane(struct dest *d)
+{
+	struct mig_record rec;
+	int ret;
+
+	for (;;) {
+		ret = get(d, &rec, sizeof(rec), "record %" PRIu64, d->dec.nrec);
+		if (ret == 0)
+			ret = mig_decode_record(&d->dec, &rec, d->err, d->len);
+		if (ret < 0 || rec.kind == MIG_END)
+			break;
+		if (rec.kind == MIG_DATA)
+			ret = recv_data(d, &rec);
+		else
+			recv_zero(d, &rec);
+		if (ret < 0)
+			break;
+	}
+	if (ret == 0) {
+		d->res->records = d->dec.nrec - 1;
+		ret = check_end(d);
+	}
+	return ret;
+}
+
+static void *lane_thread(void *p)
+{
+	struct dest *d = p;
+	int ret = receive_lane(d);
+
+	if (ret < 0)
+		lane_failed(d, ret);
+	return NULL;
+}
+
+/* Start connection 1.. on threads of their own, once the header set the flags. */
+static int start_lanes(struct dest *d0)
+{
+	struct lanes *sh = d0->sh;
+	unsigned int i;
+
+	for (i = 1; i < sh->n; i++) {
+		struct dest *d = sh->d[i];
+
+		d->dec = (struct mig_decoder){ .regions = d0->own, .nr_regions = d0->dec.nr_regions,
+					       .nr_vcpus = d0->dec.nr_vcpus, .flags = d0->dec.flags, .sum = MIG_SUM_INIT,
+					       .lane = i, .lanes = sh->n };
+		if (pthread_create(&d->thread, NULL, lane_thread, d))
+			return fail(d0, -EAGAIN, "this destination: cannot start a thread for connection %u", i);
+		sh->started = i + 1;
+	}
+	return 0;
+}
+
+/* Wait for every connection's thread; the first refusal, if any. */
+static int join_lanes(struct dest *d0)
+{
+	struct lanes *sh = d0->sh;
+	unsigned int i;
+
+	if (!sh)
+		return 0;
+	for (i = 1; i < sh->started; i++)
+		pthread_join(sh->d[i]->thread, NULL);
+	sh->started = 0;
+	return sh->failed ? sh->ret : 0;
+}
+
+/* After END: every connection's stream ended, every page arrived, every page whole. */
+static int check_complete(struct dest *d)
+{
+	unsigned int i;
+	int ret = check_end(d);
+
+	if (ret < 0)
+		return ret;
+	ret = join_lanes(d);
+	if (ret < 0)
+		return ret;
 	for (i = 0; i < d->g->nr_regions; i++) {
 		uint64_t n = d->own[i].size / PAGE, p = kvmdirty_bitmap_next_set(d->missing[i], 0, n);
 
@@ -302,6 +432,8 @@ static int receive(struct dest *d)
 		ret = get(d, theirs, d->g->nr_regions * sizeof(theirs[0]), "the region table");
 	if (ret == 0)
 		ret = mig_decode_regions(&d->dec, theirs, d->err, d->len);
+	if (ret == 0 && d->sh)
+		ret = start_lanes(d);
 	if (ret < 0)
 		return ret;
 	for (;;) {
@@ -321,7 +453,7 @@ static int receive(struct dest *d)
 		if (ret < 0)
 			return ret;
 	}
-	d->res->records = d->dec.nrec - 1;
+	d->res->records += d->dec.nrec - 1;
 	ret = check_complete(d);
 	if (ret < 0)
 		return ret;
@@ -334,10 +466,16 @@ static int receive(struct dest *d)
 	return 0;
 }
 
-int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, bool inline_hash,
-		    struct mig_recv_result *res, char *err, size_t len)
+/*
+ * Receive over rd[0..n): connection 0 on this thread, the others on
+ * threads of their own (each hashing what it lands), all into the same
+ * bitmaps, whose words no two connections share (stream.h).
+ */
+static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, unsigned int n, bool inline_hash,
+		      void (*cancel)(void *ctx), void *cancel_ctx, struct mig_recv_result *res, char *err, size_t len)
 {
 	struct dest *d = calloc(1, sizeof(*d));
+	struct lanes sh = { .n = n, .cancel = cancel, .cancel_ctx = cancel_ctx };
 	unsigned int i;
 	int ret = 0;
 
@@ -345,35 +483,72 @@ int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, bool
 	if (!d)
 		return -ENOMEM;
 	d->g = g;
-	d->rd = rd;
-	d->inline_hash = inline_hash;
+	d->rd = &rd[0];
+	d->inline_hash = inline_hash || n > 1;
 	d->res = res;
 	d->err = err;
 	d->len = len;
-	if (g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS) {
-		ret = fail(d, -EINVAL, "this destination: %u regions and %u vCPUs, the stream carries at most %u and %u",
-			   g->nr_regions, g->nr_vcpus, MIG_MAX_REGIONS, MIG_MAX_VCPUS);
+	if (g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS || n > MIG_MAX_LANES) {
+		ret = fail(d, -EINVAL, "this destination: %u regions, %u vCPUs and %u connections, the stream carries "
+			   "at most %u, %u and %u", g->nr_regions, g->nr_vcpus, n, MIG_MAX_REGIONS, MIG_MAX_VCPUS,
+			   MIG_MAX_LANES);
 		goto out;
 	}
 	d->vs = calloc(g->nr_vcpus, sizeof(*d->vs));
 	for (i = 0; i < g->nr_regions; i++) {
-		uint64_t n = g->regions[i].size / PAGE;
+		uint64_t np = g->regions[i].size / PAGE;
 
 		d->own[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
-		d->missing[i] = malloc(KVMDIRTY_BITMAP_WORDS(n) * sizeof(uint64_t));
-		d->bad[i] = calloc(KVMDIRTY_BITMAP_WORDS(n), sizeof(uint64_t));
+		d->missing[i] = malloc(KVMDIRTY_BITMAP_WORDS(np) * sizeof(uint64_t));
+		d->bad[i] = calloc(KVMDIRTY_BITMAP_WORDS(np), sizeof(uint64_t));
 		if (!d->missing[i] || !d->bad[i])
 			break;
-		kvmdirty_bitmap_set(d->missing[i], 0, n);
+		kvmdirty_bitmap_set(d->missing[i], 0, np);
 	}
 	if (!d->vs || i < g->nr_regions) {
 		ret = fail(d, -ENOMEM, "this destination: out of memory");
 		goto out;
 	}
 	mig_decoder_init(&d->dec, d->own, g->nr_regions, g->nr_vcpus);
+	if (n > 1) {
+		pthread_mutex_init(&sh.lock, NULL);
+		d->sh = &sh;
+		d->dec.lanes = n;
+		sh.d[0] = d;
+		for (i = 1; i < n; i++) {
+			struct dest *l = calloc(1, sizeof(*l));
+
+			if (!l) {
+				ret = fail(d, -ENOMEM, "this destination: out of memory");
+				goto out;
+			}
+			*l = (struct dest){ .g = g, .rd = &rd[i], .inline_hash = true, .sh = &sh, .lane = i,
+					    .err = l->lane_err, .len = sizeof(l->lane_err) };
+			l->res = &l->lane_res;
+			memcpy(l->own, d->own, sizeof(d->own));
+			memcpy(l->missing, d->missing, sizeof(d->missing));
+			memcpy(l->bad, d->bad, sizeof(d->bad));
+			sh.d[i] = l;
+		}
+	}
 	ret = receive(d);
+	if (ret < 0)
+		lane_failed(d, ret);
+	join_lanes(d);
+	for (i = 1; i < sh.n; i++) {
+		res->pages += sh.d[i]->res->pages;
+		res->records += sh.d[i]->res->records;
+	}
+	if (sh.failed) {
+		snprintf(err, len, "%s", sh.err);
+		ret = sh.ret;
+	}
 	mig_worker_stop(&d->w);
 out:
+	for (i = 1; i < n && i < MIG_MAX_LANES; i++)
+		free(sh.d[i]);
+	if (d->sh)
+		pthread_mutex_destroy(&sh.lock);
 	for (i = 0; i < MIG_MAX_REGIONS; i++) {
 		free(d->missing[i]);
 		free(d->bad[i]);
@@ -383,34 +558,54 @@ out:
 	return ret;
 }
 
+int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, bool inline_hash,
+		    struct mig_recv_result *res, char *err, size_t len)
+{
+	return recv_lanes(g, rd, 1, inline_hash, NULL, NULL, res, err, len);
+}
+
+/* A refusal wakes every connection of the stream still reading. */
+static void cancel_session(void *ctx)
+{
+	const struct mig_session *s = ctx;
+	unsigned int i;
+
+	/* reads only: connection 0 still carries the answer that says why */
+	for (i = 0; i < s->conns; i++)
+		shutdown(s->fd[i], SHUT_RD);
+}
+
 int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, struct mig_recv_result *res,
 	     char *err, size_t len)
 {
+	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .timeout_ms = o->timeout_ms,
+				       .deadline_ms = o->deadline_ms, .log = o->log, .log_ctx = o->log_ctx };
+	struct mig_reader rd[MIG_MAX_CONNS];
 	struct mig_ack ack = { 0 };
 	struct iovec iov = { &ack, sizeof(ack) };
-	struct mig_reader rd;
-	struct mig_conn *c;
-	int ret = mig_conn_new(fd, o->timeout_ms, &c), wret;
+	struct mig_session s;
+	unsigned int i;
+	int ret, wret;
 
 	memset(res, 0, sizeof(*res));
-	if (ret < 0) {
-		snprintf(err, len, "io_uring: %s", strerror(-ret));
-		return ret;
-	}
-	mig_conn_set_deadline(c, o->deadline_ms);
-	rd = mig_conn_reader(c);
-	ret = mig_recv_stream(g, &rd, o->inline_hash, res, err, len);
+	/* the session (or a plain stream), every connection of it joined: nothing of the guest read yet */
+	ret = mig_session_accept(fd, &so, o->accept, o->accept_ctx, &s, err, len);
+	if (ret < 0)
+		return ret; /* answered */
+	for (i = 0; i < s.conns; i++)
+		rd[i] = mig_chan_reader(s.chan[i]);
+	ret = recv_lanes(g, rd, s.conns, o->inline_hash, cancel_session, &s, res, err, len);
 	ack.status = ret;
 	snprintf(ack.message, sizeof(ack.message), "%s", ret < 0 ? err : "ok");
-	/* best effort on a refusal: the peer may be gone */
-	wret = mig_conn_writev(c, &iov, 1);
+	/* best effort on a refusal: the peer may be gone; sealed when the session is */
+	wret = mig_chan_writev(s.chan[0], &iov, 1);
 	if (ret == 0 && wret < 0) {
 		char why[96];
 
-		mig_conn_strerror(c, wret, why, sizeof(why));
+		mig_chan_strerror(s.chan[0], wret, why, sizeof(why));
 		snprintf(err, len, "answering the source: %s", why);
 		ret = wret;
 	}
-	mig_conn_free(c);
+	mig_session_free(&s);
 	return ret;
 }

@@ -13,6 +13,7 @@
 #include <stdint.h>
 
 #include "guest.h"
+#include "session.h"
 #include "transport.h"
 
 struct mig_recv_result {
@@ -42,12 +43,34 @@ struct mig_recv_opts {
 	uint64_t timeout_ms;  /* each wait for the peer (0: none) */
 	uint64_t deadline_ms; /* the whole stream (0: none) */
 	bool inline_hash;     /* see mig_recv_stream() */
+	/*
+	 * A key (session.h): the source must prove it holds it before any of
+	 * its stream is read, and every record is sealed.  NULL: plain
+	 * streams, and sessions without a key.  encrypt: refuse a session
+	 * whose records are not encrypted.
+	 */
+	const struct mig_psk *psk;
+	bool encrypt;
+	/*
+	 * The other connections of a session of several: the next connection
+	 * within timeout_ms (an fd, or -errno with a reason in err).  NULL: a
+	 * session of one connection only.
+	 */
+	int (*accept)(void *ctx, uint64_t timeout_ms, char *err, size_t len);
+	void *accept_ctx;
+	/* a line for each connection refused while the session gathers its own (or NULL) */
+	void (*log)(void *ctx, const char *line);
+	void *log_ctx;
 };
 
 /*
  * The same over a connected socket, answering the source with the outcome
- * (struct mig_ack).  Returns 0 only when the stream was accepted and the
- * answer went out: a guest whose source may not know is not to be run.
+ * (struct mig_ack, sealed in a session with a key).  The session first
+ * (session.h): a source that fails authentication is refused (-EACCES,
+ * "authentication" in err) before any byte of its stream is read, and
+ * with several connections each runs on a thread of its own, hashing what
+ * it lands.  Returns 0 only when the stream was accepted and the answer
+ * went out: a guest whose source may not know is not to be run.
  */
 int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, struct mig_recv_result *res,
 	     char *err, size_t len);

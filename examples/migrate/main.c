@@ -25,9 +25,15 @@
  * vCPU's speed before tracking; 500 with --stats, else 0).
  * Both ends: -T MS, how long any wait for the peer may go without
  * progress (30000); listen: --deadline S for a whole stream (0: none).
+ * Both ends: --psk FILE, a pre-shared key both must hold (session.h:
+ * each proves it to the other, every record is sealed); --encrypt, the
+ * records encrypted too (send: do it; listen: require it).  send:
+ * --connections N (1), the pages spread over N connections.
  *
  * listen takes streams until one is accepted (a refused or silent peer is
- * dropped with a line on stderr; with --once the first one decides), then
+ * dropped with a line on stderr; with --once the first stream from a peer
+ * that passed authentication decides: one that fails it never ends the
+ * listener), then
  * runs the guest for --run-ms and checks it; it exits 0 if the guest ran
  * on, 1 otherwise.  send exits 0
  * when the guest moved, 1 when it did not (it runs on here: the source
@@ -44,6 +50,8 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,16 +77,20 @@ struct args {
 	struct mig_recv_opts recv;
 	uint64_t run_ms;
 	bool once; /* listen: the first stream only, accepted or not */
+	const char *psk_file;
+	struct mig_psk psk;
 };
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T|--peer-timeout MS] [--deadline S] [--once]\n"
+			"                                [--psk FILE] [--encrypt]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
 			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
-			"                              [--stats FILE] [--baseline MS] [--run-ms MS]\n"
+			"                              [--stats FILE] [--baseline MS] [--run-ms MS] [--psk FILE] [--encrypt]\n"
+			"                              [--connections N]\n"
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
 			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
 			"       kvmdirty-migrate -h|--help\n");
@@ -151,6 +163,9 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "no-throttle", no_argument, NULL, 'X' },
 		{ "force-switchover", no_argument, NULL, 'W' },
 		{ "once", no_argument, NULL, 'O' },
+		{ "psk", required_argument, NULL, 'K' },
+		{ "encrypt", no_argument, NULL, 'E' },
+		{ "connections", required_argument, NULL, 'C' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -263,6 +278,17 @@ static int parse(int argc, char **argv, struct args *a)
 		case 'O':
 			a->once = true;
 			break;
+		case 'K':
+			a->psk_file = optarg;
+			break;
+		case 'E':
+			a->send.encrypt = a->recv.encrypt = true;
+			break;
+		case 'C':
+			if (cli_number("kvmdirty-migrate", "--connections", optarg, 1, MIG_MAX_CONNS, &v))
+				return -1;
+			a->send.connections = (unsigned int)v;
+			break;
 		case 'h':
 			usage();
 			exit(0);
@@ -283,6 +309,10 @@ static int parse(int argc, char **argv, struct args *a)
 	}
 	if (!a->baseline_set && a->stats)
 		a->send.baseline_ms = 500;
+	if (a->send.encrypt && !a->psk_file) {
+		fprintf(stderr, "kvmdirty-migrate: --encrypt: needs a key (--psk FILE)\n");
+		return -1;
+	}
 	return 0;
 }
 
@@ -293,23 +323,55 @@ static void sleep_ms(uint64_t ms)
 	nanosleep(&ts, NULL);
 }
 
-/* Take streams until one is accepted; a refused or silent peer is dropped and the next one taken. */
+/* A session's next connection, within timeout_ms. */
+static int accept_within(void *ctx, uint64_t timeout_ms, char *err, size_t len)
+{
+	struct pollfd p = { .fd = *(const int *)ctx, .events = POLLIN };
+	int ret;
+
+	do
+		ret = poll(&p, 1, timeout_ms ? (int)(timeout_ms > INT_MAX ? INT_MAX : timeout_ms) : -1);
+	while (ret < 0 && errno == EINTR);
+	if (ret < 0)
+		return -errno;
+	if (!ret) {
+		snprintf(err, len, "no connection in %" PRIu64 " ms", timeout_ms);
+		return -ETIMEDOUT;
+	}
+	return mig_accept(p.fd, err, len);
+}
+
+static void log_refused(void *ctx, const char *line)
+{
+	fprintf(stderr, "kvmdirty-migrate: destination: connection refused: %s\n", line);
+}
+
+/*
+ * Take streams until one is accepted; a refused or silent peer is dropped
+ * and the next one taken.  With --once the first stream whose peer passed
+ * authentication decides.
+ */
 static int take_stream(const struct args *a, int lfd, const struct mig_guest *g, struct mig_recv_result *res)
 {
+	struct mig_recv_opts o = a->recv;
 	char err[256];
 	int fd, ret;
 
+	o.psk = a->psk_file ? &a->psk : NULL;
+	o.accept = accept_within;
+	o.accept_ctx = &lfd;
+	o.log = log_refused;
 	for (;;) {
 		fd = mig_accept(lfd, err, sizeof(err));
 		if (fd < 0) {
 			fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
 			return fd;
 		}
-		ret = mig_recv(g, fd, &a->recv, res, err, sizeof(err));
+		ret = mig_recv(g, fd, &o, res, err, sizeof(err));
 		close(fd);
 		if (ret == 0)
 			return 0;
-		if (a->once) {
+		if (a->once && ret != -EACCES) {
 			fprintf(stderr, "kvmdirty-migrate: destination: stream refused: %s\n", err);
 			return ret;
 		}
@@ -417,6 +479,14 @@ static void guest_runs_on(const struct args *a, struct testvm *tv)
 		       a->run_ms, err);
 }
 
+/* A session's next connection. */
+static int connect_again(void *ctx, char *err, size_t len)
+{
+	const struct args *a = ctx;
+
+	return mig_connect(a->addr, a->send.peer_timeout_ms, err, len);
+}
+
 static int migrate_to(const struct args *a, struct testvm *tv)
 {
 	struct mig_send_opts o = a->send;
@@ -426,6 +496,9 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 	int fd, ret;
 
 	o.progress = isatty(2);
+	o.psk = a->psk_file ? &a->psk : NULL;
+	o.connect = connect_again;
+	o.connect_ctx = (void *)a;
 	if (a->stats) {
 		o.stats = fopen(a->stats, "w");
 		if (!o.stats) {
@@ -644,9 +717,22 @@ static int cmd_plot(int argc, char **argv)
 	return ret < 0;
 }
 
+/* --psk FILE, read before any guest is built: a bad key file costs nothing */
+static int load_key(struct args *a)
+{
+	char err[256];
+
+	if (a->psk_file && mig_psk_load(a->psk_file, &a->psk, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return -1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
+	int ret;
 
 	if (argc < 2) {
 		usage();
@@ -654,9 +740,11 @@ int main(int argc, char **argv)
 	}
 	a.cmd = argv[1];
 	if (!strcmp(a.cmd, "demo")) {
-		if (parse(argc, argv, &a))
+		if (parse(argc, argv, &a) || load_key(&a))
 			return 2;
-		return cmd_demo(&a);
+		ret = cmd_demo(&a);
+		mig_psk_clear(&a.psk);
+		return ret;
 	}
 	if (!strcmp(a.cmd, "plot"))
 		return cmd_plot(argc, argv);
@@ -676,5 +764,9 @@ int main(int argc, char **argv)
 	argv[2] = argv[1]; /* options start after ADDR */
 	if (parse(argc - 1, argv + 1, &a))
 		return 2;
-	return !strcmp(a.cmd, "listen") ? cmd_listen(&a) : cmd_send(&a);
+	if (load_key(&a))
+		return 2;
+	ret = !strcmp(a.cmd, "listen") ? cmd_listen(&a) : cmd_send(&a);
+	mig_psk_clear(&a.psk);
+	return ret;
 }

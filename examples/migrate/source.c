@@ -29,6 +29,7 @@
 #include "hostmem.h"
 #include "source.h"
 #include "throttle.h"
+#include "session.h"
 #include "transport.h"
 #include "worker.h"
 
@@ -66,18 +67,35 @@ struct batch {
 	uint64_t bytes;
 };
 
+struct source;
+
+/* One connection of the migration: its stream's encoder, its batches, its worker. */
+struct lane {
+	struct source *s;
+	struct mig_chan *ch;
+	struct mig_encoder enc;
+	/* a batch is filled, handed to the worker, and sent while the next one is filled */
+	struct batch batch[2];
+	struct batch *cur, *pending;
+	struct mig_worker w;
+	struct batch *todo; /* handed to the worker, not yet done */
+	int err;	    /* the worker failed to send: -errno */
+	uint64_t hashed;    /* the worker's (or the main thread's without one) */
+};
+
 struct source {
 	const struct mig_guest *g;
 	const struct mig_send_opts *o;
-	struct mig_conn *c;
-	struct mig_encoder enc;
+	struct mig_session sess;
+	struct lane *lane;
+	unsigned int nlanes;
+	bool lanes_send; /* several connections: each lane's worker sends, the main thread only fills */
 	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest data copy; the hasher's */
 	uint64_t *sent_data[MIG_MAX_REGIONS]; /* ... whose latest copy was data (else zero); the hasher's */
 	uint64_t zero_hash;
 	struct mig_vcpu_state *vs;
 	uint64_t pages, zero_pages, untouched_pages;
 	uint64_t in_hand; /* pages handed out by the tracker, not yet queued */
-	uint64_t hashed; /* the hasher's */
 	/* which pages were never touched: the regions wholly in private anonymous memory, and pagemap */
 	bool anon[MIG_MAX_REGIONS];
 	int pagemap;
@@ -88,12 +106,6 @@ struct source {
 	unsigned int pass; /* the pass under way; 0 in stop-and-copy */
 	uint64_t *progress0, *progress_at; /* at the start; at the last sample */
 	double before_ms;
-	/* a batch is filled, handed to the hasher, and sent while the next one is filled and hashed */
-	struct batch batch[2];
-	struct batch *cur, *pending;
-	/* the hasher thread */
-	struct mig_worker w;
-	struct batch *todo; /* handed to the hasher, not yet hashed */
 	/*
 	 * Every SAMPLE_MS (tick()): the link while busy, each vCPU's dirtying
 	 * (ring entries in DIRTY_RING mode, KVM's fault count in the others),
@@ -124,8 +136,9 @@ static double now_ms(void)
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static void hash_batch(struct source *s, struct batch *b)
+static void hash_batch(struct lane *l, struct batch *b)
 {
+	struct source *s = l->s;
 	int i;
 	uint64_t k;
 
@@ -136,7 +149,9 @@ static void hash_batch(struct source *s, struct batch *b)
 		/*
 		 * A zero page's slot is left alone (sent_data says which slots
 		 * hold a data copy's hash): the slots of a huge guest that is
-		 * mostly untouched are never faulted in.
+		 * mostly untouched are never faulted in.  With several
+		 * connections, each connection's worker writes the words of its
+		 * own chunks only (stream.h).
 		 */
 		if (r->zero) {
 			kvmdirty_bitmap_clear(s->sent_data[r->region], r->first, r->first + r->count);
@@ -145,57 +160,13 @@ static void hash_batch(struct source *s, struct batch *b)
 		for (k = 0; k < r->count; k++)
 			r->out[k] = sent[k] = mig_page_hash(r->hva + k * PAGE);
 		kvmdirty_bitmap_set(s->sent_data[r->region], r->first, r->first + r->count);
-		s->hashed += r->count;
+		l->hashed += r->count;
 	}
 }
 
-static void *hasher(void *p)
+static int send_batch(struct lane *l, struct batch *b)
 {
-	struct source *s = p;
-
-	pthread_mutex_lock(&s->w.lock);
-	for (;;) {
-		struct batch *b;
-
-		while (!s->todo && !s->w.quit)
-			pthread_cond_wait(&s->w.cond, &s->w.lock);
-		b = s->todo;
-		if (!b)
-			break;
-		pthread_mutex_unlock(&s->w.lock);
-		hash_batch(s, b);
-		pthread_mutex_lock(&s->w.lock);
-		s->todo = NULL;
-		pthread_cond_broadcast(&s->w.cond);
-	}
-	pthread_mutex_unlock(&s->w.lock);
-	return NULL;
-}
-
-/* Wait until the hasher is done with what it was given. */
-static void hasher_wait(struct source *s)
-{
-	if (!s->w.running)
-		return;
-	pthread_mutex_lock(&s->w.lock);
-	while (s->todo)
-		pthread_cond_wait(&s->w.cond, &s->w.lock);
-	pthread_mutex_unlock(&s->w.lock);
-}
-
-static void hasher_give(struct source *s, struct batch *b)
-{
-	pthread_mutex_lock(&s->w.lock);
-	s->todo = b;
-	pthread_cond_broadcast(&s->w.cond);
-	pthread_mutex_unlock(&s->w.lock);
-}
-
-static int tick(struct source *s);
-
-static int send_batch(struct source *s, struct batch *b)
-{
-	int ret = b->ni ? mig_conn_writev(s->c, b->iov, b->ni) : 0;
+	int ret = b->ni ? mig_chan_writev(l->ch, b->iov, b->ni) : 0;
 
 	b->nh = b->ni = b->nruns = b->nhashes = 0;
 	b->bytes = 0;
@@ -203,57 +174,130 @@ static int send_batch(struct source *s, struct batch *b)
 }
 
 /*
- * Hand the batch being filled to the hasher, and send the one before
- * (hashed by now) meanwhile.  Without a hasher thread: hash it, and send
- * it while its pages are in cache.
+ * A lane's worker: over one connection it hashes a batch while the main
+ * thread sends the one before; over several it hashes and sends, one
+ * worker a connection, while the main thread fills the next batches.
  */
-static int ship(struct source *s)
+static void *lane_worker(void *p)
 {
-	struct batch *b = s->cur;
+	struct lane *l = p;
+
+	pthread_mutex_lock(&l->w.lock);
+	for (;;) {
+		struct batch *b;
+		int ret;
+
+		while (!l->todo && !l->w.quit)
+			pthread_cond_wait(&l->w.cond, &l->w.lock);
+		b = l->todo;
+		if (!b)
+			break;
+		pthread_mutex_unlock(&l->w.lock);
+		if (l->s->sent_hash[0])
+			hash_batch(l, b);
+		ret = l->s->lanes_send ? send_batch(l, b) : 0;
+		pthread_mutex_lock(&l->w.lock);
+		if (ret < 0 && !l->err)
+			l->err = ret;
+		l->todo = NULL;
+		pthread_cond_broadcast(&l->w.cond);
+	}
+	pthread_mutex_unlock(&l->w.lock);
+	return NULL;
+}
+
+/* Wait until the worker is done with what it was given. */
+static void worker_wait(struct lane *l)
+{
+	if (!l->w.running)
+		return;
+	pthread_mutex_lock(&l->w.lock);
+	while (l->todo)
+		pthread_cond_wait(&l->w.cond, &l->w.lock);
+	pthread_mutex_unlock(&l->w.lock);
+}
+
+static void worker_give(struct lane *l, struct batch *b)
+{
+	pthread_mutex_lock(&l->w.lock);
+	l->todo = b;
+	pthread_cond_broadcast(&l->w.cond);
+	pthread_mutex_unlock(&l->w.lock);
+}
+
+static int tick(struct source *s);
+
+/*
+ * Hand the batch being filled to the worker.  Over one connection, send
+ * the one before (hashed by now) meanwhile; without a worker, hash it and
+ * send it while its pages are in cache.
+ */
+static int ship(struct lane *l)
+{
+	struct batch *b = l->cur;
 	int ret = 0;
 
-	if (!s->w.running) {
-		if (s->sent_hash[0])
-			hash_batch(s, b);
-		return send_batch(s, b);
+	if (!l->w.running) {
+		if (l->s->sent_hash[0])
+			hash_batch(l, b);
+		return send_batch(l, b);
 	}
-	hasher_wait(s);
-	hasher_give(s, b);
-	if (s->pending)
-		ret = send_batch(s, s->pending);
-	s->pending = b;
-	s->cur = b == &s->batch[0] ? &s->batch[1] : &s->batch[0];
+	worker_wait(l);
+	if (l->err)
+		return l->err;
+	worker_give(l, b);
+	if (!l->s->lanes_send && l->pending)
+		ret = send_batch(l, l->pending);
+	l->pending = l->s->lanes_send ? NULL : b;
+	l->cur = b == &l->batch[0] ? &l->batch[1] : &l->batch[0];
 	return ret;
 }
 
-/* Everything queued, out. */
+/* Everything queued on a lane, out. */
+static int flush_lane(struct lane *l)
+{
+	int ret = ship(l);
+
+	if (!l->w.running)
+		return ret;
+	worker_wait(l);
+	if (ret == 0)
+		ret = l->err;
+	if (ret == 0 && l->pending)
+		ret = send_batch(l, l->pending);
+	l->pending = NULL;
+	return ret;
+}
+
+/* Everything queued, on every connection, out. */
 static int flush(struct source *s)
 {
-	int ret = ship(s);
+	unsigned int i;
+	int ret = 0, r;
 
-	if (!s->w.running)
-		return ret;
-	hasher_wait(s);
-	if (ret == 0)
-		ret = send_batch(s, s->pending);
-	s->pending = NULL;
+	for (i = 0; i < s->nlanes; i++) {
+		r = flush_lane(&s->lane[i]);
+		if (r < 0 && ret == 0)
+			ret = r;
+	}
 	return ret;
 }
 
-/* Queue a record (encoded just before, in stream order), its payload and the pages to hash. */
-static int put(struct source *s, struct mig_record rec, const void *payload, size_t plen, const struct hash_run *run)
+/* Queue a record (encoded just before, in its lane's stream order), its payload and the pages to hash. */
+static int put(struct lane *l, struct mig_record rec, const void *payload, size_t plen, const struct hash_run *run)
 {
-	struct batch *b = s->cur;
+	struct source *s = l->s;
+	struct batch *b = l->cur;
 	int ret;
 
 	if (b->nh == BATCH_RECORDS || b->bytes >= BATCH_BYTES) {
-		ret = ship(s);
+		ret = ship(l);
 		if (ret < 0)
 			return ret;
 		ret = tick(s);
 		if (ret < 0)
 			return ret;
-		b = s->cur;
+		b = l->cur;
 	}
 	b->hdr[b->nh] = rec;
 	b->iov[b->ni++] = (struct iovec){ &b->hdr[b->nh++], sizeof(rec) };
@@ -279,18 +323,35 @@ static bool page_is_zero(const uint8_t *p)
 	return !memcmp(p, zero, PAGE);
 }
 
+/* One run on its lane; over several connections, cut at chunk boundaries (stream.h). */
 static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t count, const uint8_t *hva, bool zero)
 {
-	/* out is set by put(): slots of the batch's hashes */
-	struct hash_run run = { .hva = hva, .region = idx, .zero = zero, .first = first, .count = count };
-
 	s->pages += count;
 	s->in_hand -= count < s->in_hand ? count : s->in_hand;
-	if (zero) {
+	if (zero)
 		s->zero_pages += count;
-		return put(s, mig_encode_zero(&s->enc, idx, first, count), NULL, 0, &run);
+	while (count) {
+		uint64_t n = s->nlanes == 1 ? count : MIG_LANE_PAGES - first % MIG_LANE_PAGES;
+		struct lane *l = &s->lane[s->nlanes == 1 ? 0 : mig_lane_of(idx, first, s->nlanes)];
+		/* out is set by put(): slots of the batch's hashes */
+		struct hash_run run = { .hva = hva, .region = idx, .zero = zero, .first = first };
+		int ret;
+
+		if (n > count)
+			n = count;
+		run.count = n;
+		if (zero)
+			ret = put(l, mig_encode_zero(&l->enc, idx, first, n), NULL, 0, &run);
+		else
+			ret = put(l, mig_encode_data(&l->enc, idx, first, n), hva, n * PAGE, &run);
+		if (ret < 0)
+			return ret;
+		first += n;
+		count -= n;
+		if (hva)
+			hva += n * PAGE;
 	}
-	return put(s, mig_encode_data(&s->enc, idx, first, count), hva, count * PAGE, &run);
+	return 0;
 }
 
 /* Pages read to be sent: zero runs and data runs of at most MIG_RUN_PAGES. */
@@ -373,8 +434,27 @@ static int net_fail(struct source *s, int ret, const char *what, char *err, size
 
 	if (ret == -ENOENT)
 		return mig_errf(err, len, ret, "the tracker reported a region the guest lacks");
-	mig_conn_strerror(s->c, ret, why, sizeof(why));
+	if (ret == -EPIPE || ret == -ECONNRESET) {
+		struct mig_ack ack;
+
+		/* a destination that refused said why before it closed: that is the reason to give */
+		if (mig_chan_read(s->lane[0].ch, &ack, sizeof(ack)) == (int)sizeof(ack) && ack.status < 0) {
+			ack.message[sizeof(ack.message) - 1] = 0;
+			return mig_errf(err, len, ack.status, "destination refused: %s", ack.message);
+		}
+	}
+	mig_chan_strerror(s->lane[0].ch, ret, why, sizeof(why));
 	return mig_errf(err, len, ret, "%s: %s", what, why);
+}
+
+static uint64_t hashed(const struct source *s)
+{
+	uint64_t n = 0;
+	unsigned int i;
+
+	for (i = 0; i < s->nlanes; i++)
+		n += s->lane[i].hashed;
+	return n;
 }
 
 static double now_rel(const struct source *s)
@@ -453,7 +533,7 @@ static void vcpu_samples(struct source *s, double dt_ms)
 static void flow_fields(struct source *s, double dt_ms)
 {
 	struct kvmdirty_stats st;
-	uint64_t sent = mig_conn_sent(s->c);
+	uint64_t sent = mig_session_sent(&s->sess);
 
 	kvmdirty_tracker_stats(s->g->tracker, &st, sizeof(st));
 	/* the link: acknowledged bytes while the socket never ran dry; until measured, what was written */
@@ -520,8 +600,8 @@ static int tick(struct source *s)
 
 	if (dt < SAMPLE_MS)
 		return 0;
-	sent = mig_conn_sent(s->c);
-	unacked = mig_conn_unacked(s->c);
+	sent = mig_session_sent(&s->sess);
+	unacked = mig_session_unacked(&s->sess);
 	acked = sent - (unacked < sent ? unacked : sent);
 	if (unacked && s->tick_unacked && acked > s->tick_acked) {
 		double rate = (double)(acked - s->tick_acked) / (dt / 1e3);
@@ -600,7 +680,7 @@ static int settle(struct source *s)
 	double t0 = now_ms();
 	int ret;
 
-	while (mig_conn_unacked(s->c)) {
+	while (mig_session_unacked(&s->sess)) {
 		if (s->o->peer_timeout_ms && now_ms() - t0 > (double)s->o->peer_timeout_ms)
 			return -ETIMEDOUT;
 		usleep(200);
@@ -717,14 +797,14 @@ static int precopy(struct source *s, struct mig_result *res, char *err, size_t l
 
 	for (;;) {
 		uint64_t pages0 = s->pages, zero0 = s->zero_pages, un0 = s->untouched_pages;
-		uint64_t bytes0 = mig_conn_sent(s->c), pending;
+		uint64_t bytes0 = mig_session_sent(&s->sess), pending;
 		double tp = now_ms(), ms, mib_s, est, link, ts;
 		int ret;
 
 		s->pass = (unsigned int)++res->passes;
 		ret = drain(s, kvmdirty_tracker_pending(t));
 		if (ret == 0)
-			ret = put(s, mig_encode_pass(&s->enc, res->passes), NULL, 0, NULL);
+			ret = put(&s->lane[0], mig_encode_pass(&s->lane[0].enc, res->passes), NULL, 0, NULL);
 		if (ret == 0)
 			ret = flush(s);
 		if (ret == 0)
@@ -734,7 +814,7 @@ static int precopy(struct source *s, struct mig_result *res, char *err, size_t l
 		if (ret < 0)
 			return net_fail(s, ret, "pre-copy: sending to the destination", err, len);
 		ms = now_ms() - tp;
-		mib_s = ms > 0 ? (mig_conn_sent(s->c) - bytes0) / 1048576.0 / (ms / 1e3) : 0;
+		mib_s = ms > 0 ? (mig_session_sent(&s->sess) - bytes0) / 1048576.0 / (ms / 1e3) : 0;
 		ts = now_ms();
 		ret = (int)kvmdirty_tracker_sync(t);
 		if (ret < 0)
@@ -743,9 +823,9 @@ static int precopy(struct source *s, struct mig_result *res, char *err, size_t l
 		pending = kvmdirty_tracker_pending(t);
 		link = s->link > 0 ? s->link / 1048576.0 : mib_s;
 		/* what the pause sends at the link's rate, the final sync (as long as this one), a round trip */
-		est = link > 0 ? pending * PAGE / 1048576.0 / link * 1e3 + ts + mig_conn_rtt_us(s->c) / 1e3 : 0;
+		est = link > 0 ? pending * PAGE / 1048576.0 / link * 1e3 + ts + mig_session_rtt_us(&s->sess) / 1e3 : 0;
 		pass_line(s, s->pages - pages0, s->zero_pages - zero0, s->untouched_pages - un0,
-			  mig_conn_sent(s->c) - bytes0, ms, pending, mib_s, est);
+			  mig_session_sent(&s->sess) - bytes0, ms, pending, mib_s, est);
 		res->est_downtime_ms = est;
 		res->link_bytes_per_s = link * 1048576.0;
 		res->remaining_pages = pending;
@@ -788,17 +868,18 @@ static int stop_and_copy(struct source *s, char *err, size_t len)
 		ret = g->ops->vcpu_save(g->ctx, i, &s->vs[i]);
 		if (ret < 0)
 			return mig_errf(err, len, ret, "reading vCPU %u state: %s", i, strerror(-ret));
-		ret = put(s, mig_encode_vcpu(&s->enc, i, &s->vs[i]), &s->vs[i], sizeof(s->vs[i]), NULL);
+		ret = put(&s->lane[0], mig_encode_vcpu(&s->lane[0].enc, i, &s->vs[i]), &s->vs[i], sizeof(s->vs[i]), NULL);
 	}
-	if (ret >= 0)
-		ret = put(s, mig_encode_end(&s->enc), NULL, 0, NULL);
+	/* each connection's stream ends with its own END */
+	for (i = 0; ret >= 0 && i < s->nlanes; i++)
+		ret = put(&s->lane[i], mig_encode_end(&s->lane[i].enc), NULL, 0, NULL);
 	if (ret >= 0)
 		ret = flush(s);
-	if (ret >= 0)
-		ret = mig_conn_close_write(s->c);
+	for (i = 0; ret >= 0 && i < s->nlanes; i++)
+		ret = mig_chan_close_write(s->lane[i].ch);
 	if (ret < 0)
 		return net_fail(s, ret, "stop-and-copy: sending to the destination", err, len);
-	ret = mig_conn_read(s->c, &ack, sizeof(ack));
+	ret = mig_chan_read(s->lane[0].ch, &ack, sizeof(ack));
 	if (ret < 0)
 		return net_fail(s, ret, "awaiting the destination's answer", err, len);
 	if (ret < (int)sizeof(ack))
@@ -895,10 +976,11 @@ static void start_line(struct source *s, const struct mig_result *res)
 	fprintf(s->o->stats,
 		",\"mode\":\"%s\",\"regions\":%u,\"guest_pages\":%" PRIu64 ",\"page_size\":%u,\"vcpus\":%u"
 		",\"downtime_limit_ms\":%" PRIu64 ",\"max_passes\":%u,\"timeout_ms\":%" PRIu64 ",\"verify\":%s"
-		",\"baseline_ms\":%" PRIu64 ",\"vcpu\":[",
+		",\"baseline_ms\":%" PRIu64 ",\"connections\":%u,\"psk\":%s,\"encrypt\":%s,\"vcpu\":[",
 		mode_name(kvmdirty_tracker_mode(g->tracker)), g->nr_regions, pages, MIG_PAGE_SIZE, g->nr_vcpus,
 		s->o->downtime_ms, s->o->max_passes, s->o->timeout_ms, s->o->verify ? "true" : "false",
-		s->o->baseline_ms);
+		s->o->baseline_ms, s->nlanes, (s->sess.flags & MIG_S_PSK) ? "true" : "false",
+		(s->sess.flags & MIG_S_ENCRYPT) ? "true" : "false");
 	for (i = 0; i < g->nr_vcpus; i++) {
 		fprintf(s->o->stats, "%s{\"id\":%u", i ? "," : "", i);
 		if (g->ops->progress)
@@ -976,6 +1058,8 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 {
 	struct source *s = calloc(1, sizeof(*s));
 	struct mig_region desc[MIG_MAX_REGIONS];
+	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .conns = o->connections,
+				       .timeout_ms = o->peer_timeout_ms };
 	struct mig_header h;
 	double tdown = 0;
 	uint64_t hashed0 = 0, pages0 = 0;
@@ -996,10 +1080,24 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 			       MIG_MAX_REGIONS, MIG_MAX_VCPUS);
 		goto out;
 	}
-	ret = mig_conn_new(fd, o->peer_timeout_ms, &s->c);
-	if (ret < 0) {
-		mig_errf(err, len, ret, "io_uring: %s", strerror(-ret));
+	/* the session first: a destination that cannot prove the key sees nothing of the guest */
+	ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s->sess, err, len);
+	if (ret < 0)
 		goto out;
+	s->nlanes = s->sess.conns;
+	s->lanes_send = s->nlanes > 1;
+	s->lane = calloc(s->nlanes, sizeof(*s->lane));
+	if (!s->lane) {
+		ret = mig_errf(err, len, -ENOMEM, "out of memory");
+		goto out;
+	}
+	for (i = 0; i < s->nlanes; i++) {
+		struct lane *l = &s->lane[i];
+
+		l->s = s;
+		l->ch = s->sess.chan[i];
+		l->cur = &l->batch[0];
+		l->enc = (struct mig_encoder){ .flags = o->verify ? MIG_F_PAGE_HASH : 0, .sum = MIG_SUM_INIT };
 	}
 	s->vs = calloc(g->nr_vcpus, sizeof(*s->vs));
 	if (!s->vs || (o->verify && alloc_hashes(s) < 0) || baseline(s, res) < 0) {
@@ -1013,10 +1111,14 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 	for (i = 0; i < g->nr_regions; i++)
 		s->anon[i] = mig_hostmem_private_anon(g->regions[i].hva, g->regions[i].size) == 1;
 	s->zero_hash = mig_zero_page_hash();
-	s->cur = &s->batch[0];
-	if (o->verify && !o->inline_hash && (ret = mig_worker_start(&s->w, hasher, s)) < 0) {
-		mig_errf(err, len, ret, "starting the hasher thread: %s", strerror(-ret));
-		goto out;
+	for (i = 0; i < s->nlanes; i++) {
+		if (!s->lanes_send && !(o->verify && !o->inline_hash))
+			break;
+		ret = mig_worker_start(&s->lane[i].w, lane_worker, &s->lane[i]);
+		if (ret < 0) {
+			mig_errf(err, len, ret, "starting a thread for connection %u: %s", i, strerror(-ret));
+			goto out;
+		}
 	}
 	for (i = 0; i < g->nr_regions; i++)
 		desc[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
@@ -1029,11 +1131,11 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 		goto out;
 	}
 	started = true;
-	mig_encode_header(&s->enc, &h, desc, g->nr_regions, g->nr_vcpus, o->verify ? MIG_F_PAGE_HASH : 0);
+	mig_encode_header(&s->lane[0].enc, &h, desc, g->nr_regions, g->nr_vcpus, o->verify ? MIG_F_PAGE_HASH : 0);
 	{
 		struct iovec iov[2] = { { &h, sizeof(h) }, { desc, g->nr_regions * sizeof(desc[0]) } };
 
-		ret = mig_conn_writev(s->c, iov, 2);
+		ret = mig_chan_writev(s->lane[0].ch, iov, 2);
 		if (ret < 0)
 			net_fail(s, ret, "sending the header", err, len);
 	}
@@ -1049,7 +1151,7 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 	}
 	if (ret == 0) {
 		tdown = now_ms();
-		hashed0 = s->hashed;
+		hashed0 = hashed(s);
 		pages0 = s->pages;
 		during(s, res);
 		g->ops->pause(g->ctx);
@@ -1059,7 +1161,7 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 	}
 	if (ret == 0) {
 		res->downtime_ms = now_ms() - tdown;
-		res->downtime_hashed = s->hashed - hashed0;
+		res->downtime_hashed = hashed(s) - hashed0;
 		res->downtime_pages = s->pages - pages0;
 	}
 out:
@@ -1070,7 +1172,7 @@ out:
 		fprintf(stderr, "\n");
 	/* the migration proper: from the start of tracking (a baseline measured before is not part of it) */
 	res->total_ms = now_ms() - (started ? s->t0 + s->before_ms : s->t0);
-	res->bytes = s->c ? mig_conn_sent(s->c) : 0;
+	res->bytes = mig_session_sent(&s->sess);
 	res->pages = s->pages;
 	res->zero_pages = s->zero_pages;
 	res->untouched_pages = s->untouched_pages;
@@ -1092,8 +1194,10 @@ out:
 	}
 	if (o->stats)
 		end_line(s, res, ret, err);
-	mig_worker_stop(&s->w);
-	mig_conn_free(s->c);
+	for (i = 0; i < s->nlanes; i++)
+		mig_worker_stop(&s->lane[i].w);
+	free(s->lane);
+	mig_session_free(&s->sess);
 	if (s->pagemap >= 0)
 		close(s->pagemap);
 	free(s->vs);

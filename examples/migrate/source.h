@@ -16,6 +16,7 @@
 #include <stdio.h>
 
 #include "guest.h"
+#include "session.h"
 
 struct mig_send_opts {
 	uint64_t downtime_ms;	  /* stop-and-copy once the rest fits this */
@@ -40,6 +41,22 @@ struct mig_send_opts {
 	 * on here, untouched, and mig_send() returns -ETIME.
 	 */
 	bool force_switchover;
+	/*
+	 * A key (session.h): source and destination prove to each other that
+	 * they hold it, and every record is sealed; with encrypt, encrypted
+	 * too.  NULL: a plain stream.
+	 */
+	const struct mig_psk *psk;
+	bool encrypt;
+	/*
+	 * Connections, 1 (0 counts as 1) .. MIG_MAX_CONNS: pages spread over
+	 * them by chunk (stream.h), each sent by a thread of its own; connect
+	 * opens each one after the first (an fd, or -errno with a reason in
+	 * err).
+	 */
+	unsigned int connections;
+	int (*connect)(void *ctx, char *err, size_t len);
+	void *connect_ctx;
 };
 
 struct mig_result {
@@ -70,7 +87,9 @@ struct mig_result {
 };
 
 /*
- * Migrate g (its vCPUs running, g->tracker covering its regions) over fd.
+ * Migrate g (its vCPUs running, g->tracker covering its regions) over fd,
+ * the session first (session.h: -EACCES when authentication failed on
+ * either side, with "authentication" in err; the guest is then untouched).
  * Returns -errno when the migration failed (-ETIME: pre-copy did not
  * converge and force_switchover is off): the vCPUs run on here, never
  * paused, tracking is stopped, and the guest can be migrated again.  Otherwise

@@ -313,6 +313,12 @@ static int check_run(struct mig_decoder *d, const struct mig_record *rec, uint64
 	if (rec->count > npages - rec->first)
 		return refuse_field(d, rec, "count", err, len, "pages [%" PRIu64 ", +%" PRIu64 ") run past region %"
 				    PRIu32 " (%" PRIu64 " pages)", rec->first, rec->count, rec->index, npages);
+	if (d->lanes > 1 && (rec->first / MIG_LANE_PAGES != (rec->first + rec->count - 1) / MIG_LANE_PAGES ||
+			     mig_lane_of(rec->index, rec->first, d->lanes) != d->lane))
+		return refuse_field(d, rec, "first", err, len, "pages [%" PRIu64 ", +%" PRIu64 ") of region %" PRIu32
+				    " on connection %" PRIu32 ": a record's pages are one chunk's, and chunk %" PRIu64
+				    " travels on connection %" PRIu32, rec->first, rec->count, rec->index, d->lane,
+				    rec->first / MIG_LANE_PAGES, mig_lane_of(rec->index, rec->first, d->lanes));
 	accept_record(d, rec);
 	return 0;
 }
@@ -327,8 +333,17 @@ int mig_decode_zero(struct mig_decoder *d, const struct mig_record *rec, char *e
 	return check_run(d, rec, UINT64_MAX, err, len);
 }
 
+/* PASS and VCPU: connection 0's alone. */
+static int on_first_lane(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
+{
+	return refuse_field(d, rec, "kind", err, len, "%s on connection %" PRIu32 ", it travels on connection 0 only",
+			    mig_kind_name(rec->kind), d->lane);
+}
+
 int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
+	if (d->lane)
+		return on_first_lane(d, rec, err, len);
 	if (rec->index)
 		return refuse_field(d, rec, "index", err, len, "%" PRIu32 ", must be 0", rec->index);
 	if (rec->count)
@@ -343,6 +358,8 @@ int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *e
 
 int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
+	if (d->lane)
+		return on_first_lane(d, rec, err, len);
 	if (rec->index >= d->nr_vcpus)
 		return refuse_field(d, rec, "index", err, len, "vCPU %" PRIu32 ", this destination has %" PRIu32,
 				    rec->index, d->nr_vcpus);
@@ -369,7 +386,7 @@ int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *er
 	if (rec->first != d->sum)
 		return refuse_field(d, rec, "first", err, len, "checksum 0x%" PRIx64 ", the stream's is 0x%" PRIx64
 				    ": it was corrupted", rec->first, d->sum);
-	for (i = 0; i < d->nr_vcpus; i++)
+	for (i = 0; !d->lane && i < d->nr_vcpus; i++)
 		if (!(d->vcpu_seen[i / 64] & (1ull << (i % 64))))
 			return refuse(err, len, "record %" PRIu64 " (END): no VCPU record for vCPU %" PRIu32 " before it",
 				      d->nrec, i);

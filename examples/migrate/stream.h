@@ -61,6 +61,25 @@
 #define MIG_MAX_VCPUS 256
 #define MIG_RUN_PAGES 256u /* pages a DATA record carries at most (1 MiB) */
 
+/*
+ * A stream over several connections (session.h): each connection carries
+ * a stream of its own, framed as above, each ending with its own END
+ * whose checksum covers that connection's records.  The header, the
+ * region table, PASS and VCPU records travel on connection 0 only.  The
+ * pages of a region go by chunks of MIG_LANE_PAGES (a multiple of 64, so
+ * no two connections share a word of a page bitmap): chunk k of region r
+ * on connection (k + r) % connections, always, so every copy of a page
+ * takes the same connection, in order, and a copy from an earlier pass
+ * can never land after a later one.  A DATA or ZERO record stays within
+ * one chunk.
+ */
+#define MIG_LANE_PAGES 256u
+
+static inline uint32_t mig_lane_of(uint32_t region, uint64_t page, uint32_t lanes)
+{
+	return (uint32_t)((page / MIG_LANE_PAGES + region) % lanes);
+}
+
 struct mig_header {
 	char magic[8]; /* MIG_MAGIC, NUL-padded */
 	uint32_t version;
@@ -175,6 +194,7 @@ struct mig_decoder {
 	uint64_t nrec; /* records decoded so far */
 	uint64_t pass; /* last PASS */
 	uint64_t vcpu_seen[MIG_MAX_VCPUS / 64];
+	uint32_t lane, lanes; /* which connection of how many this stream is on (0 of 1 unless set) */
 };
 
 void mig_decoder_init(struct mig_decoder *d, const struct mig_region *regions, uint32_t nr_regions,

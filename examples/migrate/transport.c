@@ -140,7 +140,8 @@ void mig_conn_set_deadline(struct mig_conn *c, uint64_t ms)
 
 uint64_t mig_conn_sent(const struct mig_conn *c)
 {
-	return c->sent;
+	/* a connection's own thread sends while the main thread measures the link */
+	return __atomic_load_n(&c->sent, __ATOMIC_RELAXED);
 }
 
 uint64_t mig_conn_unacked(const struct mig_conn *c)
@@ -172,21 +173,6 @@ void mig_conn_strerror(const struct mig_conn *c, int ret, char *buf, size_t len)
 		snprintf(buf, len, "the connection's deadline passed");
 	else
 		snprintf(buf, len, "no progress with the peer for %llu ms", (unsigned long long)c->timeout_ms);
-}
-
-static int reader_read(void *ctx, void *buf, size_t len)
-{
-	return mig_conn_read(ctx, buf, len);
-}
-
-static void reader_describe(void *ctx, int ret, char *buf, size_t len)
-{
-	mig_conn_strerror(ctx, ret, buf, len);
-}
-
-struct mig_reader mig_conn_reader(struct mig_conn *c)
-{
-	return (struct mig_reader){ .read = reader_read, .describe = reader_describe, .ctx = c };
 }
 
 int mig_conn_read(struct mig_conn *c, void *buf, size_t len)
@@ -232,7 +218,7 @@ int mig_conn_writev(struct mig_conn *c, struct iovec *iov, int n)
 			return ret;
 		if (!ret)
 			return -EPIPE;
-		c->sent += (uint64_t)ret;
+		__atomic_fetch_add(&c->sent, (uint64_t)ret, __ATOMIC_RELAXED);
 		for (done = (size_t)ret; n > 0 && done >= iov->iov_len; n--, iov++)
 			done -= iov->iov_len;
 		if (n > 0) {

@@ -44,17 +44,16 @@ uint64_t mig_conn_rtt_us(const struct mig_conn *c);
 void mig_conn_strerror(const struct mig_conn *c, int ret, char *buf, size_t len);
 
 /*
- * Where a destination's bytes come from: a connection, or memory (the
- * tests and the fuzzer).  read() is mig_conn_read()'s contract; describe()
- * puts a negative read result in words.
+ * Where a destination's bytes come from: a connection's channel
+ * (channel.h), or memory (the tests and the fuzzer).  read() is
+ * mig_conn_read()'s contract; describe() puts a negative read result in
+ * words.
  */
 struct mig_reader {
 	int (*read)(void *ctx, void *buf, size_t len);
 	void (*describe)(void *ctx, int ret, char *buf, size_t len);
 	void *ctx;
 };
-
-struct mig_reader mig_conn_reader(struct mig_conn *c);
 
 /*
  * "tcp:HOST:PORT" (HOST empty: loopback) or "unix:PATH".  Each returns an

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
  * libFuzzer harness over the destination's decoder: each input is a
- * stream, received into a guest in plain memory (migrate-util.h).  Beyond
+ * stream, received into a guest in plain memory (migrate-util.h); an
+ * input that starts with FAKE_SEALED_MAGIC is a stream in sealed records
+ * (seeds/sealed*.bin), opened first with a fixed key, so the framing of a
+ * session's records is fuzzed too.  Beyond
  * what the sanitizers catch (a write outside guest memory, an overflow), it
  * stops on a refusal without a one-line reason, and on an accepted stream
  * that left a vCPU unloaded, bytes unread or an MSR the engine does not

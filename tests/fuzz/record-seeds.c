@@ -13,6 +13,13 @@
  * regressions are seeds with one thing changed and END's checksum made
  * right again, so the decoder must find the change itself.  Rerun when the
  * format changes; the streams differ from run to run (vCPU state, TSC).
+ *
+ *   build/tests/record-seeds tests/fuzz sealed
+ *
+ * writes only seeds/sealed.bin and seeds/sealed-encrypted.bin: seeds/
+ * hashed.bin in sealed records (migrate-util.h's fake_seal(), the
+ * engine's own channel), which the fuzzer opens with the same fixed key:
+ * the framing of a session's records, fuzzed (no KVM needed).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -249,6 +256,37 @@ static void regressions(const struct recorder *hashed, const struct recorder *pl
 	put_file("regress", "6-ends-early.bin", hashed->buf, end - sizeof(struct mig_record));
 }
 
+/* hashed.bin in sealed records, both modes, records of 8 KiB and 16 KiB. */
+static void sealed_seeds(void)
+{
+	char path[4096];
+	uint8_t *plain = NULL, *sealed;
+	size_t len = 0, n, slen;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/seeds/hashed.bin", dir);
+	f = fopen(path, "rb");
+	if (!f)
+		die(path, errno);
+	do {
+		plain = realloc(plain, len + 65536);
+		n = fread(plain + len, 1, 65536, f);
+		len += n;
+	} while (n);
+	fclose(f);
+	sealed = fake_seal(plain, len, false, 8192, &slen);
+	if (!sealed)
+		die("sealing hashed.bin", EIO);
+	put_file("seeds", "sealed.bin", sealed, slen);
+	free(sealed);
+	sealed = fake_seal(plain, len, true, 16384, &slen);
+	if (!sealed)
+		die("sealing hashed.bin", EIO);
+	put_file("seeds", "sealed-encrypted.bin", sealed, slen);
+	free(sealed);
+	free(plain);
+}
+
 int main(int argc, char **argv)
 {
 	struct kvmdirty_tracker_opts to = { .mode = KVMDIRTY_MODE_CLEAR_LOG };
@@ -261,11 +299,15 @@ int main(int argc, char **argv)
 	uint64_t k;
 	int ret;
 
-	if (argc != 2) {
-		fprintf(stderr, "usage: record-seeds DIR (tests/fuzz)\n");
+	if (argc != 2 && !(argc == 3 && !strcmp(argv[2], "sealed"))) {
+		fprintf(stderr, "usage: record-seeds DIR (tests/fuzz) [sealed]\n");
 		return 2;
 	}
 	dir = argv[1];
+	if (argc == 3) {
+		sealed_seeds();
+		return 0;
+	}
 	if ((ret = kvmdirty_vm_new(&vm)) < 0 || (ret = kvmdirty_tracker_new(vm, &to, &t)) < 0)
 		die("a VM and its tracker", ret);
 	for (i = 0; i < FAKE_NR_REGIONS; i++) {
@@ -297,6 +339,7 @@ int main(int argc, char **argv)
 	put_file("seeds", "plain.bin", plain.buf, plain.len);
 	put_file("seeds", "passes.bin", passes.buf, passes.len);
 	regressions(&hashed, &plain);
+	sealed_seeds();
 	kvmdirty_vm_free(vm);
 	return 0;
 }

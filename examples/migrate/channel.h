@@ -1,0 +1,87 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_CHANNEL_H
+#define KVMDIRTY_MIGRATE_CHANNEL_H
+
+/*
+ * One connection of a migration as the stream sees it: the bytes as they
+ * are (a plain connection), or cut into sealed records, each covered by
+ * an AES-256-GCM tag under a key of this connection and this direction
+ * (session.h derives the keys), with the connection's index and the
+ * record's sequence number (implicit: 0, 1, 2, ... in each direction) in
+ * the nonce.  A sealed record changed, dropped, replayed or reordered in
+ * flight fails its tag; none of its bytes is handed on.  With encrypt the
+ * payload is also encrypted; without, it travels in clear and only the
+ * tag is added.
+ *
+ *   struct mig_seal   16 bytes, in clear, covered by the tag
+ *   payload           len bytes (1 .. MIG_SEAL_MAX; 0 only with MIG_SEAL_LAST)
+ *   tag               16 bytes
+ *
+ * The sender's last record carries MIG_SEAL_LAST: a connection that ends
+ * without one was cut short in flight, and reading it fails.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "transport.h"
+
+#define MIG_SEAL_KEY 32
+#define MIG_SEAL_TAG 16
+#define MIG_SEAL_MAX (256u << 10) /* payload bytes of one sealed record, at most */
+#define MIG_SEAL_LAST (1u << 0)
+
+struct mig_seal {
+	uint32_t len;	   /* payload bytes */
+	uint32_t flags;	   /* MIG_SEAL_* */
+	uint64_t reserved; /* 0 */
+};
+
+_Static_assert(sizeof(struct mig_seal) == 16, "stream layout");
+
+/* The keys of one connection: what it sends under, what it receives under. */
+struct mig_chan_keys {
+	uint8_t send[MIG_SEAL_KEY], recv[MIG_SEAL_KEY];
+	uint32_t conn; /* the connection's index in its session, in the nonce */
+	bool encrypt;
+};
+
+struct mig_chan;
+
+/*
+ * A channel over c (not taken over: the caller frees c after the channel),
+ * sealed with keys, or plain when keys is NULL.  0 or -ENOMEM.
+ */
+int mig_chan_new(struct mig_conn *c, const struct mig_chan_keys *keys, struct mig_chan **ret_ch);
+/*
+ * A channel that only reads, from raw (a stream held in memory: the tests
+ * and the fuzzer); writing to it is -EBADF.
+ */
+int mig_chan_new_reader(const struct mig_reader *raw, const struct mig_chan_keys *keys, struct mig_chan **ret_ch);
+void mig_chan_free(struct mig_chan *ch);
+struct mig_conn *mig_chan_conn(struct mig_chan *ch);
+
+/*
+ * Bytes already read off a plain connection, handed back: the next reads
+ * return them first (at most 64 bytes; -EINVAL on a sealed channel).
+ */
+int mig_chan_unread(struct mig_chan *ch, const void *buf, size_t len);
+
+/* mig_conn_writev()'s contract; sealed, the bytes go in records of up to MIG_SEAL_MAX. */
+int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n);
+/*
+ * mig_conn_read()'s contract.  Sealed: only bytes of records whose tag
+ * matched; fewer than len only after the peer's MIG_SEAL_LAST record;
+ * -EACCES for a record that failed its tag or whose length cannot be (a
+ * failure of authentication: the bytes are not the peer's), -EPIPE for a
+ * connection that ended without MIG_SEAL_LAST.
+ */
+int mig_chan_read(struct mig_chan *ch, void *buf, size_t len);
+/* Nothing more will be sent (sealed: the MIG_SEAL_LAST record first). */
+int mig_chan_close_write(struct mig_chan *ch);
+/* A negative result in words; a sealed channel's own failures name authentication. */
+void mig_chan_strerror(const struct mig_chan *ch, int ret, char *buf, size_t len);
+struct mig_reader mig_chan_reader(struct mig_chan *ch);
+
+#endif

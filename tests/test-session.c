@@ -1,0 +1,645 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Sessions and sealed records without KVM: key files refused for their
+ * mode, size or kind; the handshake over socket pairs, both ends in this
+ * process, refusing a wrong key, a missing one, one the destination does
+ * not have, a session without the encryption the destination requires,
+ * and a recorded session played again; connections that do not join the
+ * session refused while the real ones join; and sealed records changed,
+ * dropped, reordered, replayed, moved to another connection or cut off,
+ * each refused at the record it hit with nothing of that record handed
+ * on, in both sealing modes.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include "channel.h"
+#include "session.h"
+#include "test-util.h"
+
+#define KEY_A "0123456789abcdef0123456789abcdef\n"
+#define KEY_B "0123456789abcdef0123456789abcdeF\n"
+
+static char tmpdir[64];
+
+static void write_file(const char *name, const char *content, mode_t mode, char *path, size_t len)
+{
+	int fd;
+
+	snprintf(path, len, "%s/%s", tmpdir, name);
+	unlink(path);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, content, strlen(content)), (ssize_t)strlen(content));
+	close(fd);
+	ck_assert_int_eq(chmod(path, mode), 0);
+}
+
+static struct mig_psk key_a, key_b;
+
+/* The two keys the handshakes use (in each test's own process). */
+static void load_keys(void)
+{
+	char path[128], err[256];
+
+	write_file("key", KEY_A, 0600, path, sizeof(path));
+	ck_assert_msg(mig_psk_load(path, &key_a, err, sizeof(err)) == 0, "%s", err);
+	write_file("key", KEY_B, 0600, path, sizeof(path));
+	ck_assert_msg(mig_psk_load(path, &key_b, err, sizeof(err)) == 0, "%s", err);
+}
+
+START_TEST(key_files)
+{
+	static const struct {
+		const char *content;
+		mode_t mode;
+		int ret;
+		const char *says;
+	} cases[] = {
+		{ KEY_A, 0600, 0, NULL },
+		{ KEY_A, 0400, 0, NULL },
+		{ KEY_A, 0640, -EPERM, "group or others may read or write it (mode 0640)" },
+		{ KEY_A, 0604, -EPERM, "(mode 0604)" },
+		{ KEY_A, 0620, -EPERM, "(mode 0620)" },
+		{ "fifteen bytes..\n\n  \t", 0600, -EINVAL, "15 bytes of key, at least 16" },
+		{ "", 0600, -EINVAL, "0 bytes of key" },
+	};
+	struct mig_psk psk;
+	char path[128], err[256];
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		write_file("k", cases[i].content, cases[i].mode, path, sizeof(path));
+		err[0] = 0;
+		ret = mig_psk_load(path, &psk, err, sizeof(err));
+		ck_assert_msg(ret == cases[i].ret, "case %u: %d (%s), expected %d", i, ret, err, cases[i].ret);
+		if (!ret) {
+			ck_assert_uint_eq(psk.len, 32); /* the newline is not part of it */
+			ck_assert_int_eq(memcmp(psk.key, KEY_A, 32), 0);
+			continue;
+		}
+		ck_assert_msg(strstr(err, cases[i].says) && strstr(err, path) && !strchr(err, '\n'),
+			      "case %u: '%s', expected one line naming %s and saying '%s'", i, err, path, cases[i].says);
+		/* never the key */
+		ck_assert_msg(!strstr(err, "0123456789abcdef"), "case %u: the key in '%s'", i, err);
+	}
+	ck_assert_errno(mig_psk_load(tmpdir, &psk, err, sizeof(err)), EINVAL);
+	ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
+	snprintf(path, sizeof(path), "%s/none", tmpdir);
+	ck_assert_errno(mig_psk_load(path, &psk, err, sizeof(err)), ENOENT);
+}
+END_TEST
+
+/* ---- the handshake, both ends here ---- */
+
+/* A socket that relays a connection and records what the source sent. */
+struct tap {
+	int from, to;
+	uint8_t *buf;
+	size_t len;
+	bool record;
+};
+
+static void *tap_run(void *p)
+{
+	struct tap *t = p;
+	uint8_t b[65536];
+	ssize_t k;
+
+	while ((k = read(t->from, b, sizeof(b))) > 0) {
+		if (t->record) {
+			t->buf = realloc(t->buf, t->len + (size_t)k);
+			memcpy(t->buf + t->len, b, (size_t)k);
+			t->len += (size_t)k;
+		}
+		if (send(t->to, b, (size_t)k, MSG_NOSIGNAL) != k)
+			break;
+	}
+	shutdown(t->to, SHUT_WR);
+	return NULL;
+}
+
+struct side {
+	struct mig_session_opts o;
+	struct mig_session s;
+	int fd, ret;
+	char err[256];
+	/* a message each way once the session is up */
+	char got[64];
+};
+
+static const char hello_dst[] = "from the destination", hello_src[] = "from the source";
+
+static void exchange(struct side *x, bool source)
+{
+	struct iovec iov = { (void *)(source ? hello_src : hello_dst),
+			     source ? sizeof(hello_src) : sizeof(hello_dst) };
+	size_t want = source ? sizeof(hello_dst) : sizeof(hello_src);
+
+	if (source) {
+		ck_assert_ok(mig_chan_writev(x->s.chan[0], &iov, 1));
+		ck_assert_int_eq(mig_chan_read(x->s.chan[0], x->got, want), (int)want);
+	} else {
+		ck_assert_int_eq(mig_chan_read(x->s.chan[0], x->got, want), (int)want);
+		ck_assert_ok(mig_chan_writev(x->s.chan[0], &iov, 1));
+	}
+}
+
+/* The handshakes here fail on connection 0, before any other is opened. */
+static int no_more(void *ctx, char *err, size_t len)
+{
+	snprintf(err, len, "no second connection here");
+	return -ECONNREFUSED;
+}
+
+static void *source_run(void *p)
+{
+	struct side *x = p;
+
+	x->ret = mig_session_connect(x->fd, &x->o, no_more, NULL, &x->s, x->err, sizeof(x->err));
+	if (x->ret == 0) {
+		exchange(x, true);
+		mig_session_free(&x->s);
+	}
+	shutdown(x->fd, SHUT_RDWR);
+	return NULL;
+}
+
+/*
+ * A source and a destination with these options over a socket pair,
+ * through a tap that records what the source sends (into *rec, when
+ * asked).  Both results and reasons in src and dst.
+ */
+static void handshake(struct side *src, struct side *dst, uint8_t **rec, size_t *rec_len)
+{
+	int a[2], b[2];
+	struct tap t;
+	pthread_t ts, tt;
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
+	/* source a[0] ... a[1] tap b[0] ... b[1] destination; the answers go back untapped */
+	t = (struct tap){ .from = a[1], .to = b[0], .record = rec != NULL };
+	src->fd = a[0];
+	dst->fd = b[1];
+	ck_assert_int_eq(pthread_create(&ts, NULL, source_run, src), 0);
+	ck_assert_int_eq(pthread_create(&tt, NULL, tap_run, &t), 0);
+	{
+		struct tap back = { .from = b[0], .to = a[1] };
+		pthread_t tb;
+
+		ck_assert_int_eq(pthread_create(&tb, NULL, tap_run, &back), 0);
+		dst->ret = mig_session_accept(dst->fd, &dst->o, NULL, NULL, &dst->s, dst->err, sizeof(dst->err));
+		if (dst->ret == 0) {
+			exchange(dst, false);
+			mig_session_free(&dst->s);
+		}
+		shutdown(dst->fd, SHUT_RDWR);
+		pthread_join(ts, NULL);
+		shutdown(a[1], SHUT_RDWR);
+		shutdown(b[0], SHUT_RDWR);
+		pthread_join(tt, NULL);
+		pthread_join(tb, NULL);
+	}
+	if (rec) {
+		*rec = t.buf;
+		*rec_len = t.len;
+	}
+	close(a[0]);
+	close(a[1]);
+	close(b[0]);
+	close(b[1]);
+}
+
+static void expect_side(const struct side *x, const char *who, int ret, const char *says)
+{
+	ck_assert_msg(x->ret == ret, "%s: %d (%s), expected %d", who, x->ret, x->err, ret);
+	if (says)
+		ck_assert_msg(strstr(x->err, says) && !strchr(x->err, '\n'), "%s: '%s', expected one line saying '%s'",
+			      who, x->err, says);
+}
+
+START_TEST(handshake_proves_the_key)
+{
+	static const struct {
+		const struct mig_psk *src, *dst;
+		bool src_encrypt, dst_encrypt;
+		int ret;
+		const char *dst_says, *src_says;
+	} cases[] = {
+		{ .src = &key_a, .dst = &key_a, .ret = 0 },
+		{ .src = &key_a, .dst = &key_a, .src_encrypt = true, .dst_encrypt = true, .ret = 0 },
+		{ .src = &key_a, .dst = &key_a, .src_encrypt = true, .ret = 0 },
+		{ .src = &key_b, .dst = &key_a, .ret = -EACCES,
+		  .dst_says = "authentication failed on connection 0: the peer does not prove that it holds the key",
+		  .src_says = "destination refused: authentication failed" },
+		{ .src = NULL, .dst = &key_a, .ret = -EACCES,
+		  .dst_says = "authentication: the peer has no key, this destination requires one" },
+		{ .src = &key_a, .dst = NULL, .ret = -EACCES,
+		  .dst_says = "authentication: the peer offers a key, this destination has none",
+		  .src_says = "destination refused: authentication" },
+		{ .src = &key_a, .dst = &key_a, .dst_encrypt = true, .ret = -EACCES,
+		  .dst_says = "authentication: the peer does not encrypt, this destination requires it",
+		  .src_says = "destination refused: authentication" },
+	};
+	unsigned int i;
+
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		struct side src = { .o = { .psk = cases[i].src, .encrypt = cases[i].src_encrypt, .timeout_ms = 5000,
+					   .conns = cases[i].src ? 1 : 2 } },
+			    dst = { .o = { .psk = cases[i].dst, .encrypt = cases[i].dst_encrypt, .timeout_ms = 5000 } };
+
+		/* a source without a key opens a session only with several connections: two, refused first */
+		handshake(&src, &dst, NULL, NULL);
+		if (!cases[i].src) {
+			ck_assert_msg(dst.ret == -EACCES && strstr(dst.err, cases[i].dst_says), "case %u: %d '%s'", i,
+				      dst.ret, dst.err);
+			continue;
+		}
+		expect_side(&dst, "destination", cases[i].ret, cases[i].dst_says);
+		expect_side(&src, "source", cases[i].ret, cases[i].src_says);
+		if (!cases[i].ret) {
+			ck_assert_str_eq(src.got, hello_dst);
+			ck_assert_str_eq(dst.got, hello_src);
+		}
+	}
+}
+END_TEST
+
+START_TEST(plain_stream_refused_with_a_key)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000 };
+	struct mig_header h = { .magic = MIG_MAGIC, .version = MIG_VERSION };
+	struct mig_session s;
+	struct mig_ack ack;
+	char err[256];
+	int sv[2];
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	ck_assert_int_eq(write(sv[0], &h, sizeof(h)), (ssize_t)sizeof(h));
+	ck_assert_errno(mig_session_accept(sv[1], &o, NULL, NULL, &s, err, sizeof(err)), EACCES);
+	ck_assert_msg(strstr(err, "authentication: the peer sent a stream without a key"), "%s", err);
+	/* the plain peer hears why, in its own terms */
+	ck_assert_int_eq(read(sv[0], &ack, sizeof(ack)), (ssize_t)sizeof(ack));
+	ck_assert_int_eq(ack.status, -EACCES);
+	ck_assert_msg(strstr(ack.message, "authentication"), "%s", ack.message);
+	close(sv[0]);
+	close(sv[1]);
+}
+END_TEST
+
+/* What a recorded session's source sent, played again to a destination: its proof is stale. */
+START_TEST(replayed_session_refused)
+{
+	struct side src = { .o = { .psk = &key_a, .timeout_ms = 5000 } }, dst = { .o = { .psk = &key_a, .timeout_ms = 5000 } };
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000 };
+	struct mig_session s;
+	uint8_t *rec;
+	size_t len;
+	char err[256];
+	int sv[2];
+
+	handshake(&src, &dst, &rec, &len);
+	ck_assert_msg(src.ret == 0 && dst.ret == 0, "the recorded session failed: %s / %s", src.err, dst.err);
+	ck_assert_uint_gt(len, sizeof(struct mig_hello) + MIG_PROOF);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	ck_assert_int_eq(write(sv[0], rec, len), (ssize_t)len);
+	shutdown(sv[0], SHUT_WR);
+	ck_assert_errno(mig_session_accept(sv[1], &o, NULL, NULL, &s, err, sizeof(err)), EACCES);
+	ck_assert_msg(strstr(err, "authentication failed on connection 0") && strstr(err, "played again"), "%s", err);
+	close(sv[0]);
+	close(sv[1]);
+	free(rec);
+}
+END_TEST
+
+/* ---- connections joining a session ---- */
+
+struct joiner {
+	char path[108];
+	int lfd;
+	unsigned int intruders; /* connections to make first that do not join */
+	unsigned int refused;
+};
+
+static int unix_connect(const char *path)
+{
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", path);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&un, sizeof(un)), 0);
+	return fd;
+}
+
+/* Before each real connection, an intruder whose hello names another session. */
+static int join_connect(void *ctx, char *err, size_t len)
+{
+	struct joiner *j = ctx;
+
+	while (j->intruders) {
+		struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION,
+				       .flags = MIG_S_PSK | MIG_S_JOIN, .conns = 3, .conn = 1 };
+		int fd = unix_connect(j->path);
+		struct mig_hello back;
+
+		memset(h.session, 0x5a, sizeof(h.session));
+		ck_assert_int_eq(write(fd, &h, sizeof(h)), (ssize_t)sizeof(h));
+		/* refused before any proof is asked */
+		ck_assert_int_eq(read(fd, &back, sizeof(back)), (ssize_t)sizeof(back));
+		ck_assert_uint_eq(back.flags & MIG_S_REFUSED, MIG_S_REFUSED);
+		close(fd);
+		j->intruders--;
+	}
+	return unix_connect(j->path);
+}
+
+static int join_accept(void *ctx, uint64_t timeout_ms, char *err, size_t len)
+{
+	struct joiner *j = ctx;
+	int fd = accept(j->lfd, NULL, NULL);
+
+	return fd < 0 ? -errno : fd;
+}
+
+static void join_log(void *ctx, const char *line)
+{
+	struct joiner *j = ctx;
+
+	ck_assert_msg(strstr(line, "authentication: a connection that does not join this session") &&
+			      !strchr(line, '\n'),
+		      "refused with '%s'", line);
+	j->refused++;
+}
+
+struct connecting {
+	struct joiner *j;
+	struct mig_session_opts o;
+	struct mig_session s;
+	int ret;
+	char err[256];
+};
+
+static void *connecting_run(void *p)
+{
+	struct connecting *c = p;
+	unsigned int i;
+
+	c->ret = mig_session_connect(unix_connect(c->j->path), &c->o, join_connect, c->j, &c->s, c->err,
+				     sizeof(c->err));
+	for (i = 0; c->ret == 0 && i < c->s.conns; i++) {
+		struct iovec iov = { &i, sizeof(i) };
+
+		ck_assert_ok(mig_chan_writev(c->s.chan[i], &iov, 1));
+		ck_assert_ok(mig_chan_close_write(c->s.chan[i]));
+	}
+	return NULL;
+}
+
+START_TEST(joins_bound_to_the_session)
+{
+	struct joiner j = { .intruders = 2 };
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	struct connecting c = { .j = &j, .o = { .psk = &key_a, .encrypt = true, .conns = 3, .timeout_ms = 5000 } };
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .log = join_log, .log_ctx = &j };
+	struct mig_session s;
+	char err[256];
+	pthread_t th;
+	unsigned int i, v;
+	int fd;
+
+	snprintf(j.path, sizeof(j.path), "%s/sock", tmpdir);
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", j.path);
+	unlink(j.path);
+	j.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+	ck_assert_int_eq(bind(j.lfd, (struct sockaddr *)&un, sizeof(un)), 0);
+	ck_assert_int_eq(listen(j.lfd, 8), 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, connecting_run, &c), 0);
+	fd = accept(j.lfd, NULL, NULL);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_msg(mig_session_accept(fd, &o, join_accept, &j, &s, err, sizeof(err)) == 0, "%s", err);
+	pthread_join(th, NULL);
+	ck_assert_msg(c.ret == 0, "source: %s", c.err);
+	ck_assert_uint_eq(s.conns, 3);
+	ck_assert_uint_eq(j.refused, 2);
+	ck_assert_uint_eq(s.flags, MIG_S_PSK | MIG_S_ENCRYPT);
+	/* each connection under keys of its own, each ending with its last record */
+	for (i = 0; i < 3; i++) {
+		ck_assert_int_eq(mig_chan_read(s.chan[i], &v, sizeof(v)), (int)sizeof(v));
+		ck_assert_uint_eq(v, i);
+		ck_assert_int_eq(mig_chan_read(s.chan[i], &v, sizeof(v)), 0);
+	}
+	mig_session_free(&c.s);
+	mig_session_free(&s);
+	close(fd);
+	close(j.lfd);
+	unlink(j.path);
+}
+END_TEST
+
+/* ---- sealed records in flight ---- */
+
+#define NREC 6
+
+static const struct mig_chan_keys keys0 = { .send = { 1 }, .recv = { 2 }, .conn = 0 };
+
+/* NREC sealed records (record i: 1000 + i bytes of 'a' + i) and the last one, as the wire carries them. */
+static uint8_t *sealed(bool encrypt, uint32_t conn, size_t *ret_len, size_t off[NREC + 2])
+{
+	struct mig_chan_keys k = keys0;
+	struct mig_chan *ch;
+	struct mig_conn *c;
+	uint8_t *buf = malloc(1 << 20), msg[2000];
+	size_t len = 0, pos = 0;
+	ssize_t n;
+	int sv[2], i;
+
+	k.encrypt = encrypt;
+	k.conn = conn;
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	ck_assert_ok(mig_conn_new(sv[0], 5000, &c));
+	ck_assert_ok(mig_chan_new(c, &k, &ch));
+	for (i = 0; i < NREC; i++) {
+		struct iovec iov = { msg, 1000 + (size_t)i };
+
+		memset(msg, 'a' + i, sizeof(msg));
+		ck_assert_ok(mig_chan_writev(ch, &iov, 1));
+	}
+	ck_assert_ok(mig_chan_close_write(ch));
+	while ((n = read(sv[1], buf + len, (1 << 20) - len)) > 0)
+		len += (size_t)n;
+	mig_chan_free(ch);
+	mig_conn_free(c);
+	close(sv[0]);
+	close(sv[1]);
+	/* where each record starts, and the end */
+	for (i = 0; i < NREC + 1; i++) {
+		struct mig_seal h;
+
+		off[i] = pos;
+		memcpy(&h, buf + pos, sizeof(h));
+		pos += sizeof(h) + h.len + MIG_SEAL_TAG;
+	}
+	off[NREC + 1] = pos;
+	ck_assert_uint_eq(pos, len);
+	*ret_len = len;
+	return buf;
+}
+
+/*
+ * Feed bytes to a reader on connection 0 with the receiving key; read
+ * every record.  The result of the failing read (0 if none failed), its
+ * reason, and the records read whole before it.
+ */
+static int feed(bool encrypt, const uint8_t *buf, size_t len, char *err, size_t elen, int *ret_whole)
+{
+	struct mig_chan_keys k = { .conn = 0, .encrypt = encrypt };
+	struct mig_chan *ch;
+	struct mig_conn *c;
+	uint8_t msg[2000];
+	int sv[2], i, ret = 0;
+
+	memcpy(k.recv, keys0.send, sizeof(k.recv));
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	ck_assert_int_eq(write(sv[0], buf, len), (ssize_t)len);
+	shutdown(sv[0], SHUT_WR);
+	ck_assert_ok(mig_conn_new(sv[1], 5000, &c));
+	ck_assert_ok(mig_chan_new(c, &k, &ch));
+	*ret_whole = 0;
+	for (i = 0; i < NREC; i++) {
+		ret = mig_chan_read(ch, msg, 1000 + (size_t)i);
+		if (ret != 1000 + i)
+			break;
+		/* what is handed on is what was sent, nothing of a bad record */
+		ck_assert_msg(msg[0] == 'a' + i && msg[999 + i] == 'a' + i, "record %d handed on changed", i);
+		++*ret_whole;
+	}
+	if (i == NREC)
+		ret = mig_chan_read(ch, msg, 1); /* the end: 0 after the last record */
+	if (ret < 0)
+		mig_chan_strerror(ch, ret, err, elen);
+	mig_chan_free(ch);
+	mig_conn_free(c);
+	close(sv[0]);
+	close(sv[1]);
+	return ret;
+}
+
+START_TEST(sealed_records_refused_in_flight)
+{
+	const bool encrypt = _i;
+	size_t len, len1, off[NREC + 2], off1[NREC + 2];
+	uint8_t *buf = sealed(encrypt, 0, &len, off), *other = sealed(encrypt, 1, &len1, off1);
+	uint8_t *t = malloc(len + 65536);
+	char err[256];
+	size_t n, r2 = off[3] - off[2], r3 = off[4] - off[3];
+	int whole, ret;
+
+	/* as sent: every record, then the end */
+	ck_assert_int_eq(feed(encrypt, buf, len, err, sizeof(err), &whole), 0);
+	ck_assert_int_eq(whole, NREC);
+	/* encrypted, the payload is not in clear; sealed only, it is */
+	ck_assert_int_eq(buf[off[2] + sizeof(struct mig_seal) + 10] == 'a' + 2, !encrypt);
+
+#define EXPECT_REFUSED(what, want_ret, want_whole, says)                                                         \
+	do {                                                                                                     \
+		ret = feed(encrypt, t, n, err, sizeof(err), &whole);                                             \
+		ck_assert_msg(ret == (want_ret) && whole == (want_whole) && strstr(err, says) &&                 \
+				      !strchr(err, '\n'),                                                        \
+			      "%s (encrypt %d): %d after %d records, '%s'; expected %d after %d saying '%s'", what, \
+			      encrypt, ret, whole, err, want_ret, want_whole, says);                             \
+	} while (0)
+
+	/* a byte flipped in record 2's payload, its tag, or its header */
+	static const size_t flips[] = { sizeof(struct mig_seal) + 500, 0 /* tag */, 5 /* flags */, 8 /* reserved */ };
+	for (unsigned int f = 0; f < sizeof(flips) / sizeof(flips[0]); f++) {
+		memcpy(t, buf, len);
+		n = len;
+		t[flips[f] ? off[2] + flips[f] : off[3] - 1] ^= 0x04;
+		EXPECT_REFUSED("flipped byte", -EACCES, 2,
+			       "authentication: sealed record 2 on connection 0 failed its check");
+	}
+	/* record 2 dropped */
+	memcpy(t, buf, off[2]);
+	memcpy(t + off[2], buf + off[3], len - off[3]);
+	n = len - r2;
+	EXPECT_REFUSED("dropped record", -EACCES, 2, "sealed record 2 on connection 0 failed its check");
+	/* records 2 and 3 swapped */
+	memcpy(t, buf, off[2]);
+	memcpy(t + off[2], buf + off[3], r3);
+	memcpy(t + off[2] + r3, buf + off[2], r2);
+	memcpy(t + off[4], buf + off[4], len - off[4]);
+	n = len;
+	EXPECT_REFUSED("reordered records", -EACCES, 2, "sealed record 2 on connection 0 failed its check");
+	/* record 1 played again in place of record 2 */
+	memcpy(t, buf, off[2]);
+	memcpy(t + off[2], buf + off[1], off[2] - off[1]);
+	memcpy(t + off[2] + (off[2] - off[1]), buf + off[3], len - off[3]);
+	n = len - r2 + (off[2] - off[1]);
+	EXPECT_REFUSED("replayed record", -EACCES, 2, "sealed record 2 on connection 0 failed its check");
+	/* record 2 of connection 1 (same keys here, another nonce) in place of connection 0's */
+	memcpy(t, buf, off[2]);
+	memcpy(t + off[2], other + off1[2], off1[3] - off1[2]);
+	memcpy(t + off[3], buf + off[3], len - off[3]);
+	n = len;
+	EXPECT_REFUSED("record of another connection", -EACCES, 2, "sealed record 2 on connection 0 failed its check");
+	/* a length no record has */
+	memcpy(t, buf, len);
+	n = len;
+	{
+		uint32_t big = MIG_SEAL_MAX + 1;
+
+		memcpy(t + off[2], &big, sizeof(big));
+	}
+	EXPECT_REFUSED("bad length", -EACCES, 2, "sealed record 2 on connection 0 claims");
+	/* the tail cut: the last record (and the one before) never arrive */
+	memcpy(t, buf, off[NREC - 1]);
+	n = off[NREC - 1];
+	EXPECT_REFUSED("tail cut", -EPIPE, NREC - 1, "connection 0 ended after 5 sealed records without its last one");
+	memcpy(t, buf, off[NREC]);
+	n = off[NREC];
+	EXPECT_REFUSED("last record cut", -EPIPE, NREC, "without its last one");
+	/* cut inside a record */
+	n = off[3] + 20;
+	EXPECT_REFUSED("record cut", -EPIPE, 3, "records cut off in flight");
+#undef EXPECT_REFUSED
+	free(t);
+	free(buf);
+	free(other);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("session");
+	TCase *tc = tcase_create("session");
+	int ret;
+
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kvmdirty-session-XXXXXX");
+	if (!mkdtemp(tmpdir)) {
+		perror("mkdtemp");
+		return 1;
+	}
+	tcase_add_checked_fixture(tc, load_keys, NULL);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, key_files);
+	tcase_add_test(tc, handshake_proves_the_key);
+	tcase_add_test(tc, plain_stream_refused_with_a_key);
+	tcase_add_test(tc, replayed_session_refused);
+	tcase_add_test(tc, joins_bound_to_the_session);
+	tcase_add_loop_test(tc, sealed_records_refused_in_flight, 0, 2);
+	suite_add_tcase(s, tc);
+	ret = run_suite(s);
+	{
+		char cmd[128];
+
+		snprintf(cmd, sizeof(cmd), "rm -rf %s", tmpdir);
+		if (system(cmd))
+			ret = 1;
+	}
+	return ret;
+}
