@@ -17,6 +17,11 @@
  *   setter before it locks until the thread stopped the timer.
  * - share_whole_again_taken: the control: 500 taken, then 1000; the timer
  *   stops.
+ * - share_part_races_disarm: the control for the disarm at a share of
+ *   1000: the thread has seen 1000 under tv->lock and is about to stop
+ *   its timer when testvm_set_run_share() exchanges 500 and goes for the
+ *   lock.  The setter's firing must come after the stop: the 500 is taken
+ *   by a vCPU that never exits.
  * - timer_tid_reused: a thread not of testvm_spawn() runs a vCPU under a
  *   share and ends; its timer stays, keyed by its thread id.  A later
  *   thread that gets the same id (forced in a PID namespace) is taken for
@@ -26,6 +31,11 @@
  *   KVM_RUN (KVM_SET_SIGNAL_MASK) turns kicks off just as its vCPU
  *   thread took a kick's EINTR: the kick's signal is still pending, the
  *   library no longer eats it (it looks for the signal now set, none),
+ *   and the next KVM_RUN returns -EINTR with immediate_exit clear.
+ * - kick_moved_leaks_eintr: as kick_off_leaks_eintr, but the VMM moves
+ *   kicks to SIGUSR2 (blocked outside KVM_RUN too) instead of turning them
+ *   off, and a second kick with SIGUSR2 lands before the thread went on.
+ *   The library eats the last kick's signal only: SIGUSR1 stays pending
  *   and the next KVM_RUN returns -EINTR with immediate_exit clear.
  */
 #define _GNU_SOURCE
@@ -405,13 +415,70 @@ START_TEST(share_whole_races_slice_end)
 END_TEST
 #endif
 
-/* ---- kick_off_leaks_eintr ---- */
+/* ---- share_part_races_disarm (not under ThreadSanitizer, as above) ---- */
+#ifndef __SANITIZE_THREAD__
+
+static struct {
+	struct testvm *tv;
+	pthread_t setter;
+	int watch, at_disarm, lock_armed, setter_at_lock;
+} dz;
+
+static void dz_settime(const struct itimerspec *its)
+{
+	/* the vCPU thread in sit_out(), share 1000 seen under tv->lock: it is about to stop its timer */
+	if (gettid() != __atomic_load_n(&sg.tid, __ATOMIC_ACQUIRE) || its->it_value.tv_sec || its->it_value.tv_nsec ||
+	    its->it_interval.tv_nsec || !__atomic_exchange_n(&dz.watch, 0, __ATOMIC_ACQ_REL))
+		return;
+	__atomic_store_n(&dz.at_disarm, 1, __ATOMIC_RELEASE);
+	/* until testvm_set_run_share() exchanged 500 and goes for tv->lock */
+	wait_count(&dz.setter_at_lock, 1, 10000);
+}
+
+static void dz_lock(pthread_mutex_t *m)
+{
+	if (m != &dz.tv->lock || !pthread_equal(pthread_self(), dz.setter) ||
+	    !__atomic_exchange_n(&dz.lock_armed, 0, __ATOMIC_ACQ_REL))
+		return;
+	__atomic_store_n(&dz.setter_at_lock, 1, __ATOMIC_RELEASE);
+}
+
+START_TEST(share_part_races_disarm)
+{
+	struct testvm *tv = spawn_counted();
+	uint64_t out;
+	int i;
+
+	share_500_taken(tv);
+	dz = (typeof(dz)){ .tv = tv, .setter = pthread_self(), .watch = 1 };
+	__atomic_store_n(&settime_hook, dz_settime, __ATOMIC_RELEASE);
+	__atomic_store_n(&lock_hook, dz_lock, __ATOMIC_RELEASE);
+	ck_assert_ok(testvm_set_run_share(tv, 0, 1000));
+	ck_assert_msg(wait_count(&dz.at_disarm, 1, 10000), "the vCPU thread never stopped its timer at 1000");
+	__atomic_store_n(&dz.lock_armed, 1, __ATOMIC_RELEASE);
+	ck_assert_ok(testvm_set_run_share(tv, 0, 500));
+	__atomic_store_n(&lock_hook, NULL, __ATOMIC_RELEASE);
+	__atomic_store_n(&settime_hook, NULL, __ATOMIC_RELEASE);
+	ck_assert_msg(dz.setter_at_lock, "testvm_set_run_share() never locked tv->lock");
+	/* the 500 reaches a vCPU that never exits only by its timer: it sits out again */
+	out = testvm_out_ns(tv, 0);
+	for (i = 0; i < 5000 && testvm_out_ns(tv, 0) == out; i++)
+		rig_pause_us(1000);
+	ck_assert_msg(testvm_out_ns(tv, 0) > out,
+		      "the share of 500 set as the thread stopped its timer for 1000 was never taken");
+	testvm_free(tv);
+}
+END_TEST
+#endif
+
+/* ---- kick_off_leaks_eintr, kick_moved_leaks_eintr ---- */
 
 static struct {
 	struct testvm *tv;
 	struct kvmdirty_vcpu *v;
 	pthread_t th;
-	int armed, at_eintr, off_done, eintr_no_ie, eintr_ie, ret, done;
+	sigset_t set; /* blocked on the vCPU thread outside KVM_RUN */
+	int armed, kick_hooked, at_eintr, off_done, eintr_no_ie, eintr_ie, ret, done;
 } ko;
 
 static void ko_run_done(int r, int err)
@@ -422,7 +489,7 @@ static void ko_run_done(int r, int err)
 	    !__atomic_exchange_n(&ko.armed, 0, __ATOMIC_ACQ_REL))
 		return;
 	__atomic_store_n(&ko.at_eintr, 1, __ATOMIC_RELEASE);
-	/* until the VMM turned kicks off */
+	/* until the VMM turned kicks off (or moved them, and kicked again) */
 	wait_count(&ko.off_done, 1, 10000);
 }
 
@@ -433,13 +500,10 @@ static void *ko_vcpu(void *p)
 		struct kvm_signal_mask m;
 		uint8_t set[8];
 	} km = { .m = { .len = 8 } };
-	sigset_t set;
 	int r;
 
 	(void)p;
-	sigemptyset(&set);
-	sigaddset(&set, SIGUSR1);
-	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	pthread_sigmask(SIG_BLOCK, &ko.set, NULL);
 	/* inside KVM_RUN nothing is blocked */
 	if (ioctl(kvmdirty_vcpu_fd(ko.v), KVM_SET_SIGNAL_MASK, &km) < 0) {
 		ko.ret = -errno;
@@ -455,7 +519,7 @@ static void *ko_vcpu(void *p)
 				break;
 			}
 			__atomic_add_fetch(&ko.eintr_no_ie, 1, __ATOMIC_ACQ_REL);
-			while (sigtimedwait(&set, NULL, &zero) > 0)
+			while (sigtimedwait(&ko.set, NULL, &zero) > 0)
 				;
 			continue;
 		}
@@ -478,26 +542,41 @@ static void nop_handler(int sig)
 	(void)sig;
 }
 
+static void ko_point(enum kd_hook_point p, void *obj)
+{
+	struct guest_vcpu *mb;
+	uint64_t w;
+	int i;
+
+	if (p != KD_HOOK_KICK || obj != ko.v || __atomic_fetch_add(&ko.kick_hooked, 1, __ATOMIC_ACQ_REL))
+		return;
+	mb = testvm_mailbox(ko.tv, 0);
+	w = mb->writes;
+	/* the first kick: let the guest write a few dozen pages more for the next sync to charge */
+	for (i = 0; i < 5000 && mb->writes < w + 30; i++)
+		rig_pause_us(1000);
+}
+
 /*
  * A vCPU at three times its limit, a 4096-entry ring that never fills,
- * synced by hand; its thread blocks SIGUSR1 outside KVM_RUN.  A sync
- * charges it into debt and kicks it; its thread takes the EINTR, and the
- * VMM turns kicks off (kvmdirty_vm_set_kick_signal(vm, 0)) before the
- * thread went on.  Nothing else signals the thread; immediate_exit stays
- * clear until the end.
+ * synced by hand; its thread blocks SIGUSR1 (and SIGUSR2) outside
+ * KVM_RUN, kicks go with SIGUSR1.  After 200 ms the first sync charges it
+ * into debt and kicks it; its thread is held after the kick's EINTR until
+ * ko.off_done.  Nothing else signals the thread; immediate_exit stays
+ * clear until ko_finish().  moved: SIGUSR2 blocked too, and the first
+ * kick stalled in ko_point().
  */
-START_TEST(kick_off_leaks_eintr)
+static struct rig ko_start(bool moved)
 {
 	const uint64_t limit = 1000;
 	struct rig g = ring_rig(1, 4096, 0, 0);
 	struct sigaction sa = { .sa_handler = nop_handler };
 	struct kvmdirty_region *ra;
 	struct guest_vcpu *mb0;
-	uint64_t w;
 	void *ma;
-	int i;
 
 	sigaction(SIGUSR1, &sa, NULL);
+	sigaction(SIGUSR2, &sa, NULL);
 	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, SIGUSR1));
 	ck_assert_ok(testvm_add_memory(g.tv, L_GPA, 4096 * PAGE, 0, &ma, &ra));
 	rig_add_copy(&g, ra, false, false);
@@ -509,15 +588,30 @@ START_TEST(kick_off_leaks_eintr)
 	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
 	rig_consume(&g);
 	ko = (typeof(ko)){ .tv = g.tv, .v = g.tv->vcpu[0] };
+	sigemptyset(&ko.set);
+	sigaddset(&ko.set, SIGUSR1);
+	if (moved)
+		sigaddset(&ko.set, SIGUSR2);
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(ko.v, limit));
 	ck_assert_int_eq(pthread_create(&ko.th, NULL, ko_vcpu, NULL), 0);
 	/* 200 ms at three times the limit: 400 ms owed at the charge */
 	rig_pause_us(200000);
+	if (moved)
+		kd_test_hooks_set(NULL, ko_point, false);
 	__atomic_store_n(&run_done_hook, ko_run_done, __ATOMIC_RELEASE);
 	__atomic_store_n(&ko.armed, 1, __ATOMIC_RELEASE);
 	rig_sync_consume(&g);
 	ck_assert_msg(wait_count(&ko.at_eintr, 1, 10000), "the kick never ended KVM_RUN");
-	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, 0));
+	return g;
+}
+
+/* Let the thread go on; the vCPU must not have returned -EINTR with immediate_exit clear. */
+static void ko_finish(struct rig *g, const char *what)
+{
+	struct guest_vcpu *mb0 = testvm_mailbox(g->tv, 0);
+	uint64_t w;
+	int i;
+
 	__atomic_store_n(&ko.off_done, 1, __ATOMIC_RELEASE);
 	/* the thread is held for its debt, then goes back in: until the guest wrote again or it returned */
 	w = mb0->writes;
@@ -525,6 +619,7 @@ START_TEST(kick_off_leaks_eintr)
 		rig_pause_us(1000);
 	rig_pause_us(20000);
 	__atomic_store_n(&run_done_hook, NULL, __ATOMIC_RELEASE);
+	kd_test_hooks_set(NULL, NULL, false);
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(ko.v, 0));
 	__atomic_store_n(&kvmdirty_vcpu_kvm_run(ko.v)->immediate_exit, 1, __ATOMIC_RELAXED);
 	pthread_kill(ko.th, SIGUSR1);
@@ -532,12 +627,39 @@ START_TEST(kick_off_leaks_eintr)
 	ck_assert_msg(ko.ret == 0, "vCPU thread: %s", strerror(-ko.ret));
 	ck_assert_msg(ko.eintr_no_ie == 0,
 		      "kvmdirty_vcpu_run() returned -EINTR %d time(s) with immediate_exit clear; the only "
-		      "signal before the end was the library's kick, taken as the VMM turned kicks off",
-		      ko.eintr_no_ie);
+		      "signals before the end were the library's kicks, %s",
+		      ko.eintr_no_ie, what);
+	rig_sync_consume(g);
+	rig_expect_fresh(g, "after the last sync");
+	rig_free(g);
+	testvm_free(g->tv);
+}
+
+/* The VMM turns kicks off (kvmdirty_vm_set_kick_signal(vm, 0)) as the thread took the kick's EINTR. */
+START_TEST(kick_off_leaks_eintr)
+{
+	struct rig g = ko_start(false);
+
+	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, 0));
+	ko_finish(&g, "taken as the VMM turned kicks off");
+}
+END_TEST
+
+/*
+ * The first kick is stalled before its signal until the guest wrote 30
+ * pages more; as the thread took its EINTR, the VMM moves kicks to
+ * SIGUSR2 and a second sync charges those pages (still in debt): a second
+ * kick, with SIGUSR2, before the thread went on.
+ */
+START_TEST(kick_moved_leaks_eintr)
+{
+	struct kvmdirty_vcpu_stats st;
+	struct rig g = ko_start(true);
+	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, SIGUSR2));
 	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	ck_assert_ok(kvmdirty_vcpu_stats(ko.v, &st, sizeof(st)));
+	ck_assert_msg(st.kicks == 2, "%" PRIu64 " kick(s) sent, not 2", st.kicks);
+	ko_finish(&g, "one with SIGUSR1, then one with SIGUSR2");
 }
 END_TEST
 
@@ -555,8 +677,10 @@ int main(void)
 	tcase_add_test(tc, timer_tid_reused);
 #ifndef __SANITIZE_THREAD__
 	tcase_add_test(tc, share_whole_races_slice_end);
+	tcase_add_test(tc, share_part_races_disarm);
 #endif
 	tcase_add_test(tc, kick_off_leaks_eintr);
+	tcase_add_test(tc, kick_moved_leaks_eintr);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
