@@ -41,7 +41,7 @@ static void kick(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
 	__atomic_add_fetch(&v->kickers, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&v->in_run, __ATOMIC_SEQ_CST) && !pthread_equal(v->thread, pthread_self())) {
 		KD_HOOK_POINT(KD_HOOK_KICK, v);
-		STORE(v->kick_sig, signo);
+		__atomic_or_fetch(&v->kick_sigs, 1ull << (signo - 1), __ATOMIC_RELAXED);
 		__atomic_add_fetch(&v->kick_seq, 1, __ATOMIC_SEQ_CST);
 		if (!pthread_kill(v->thread, signo))
 			STORE(v->kicks, v->kicks + 1);
@@ -512,16 +512,19 @@ static int hold(struct kvmdirty_vcpu *v)
  */
 static void eat_kick(struct kvmdirty_vcpu *v)
 {
-	/* the kick's own signal: kicks may have been turned off or moved to another since */
-	int signo = LOAD(v->kick_sig);
+	/* every signal kicks were sent with: kicks may have been turned off or moved to another since */
+	uint64_t sigs = __atomic_exchange_n(&v->kick_sigs, 0, __ATOMIC_RELAXED);
 	struct timespec zero = { 0, 0 };
-	sigset_t cur, one;
+	sigset_t cur, these;
+	int signo;
 
-	if (!signo || pthread_sigmask(SIG_BLOCK, NULL, &cur) || !sigismember(&cur, signo))
+	if (!sigs || pthread_sigmask(SIG_BLOCK, NULL, &cur))
 		return;
-	sigemptyset(&one);
-	sigaddset(&one, signo);
-	while (sigtimedwait(&one, NULL, &zero) > 0)
+	sigemptyset(&these);
+	for (signo = 1; signo <= 64; signo++)
+		if ((sigs & (1ull << (signo - 1))) && sigismember(&cur, signo))
+			sigaddset(&these, signo);
+	while (sigtimedwait(&these, NULL, &zero) > 0)
 		;
 }
 

@@ -427,7 +427,7 @@ static bool own_timer(struct testvm *tv, unsigned int i)
 	if (timer_create(CLOCK_MONOTONIC, &sev, &tv->timer[i]))
 		ok = false;
 	else
-		__atomic_store_n(&tv->timer_owner[i], me, __ATOMIC_RELAXED);
+		__atomic_store_n(&tv->timer_owner[i], me, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&tv->lock);
 	return ok;
 }
