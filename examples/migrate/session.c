@@ -272,8 +272,7 @@ static int source_hello(struct mig_session *s, unsigned int i, const struct mig_
 		ret = recv_all(s->conn[i], &ack, sizeof(ack), "the destination's refusal", err, len);
 		if (ret < 0)
 			return ret;
-		ack.message[sizeof(ack.message) - 1] = 0;
-		return mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s", ack.message);
+		return mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s", mig_ack_text(&ack));
 	}
 	if (!i)
 		memcpy(session, theirs.session, 32);
@@ -291,9 +290,8 @@ static int source_hello(struct mig_session *s, unsigned int i, const struct mig_
 		ret = recv_all(s->conn[i], their_proof, sizeof(their_proof), "the destination's proof", err, len);
 	if (ret < 0)
 		goto out;
-	ack.message[sizeof(ack.message) - 1] = 0;
 	if (ack.status) {
-		ret = mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s", ack.message);
+		ret = mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s", mig_ack_text(&ack));
 		goto out;
 	}
 	if (s->flags & MIG_S_PSK) {
@@ -435,6 +433,18 @@ static int check_hello(const struct mig_hello *h, const struct mig_session_opts 
 }
 
 /*
+ * The handshake of one connection (its hello, ours, its proof) as a
+ * whole: within -T, or the stream's deadline if that is shorter, so that
+ * a peer sending a byte a little faster than -T cannot hold the listener.
+ */
+static uint64_t handshake_ms(const struct mig_session_opts *o)
+{
+	uint64_t ms = o->timeout_ms ? o->timeout_ms : 30000;
+
+	return o->deadline_ms && o->deadline_ms < ms ? o->deadline_ms : ms;
+}
+
+/*
  * One connection's handshake from the destination's side, its hello
  * read.  conn 0 (join NULL): ikm is the key; a join: the secret.
  */
@@ -485,7 +495,7 @@ static int take_join(struct mig_session *s, int fd, const struct mig_session_opt
 
 	if (ret < 0)
 		return mig_errf(err, len, ret, "io_uring: %s", strerror(-ret));
-	mig_conn_set_deadline(c, o->deadline_ms);
+	mig_conn_set_deadline(c, handshake_ms(o));
 	ret = recv_all(c, &h, sizeof(h), "a joining connection's hello", err, len);
 	if (ret == 0 && memcmp(h.magic, MIG_SESSION_MAGIC, sizeof(h.magic)))
 		ret = mig_errf(err, len, -EACCES, "authentication: a connection that does not join this session");
@@ -495,6 +505,7 @@ static int take_join(struct mig_session *s, int fd, const struct mig_session_opt
 	if (ret == 0)
 		ret = dest_hello(s, c, &h, o, secret, 32, sess, &k, err, len);
 	if (ret == 0) {
+		mig_conn_set_deadline(c, o->deadline_ms);
 		s->conn[h.conn] = c;
 		s->fd[h.conn] = fd;
 		s->own_fd[h.conn] = true;
@@ -515,6 +526,7 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	struct mig_hello h;
 	uint8_t session[32], secret[32] = { 0 };
 	bool joined[MIG_MAX_CONNS] = { true };
+	bool proved = false; /* the peer proved the key (or none is required) */
 	struct keys k;
 	unsigned int n;
 	int ret;
@@ -524,8 +536,8 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	ret = mig_conn_new(fd, o->timeout_ms, &s->conn[0]);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "io_uring: %s", strerror(-ret));
-	/* a peer that trickles its hello is bounded as a stream is */
-	mig_conn_set_deadline(s->conn[0], o->deadline_ms);
+	/* a peer that trickles its hello holds the listener no longer than -T, whole */
+	mig_conn_set_deadline(s->conn[0], handshake_ms(o));
 	s->conns = 1;
 	ret = mig_conn_read(s->conn[0], &h, sizeof(h.magic));
 	if (ret < 0) {
@@ -544,6 +556,8 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 		}
 		int got = ret;
 
+		/* a plain stream: bounded as a stream is, from when it was taken */
+		mig_conn_set_deadline(s->conn[0], o->deadline_ms);
 		ret = mig_chan_new(s->conn[0], NULL, &s->chan[0]);
 		if (ret == 0 && (ret = mig_chan_unread(s->chan[0], &h, (size_t)got)) == 0)
 			return 0;
@@ -561,6 +575,9 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	s->flags = h.flags;
 	ret = dest_hello(s, s->conn[0], &h, o, o->psk ? o->psk->key : NULL, o->psk ? o->psk->len : 0, session, &k, err,
 			 len);
+	proved = ret == 0;
+	/* past the handshake, the stream's own bound */
+	mig_conn_set_deadline(s->conn[0], o->deadline_ms);
 	if (ret == 0 && (s->flags & MIG_S_PSK))
 		expand(k.prk, "session secret", secret);
 	if (ret == 0)
@@ -596,6 +613,17 @@ plain_refusal: {
 	send_all(s->conn[0], &ack, sizeof(ack), NULL, 0); /* best effort */
 }
 fail:
+	/*
+	 * With a key, a peer that has not proved it decides nothing: a hello
+	 * cut short or malformed, a reset, a silence, all are failures of
+	 * authentication (a listener with --once goes on accepting).
+	 */
+	if (o->psk && !proved && ret != -EACCES) {
+		char why[256];
+
+		snprintf(why, sizeof(why), "%s", err);
+		ret = mig_errf(err, len, -EACCES, "authentication: the peer did not prove the key: %s", why);
+	}
 	explicit_bzero(secret, sizeof(secret));
 	mig_session_free(s);
 	return ret;

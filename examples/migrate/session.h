@@ -87,7 +87,7 @@ struct mig_session_opts {
 	bool encrypt;		   /* source: seal with encryption; destination: require it */
 	unsigned int conns;	   /* source: connections, 1 .. MIG_MAX_CONNS */
 	uint64_t timeout_ms;	   /* each wait for the peer */
-	uint64_t deadline_ms;	   /* destination: each connection, from when it was taken, handshake included (0: none) */
+	uint64_t deadline_ms;	   /* destination: each connection's stream (0: none); a handshake is bounded by timeout_ms */
 	/* destination: a line for each connection refused on the way (or NULL) */
 	void (*log)(void *ctx, const char *line);
 	void *log_ctx;

@@ -439,8 +439,7 @@ static int net_fail(struct source *s, int ret, const char *what, char *err, size
 
 		/* a destination that refused said why before it closed: that is the reason to give */
 		if (mig_chan_read(s->lane[0].ch, &ack, sizeof(ack)) == (int)sizeof(ack) && ack.status < 0) {
-			ack.message[sizeof(ack.message) - 1] = 0;
-			return mig_errf(err, len, ack.status, "destination refused: %s", ack.message);
+			return mig_errf(err, len, ack.status, "destination refused: %s", mig_ack_text(&ack));
 		}
 	}
 	mig_chan_strerror(s->lane[0].ch, ret, why, sizeof(why));
@@ -884,9 +883,8 @@ static int stop_and_copy(struct source *s, char *err, size_t len)
 		return net_fail(s, ret, "awaiting the destination's answer", err, len);
 	if (ret < (int)sizeof(ack))
 		return mig_errf(err, len, -EPROTO, "the destination closed the connection without answering");
-	ack.message[sizeof(ack.message) - 1] = 0;
 	if (ack.status)
-		return mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s", ack.message);
+		return mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s", mig_ack_text(&ack));
 	return 0;
 }
 

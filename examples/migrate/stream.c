@@ -496,3 +496,14 @@ int mig_stream_reseal(void *buf, size_t len)
 	r.sum = mig_sum(MIG_SUM_INIT, buf, sizeof(h) + h.nr_regions * sizeof(struct mig_region));
 	return mig_stream_walk(buf, len, reseal_one, &r, NULL);
 }
+
+const char *mig_ack_text(struct mig_ack *ack)
+{
+	size_t i;
+
+	ack->message[sizeof(ack->message) - 1] = 0;
+	for (i = 0; ack->message[i]; i++)
+		if ((unsigned char)ack->message[i] < 0x20 || ack->message[i] == 0x7f)
+			ack->message[i] = '?';
+	return ack->message;
+}

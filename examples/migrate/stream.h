@@ -130,6 +130,13 @@ struct mig_ack {
 	char message[124];
 };
 
+/*
+ * An answer's message as the peer sent it, made safe to print on one
+ * line: terminated, every control byte (newlines, escapes) a '?'.
+ * Returns ack->message.
+ */
+const char *mig_ack_text(struct mig_ack *ack);
+
 _Static_assert(sizeof(struct mig_header) == 32, "stream layout");
 _Static_assert(sizeof(struct mig_region) == 16, "stream layout");
 _Static_assert(sizeof(struct mig_record) == 24, "stream layout");
