@@ -114,4 +114,26 @@ static inline void runner_join(struct runner *r)
 }
 
 
+/* CLOCK_MONOTONIC in ns. */
+static inline uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Sleep in small steps until *n >= min or ms passed (signals only shorten a step). */
+static inline bool wait_count(const int *n, int min, unsigned int ms)
+{
+	uint64_t end = mono_ns() + (uint64_t)ms * 1000000;
+
+	while (__atomic_load_n(n, __ATOMIC_ACQUIRE) < min && mono_ns() < end) {
+		struct timespec ts = { 0, 200000 };
+
+		nanosleep(&ts, NULL);
+	}
+	return __atomic_load_n(n, __ATOMIC_ACQUIRE) >= min;
+}
+
 #endif

@@ -39,26 +39,7 @@
 
 #define L_GPA (4 * GIB)
 
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Sleep in small steps until *flag is nonzero or ms passed (signals only shorten a step). */
-static bool wait_flag(const int *flag, unsigned int ms)
-{
-	uint64_t end = mono_ns() + (uint64_t)ms * 1000000;
-
-	while (!__atomic_load_n(flag, __ATOMIC_ACQUIRE) && mono_ns() < end) {
-		struct timespec ts = { 0, 200000 };
-
-		nanosleep(&ts, NULL);
-	}
-	return __atomic_load_n(flag, __ATOMIC_ACQUIRE);
-}
+#define wait_flag(flag, ms) wait_count((flag), 1, (ms))
 
 /* ---- pthread_kill, ioctl and pthread_cond_timedwait, interposed ---- */
 

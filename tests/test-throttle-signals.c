@@ -53,28 +53,6 @@
 #include "ring-util.h"
 
 #define L_GPA (4 * GIB)
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Sleep in small steps until *n >= min or ms passed. */
-static bool wait_count(const int *n, int min, unsigned int ms)
-{
-	uint64_t end = mono_ns() + (uint64_t)ms * 1000000;
-
-	while (__atomic_load_n(n, __ATOMIC_ACQUIRE) < min && mono_ns() < end) {
-		struct timespec ts = { 0, 200000 };
-
-		nanosleep(&ts, NULL);
-	}
-	return __atomic_load_n(n, __ATOMIC_ACQUIRE) >= min;
-}
-
 /* ---- SIGUSR1s that reach one thread ---- */
 
 static struct {
@@ -326,8 +304,8 @@ static int (*real_mutex_lock)(pthread_mutex_t *);
 static int (*real_timer_settime)(timer_t, int, const struct itimerspec *, struct itimerspec *);
 static int (*real_ioctl)(int, unsigned long, void *);
 
-static void (*lock_hook)(pthread_mutex_t *m);
-static void (*settime_hook)(const struct itimerspec *its);
+static __attribute__((unused)) void (*lock_hook)(pthread_mutex_t *m);
+static __attribute__((unused)) void (*settime_hook)(const struct itimerspec *its);
 static void (*run_done_hook)(int ret, int err);
 
 __attribute__((constructor)) static void resolve_real(void)
