@@ -434,12 +434,13 @@ static int check_hello(const struct mig_hello *h, const struct mig_session_opts 
 
 /*
  * The handshake of one connection (its hello, ours, its proof) as a
- * whole: within -T, or the stream's deadline if that is shorter, so that
- * a peer sending a byte a little faster than -T cannot hold the listener.
+ * whole: within twice -T (a silent peer is still told it was silent for
+ * -T), or the stream's deadline if that is shorter, so that a peer
+ * sending a byte a little faster than -T cannot hold the listener.
  */
 static uint64_t handshake_ms(const struct mig_session_opts *o)
 {
-	uint64_t ms = o->timeout_ms ? o->timeout_ms : 30000;
+	uint64_t ms = 2 * (o->timeout_ms ? o->timeout_ms : 30000);
 
 	return o->deadline_ms && o->deadline_ms < ms ? o->deadline_ms : ms;
 }
@@ -536,7 +537,7 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	ret = mig_conn_new(fd, o->timeout_ms, &s->conn[0]);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "io_uring: %s", strerror(-ret));
-	/* a peer that trickles its hello holds the listener no longer than -T, whole */
+	/* a peer that trickles its hello holds the listener no longer than twice -T, whole */
 	mig_conn_set_deadline(s->conn[0], handshake_ms(o));
 	s->conns = 1;
 	ret = mig_conn_read(s->conn[0], &h, sizeof(h.magic));
@@ -608,6 +609,9 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	return 0;
 plain_refusal: {
 	struct mig_ack ack = { .status = ret };
+
+	/* the answer has its own wait (-T), past a handshake's deadline */
+	mig_conn_set_deadline(s->conn[0], 0);
 
 	snprintf(ack.message, sizeof(ack.message), "%s", err);
 	send_all(s->conn[0], &ack, sizeof(ack), NULL, 0); /* best effort */

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A keyless peer trickling its hello, a byte a little faster than -T, must
 not hold a keyed listener (no --deadline): the handshake as a whole is
-bounded by -T, and a keyed peer behind it gets its hello answered.  Exits
+bounded by twice -T, and a keyed peer behind it gets its hello answered.  Exits
 1 when it does not within 12 s."""
 import os, socket, subprocess, sys, tempfile, time
 sys.path.insert(0, os.path.dirname(__file__))
