@@ -508,11 +508,17 @@ static int take_join(struct mig_session *s, int fd, const struct mig_session_opt
 	if (ret == 0) {
 		mig_conn_set_deadline(c, o->deadline_ms);
 		s->conn[h.conn] = c;
-		s->fd[h.conn] = fd;
-		s->own_fd[h.conn] = true;
 		ret = open_chan(s, h.conn, &k, false);
-		joined[h.conn] = true;
-		c = NULL;
+		if (ret == 0) {
+			/* the session owns it now: the caller closes fd only on failure */
+			s->fd[h.conn] = fd;
+			s->own_fd[h.conn] = true;
+			joined[h.conn] = true;
+			c = NULL;
+		} else {
+			s->conn[h.conn] = NULL;
+			mig_errf(err, len, ret, "out of memory");
+		}
 	}
 	explicit_bzero(&k, sizeof(k));
 	mig_conn_free(c);
