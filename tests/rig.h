@@ -176,6 +176,15 @@ static inline void rig_free(struct rig *g)
 	g->nr = 0;
 }
 
+/* The end of a run: a last sync, the copy checked against memory, the rig and its guest freed. */
+static inline void rig_finish(struct rig *g, const char *what)
+{
+	rig_sync_consume(g);
+	rig_expect_fresh(g, what);
+	rig_free(g);
+	testvm_free(g->tv);
+}
+
 /* A guest workload for vCPU i. */
 static inline void rig_work(struct testvm *tv, unsigned int i, uint64_t gpa, uint64_t pages, uint32_t pattern,
 			    uint32_t flags)

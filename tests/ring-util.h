@@ -136,4 +136,15 @@ static inline bool wait_count(const int *n, int min, unsigned int ms)
 	return __atomic_load_n(n, __ATOMIC_ACQUIRE) >= min;
 }
 
+/* Let vCPU i's guest write n pages more (5 s at most), e.g. for the next sync to charge. */
+static inline void wait_writes(struct testvm *tv, unsigned int i, uint64_t n)
+{
+	const struct guest_vcpu *mb = testvm_mailbox(tv, i);
+	uint64_t w = mb->writes;
+	int k;
+
+	for (k = 0; k < 5000 && mb->writes < w + n; k++)
+		rig_pause_us(1000);
+}
+
 #endif

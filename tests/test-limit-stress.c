@@ -198,10 +198,7 @@ START_TEST(everyone_at_once)
 			      "vCPU %u: kvmdirty_vcpu_run() returned -EINTR %" PRIu64 " times with immediate_exit "
 			      "clear (library kicks: %" PRIu64 ")",
 			      i, t[i].eintr_no_ie, s[i].kicks);
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 

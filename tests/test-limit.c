@@ -69,10 +69,7 @@ static void finish(struct rig *g, struct runner *r, unsigned int n)
 	testvm_stop_all(g->tv);
 	for (i = 0; i < n; i++)
 		runner_join(&r[i]);
-	rig_sync_consume(g);
-	rig_expect_fresh(g, "after the last sync");
-	rig_free(g);
-	testvm_free(g->tv);
+	rig_finish(g, "after the last sync");
 }
 
 /*
@@ -364,10 +361,7 @@ START_TEST(pause_while_held)
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 0));
 	testvm_stop_all(g.tv);
 	ck_assert_ok(testvm_join(g.tv, NULL, NULL));
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 
@@ -432,10 +426,7 @@ START_TEST(kick_while_leaving)
 	ck_assert_msg(!f7.left_early, "the vCPU thread returned while a kicker was about to signal it");
 	pthread_join(r.th, NULL);
 	ck_assert_int_eq(r.ret, -EINTR);
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 
@@ -477,10 +468,7 @@ START_TEST(faults_per_vcpu)
 		      b0.faults - a0.faults);
 	ck_assert_msg(b1.faults - a1.faults < 16, "computing vCPU: %" PRIu64 " faults", b1.faults - a1.faults);
 	ck_assert_uint_eq(b0.dirtied, 0);
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 
@@ -519,10 +507,7 @@ START_TEST(run_share)
 	ck_assert_uint_eq(testvm_out_ns(g.tv, 1), 0);
 	testvm_stop_all(g.tv);
 	ck_assert_ok(testvm_join(g.tv, NULL, NULL));
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 
@@ -663,10 +648,7 @@ START_TEST(own_kick_eintr_not_returned)
 		      "kvmdirty_vcpu_run() returned -EINTR %d time(s) with immediate_exit clear; the only "
 		      "signal sent was the library's own kick (kicks %" PRIu64 ")",
 		      e2.eintr_no_ie, st.kicks);
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 
@@ -758,10 +740,7 @@ START_TEST(kick_signal_off_is_off)
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 0));
 	testvm_stop_all(g.tv);
 	runner_join(&r);
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 

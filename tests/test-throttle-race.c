@@ -136,17 +136,10 @@ static void k_handler(int sig)
 
 static void k_point(enum kd_hook_point p, void *obj)
 {
-	struct guest_vcpu *mb;
-	uint64_t w;
-	int i;
-
 	if (p != KD_HOOK_KICK || obj != k.v || __atomic_fetch_add(&k.kick_hooked, 1, __ATOMIC_ACQ_REL))
 		return;
-	mb = testvm_mailbox(k.tv, 0);
-	w = mb->writes;
 	/* the first kick: let the guest write a few dozen pages more for the next sync to charge */
-	for (i = 0; i < 5000 && mb->writes < w + 30; i++)
-		rig_pause_us(1000);
+	wait_writes(k.tv, 0, 30);
 }
 
 static void k_kill(pthread_t th, int sig)
@@ -262,10 +255,7 @@ START_TEST(kick_seq_before_signal)
 		      k.eintr_no_ie, __atomic_load_n(&k.kills, __ATOMIC_ACQUIRE),
 		      __atomic_load_n(&k.back_in_guest, __ATOMIC_ACQUIRE) ? "once the guest ran again"
 									  : "after a 2 s wait");
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 
@@ -368,10 +358,7 @@ START_TEST(held_while_held)
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], 0));
 	testvm_stop_all(g.tv);
 	runner_join(&r);
-	rig_sync_consume(&g);
-	rig_expect_fresh(&g, "after the last sync");
-	rig_free(&g);
-	testvm_free(g.tv);
+	rig_finish(&g, "after the last sync");
 }
 END_TEST
 

@@ -541,17 +541,10 @@ static void nop_handler(int sig)
 
 static void ko_point(enum kd_hook_point p, void *obj)
 {
-	struct guest_vcpu *mb;
-	uint64_t w;
-	int i;
-
 	if (p != KD_HOOK_KICK || obj != ko.v || __atomic_fetch_add(&ko.kick_hooked, 1, __ATOMIC_ACQ_REL))
 		return;
-	mb = testvm_mailbox(ko.tv, 0);
-	w = mb->writes;
 	/* the first kick: let the guest write a few dozen pages more for the next sync to charge */
-	for (i = 0; i < 5000 && mb->writes < w + 30; i++)
-		rig_pause_us(1000);
+	wait_writes(ko.tv, 0, 30);
 }
 
 /*
@@ -626,10 +619,7 @@ static void ko_finish(struct rig *g, const char *what)
 		      "kvmdirty_vcpu_run() returned -EINTR %d time(s) with immediate_exit clear; the only "
 		      "signals before the end were the library's kicks, %s",
 		      ko.eintr_no_ie, what);
-	rig_sync_consume(g);
-	rig_expect_fresh(g, "after the last sync");
-	rig_free(g);
-	testvm_free(g->tv);
+	rig_finish(g, "after the last sync");
 }
 
 /* The VMM turns kicks off (kvmdirty_vm_set_kick_signal(vm, 0)) as the thread took the kick's EINTR. */
