@@ -147,4 +147,18 @@ static inline void wait_writes(struct testvm *tv, unsigned int i, uint64_t n)
 		rig_pause_us(1000);
 }
 
+/*
+ * A test guest's exit from kvmdirty_vcpu_run() that returned 0: 1 for a
+ * pass or a tick (run on), 0 when the guest is done, -EIO for anything else.
+ */
+static inline int guest_exit(const struct kvm_run *run)
+{
+	if (run->exit_reason != KVM_EXIT_IO)
+		return -EIO;
+	if (run->io.direction == KVM_EXIT_IO_OUT &&
+	    (run->io.port == GUEST_PORT_PASS || run->io.port == GUEST_PORT_TICK))
+		return 1;
+	return run->io.port == GUEST_PORT_DONE ? 0 : -EIO;
+}
+
 #endif

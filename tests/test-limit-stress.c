@@ -60,10 +60,10 @@ static void *vcpu_main(void *p)
 			t->ret = r;
 			break;
 		}
-		if (run->exit_reason == KVM_EXIT_IO && run->io.direction == KVM_EXIT_IO_OUT &&
-		    (run->io.port == GUEST_PORT_PASS || run->io.port == GUEST_PORT_TICK))
+		r = guest_exit(run);
+		if (r > 0)
 			continue;
-		t->ret = run->exit_reason == KVM_EXIT_IO && run->io.port == GUEST_PORT_DONE ? 0 : -EIO;
+		t->ret = r;
 		break;
 	}
 	__atomic_store_n(&t->done, 1, __ATOMIC_RELEASE);

@@ -186,10 +186,10 @@ static void *k_vcpu(void *p)
 			k.ret = r;
 			break;
 		}
-		if (run->exit_reason == KVM_EXIT_IO && run->io.direction == KVM_EXIT_IO_OUT &&
-		    (run->io.port == GUEST_PORT_PASS || run->io.port == GUEST_PORT_TICK))
+		r = guest_exit(run);
+		if (r > 0)
 			continue;
-		k.ret = run->exit_reason == KVM_EXIT_IO && run->io.port == GUEST_PORT_DONE ? 0 : -EIO;
+		k.ret = r;
 		break;
 	}
 	return NULL;

@@ -524,10 +524,10 @@ static void *ko_vcpu(void *p)
 			ko.ret = r;
 			break;
 		}
-		if (run->exit_reason == KVM_EXIT_IO && run->io.direction == KVM_EXIT_IO_OUT &&
-		    (run->io.port == GUEST_PORT_PASS || run->io.port == GUEST_PORT_TICK))
+		r = guest_exit(run);
+		if (r > 0)
 			continue;
-		ko.ret = run->exit_reason == KVM_EXIT_IO && run->io.port == GUEST_PORT_DONE ? 0 : -EIO;
+		ko.ret = r;
 		break;
 	}
 	__atomic_store_n(&ko.done, 1, __ATOMIC_RELEASE);
