@@ -67,8 +67,10 @@ struct kvm_run;
  *
  * Errors: -ENOENT /dev/kvm does not exist (KVM module not loaded, or no
  * hardware virtualisation); -EACCES or -EPERM no permission to open
- * /dev/kvm (add the user to the kvm group); -EPROTO the kernel's KVM API
- * version is not 12; -ENOMEM; any errno of KVM_CREATE_VM.
+ * /dev/kvm (add the user to the kvm group); -ENXIO or -ENODEV the node
+ * exists but no KVM driver answers it; -ENOTTY /dev/kvm is not a KVM device
+ * (KVM_GET_API_VERSION, the first ioctl, is refused); -EPROTO the kernel's
+ * KVM API version is not 12; -ENOMEM; any errno of KVM_CREATE_VM.
  * Ownership: the VM owns both fds and closes them in kvmdirty_vm_free().
  */
 int kvmdirty_vm_new(struct kvmdirty_vm **ret_vm);

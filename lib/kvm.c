@@ -73,21 +73,27 @@ static void probe(struct kd_kvm *kvm)
 		c[KVMDIRTY_CAP_MAX_VCPUS] = kd_check_extension(fd, KVM_CAP_NR_VCPUS);
 }
 
-static int kvm_init(struct kd_kvm *kvm, int kvm_fd, int vm_fd, bool owns)
+/*
+ * The first ioctl on the fd: -ENOTTY where the file is not a KVM device
+ * (/dev/null bound there, a stale node), -EPROTO for another API.
+ */
+static int check_api(int kvm_fd)
 {
 	int ret = kd_ioctl(kvm_fd, KVM_GET_API_VERSION, NULL);
 
 	if (ret < 0)
 		return ret;
-	if (ret != KVM_API_VERSION)
-		return -EPROTO;
+	return ret == KVM_API_VERSION ? 0 : -EPROTO;
+}
+
+static void kvm_init(struct kd_kvm *kvm, int kvm_fd, int vm_fd, bool owns)
+{
 	memset(kvm, 0, sizeof(*kvm));
 	kvm->kvm_fd = kvm_fd;
 	kvm->vm_fd = vm_fd;
 	kvm->owns_fds = owns;
 	kvm->page_size = (uint64_t)sysconf(_SC_PAGESIZE);
 	probe(kvm);
-	return 0;
 }
 
 int kd_kvm_open(struct kd_kvm *kvm)
@@ -97,22 +103,28 @@ int kd_kvm_open(struct kd_kvm *kvm)
 	kvm_fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
 	if (kvm_fd < 0)
 		return -errno;
+	ret = check_api(kvm_fd);
+	if (ret < 0) {
+		close(kvm_fd);
+		return ret;
+	}
 	vm_fd = kd_ioctl(kvm_fd, KVM_CREATE_VM, (void *)0);
 	if (vm_fd < 0) {
 		close(kvm_fd);
 		return vm_fd;
 	}
-	ret = kvm_init(kvm, kvm_fd, vm_fd, true);
-	if (ret < 0) {
-		close(vm_fd);
-		close(kvm_fd);
-	}
-	return ret;
+	kvm_init(kvm, kvm_fd, vm_fd, true);
+	return 0;
 }
 
 int kd_kvm_adopt(struct kd_kvm *kvm, int kvm_fd, int vm_fd)
 {
-	return kvm_init(kvm, kvm_fd, vm_fd, false);
+	int ret = check_api(kvm_fd);
+
+	if (ret < 0)
+		return ret;
+	kvm_init(kvm, kvm_fd, vm_fd, false);
+	return 0;
 }
 
 void kd_kvm_close(struct kd_kvm *kvm)
