@@ -17,6 +17,7 @@
 #include <linux/kvm.h>
 
 #include "testvm.h"
+#include "../examples/common/kvm-host.h"
 
 #define EXITS 5000
 #define ROUNDS 10
@@ -66,6 +67,9 @@ int main(void)
 	struct kvm_run *run;
 	int r, ret, fd;
 
+	ret = kvm_host_check("bench-exit: ");
+	if (ret)
+		return ret;
 	ret = testvm_new(&o, &tv);
 	if (ret == -EOPNOTSUPP) {
 		o.track_opts.mode = KVMDIRTY_MODE_AUTO;

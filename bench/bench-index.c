@@ -24,6 +24,7 @@
 #include "hooks.h"
 #include "kvm-uapi.h"
 #include "rng.h"
+#include "../examples/common/kvm-host.h"
 
 #define PAGE 4096ull
 #define NR_ADDRS (1u << 20)
@@ -290,6 +291,8 @@ int main(void)
 	uint8_t *host;
 	unsigned int i;
 
+	if (kvm_host_check("bench-index: "))
+		return KVM_HOST_MISSING_EXIT;
 	kd_test_hooks_set(time_memslot_ioctl, NULL, false);
 	/* address space only: no guest runs, nothing is touched */
 	host = mmap(NULL, host_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

@@ -32,6 +32,7 @@
 #include "dest.h"
 #include "source.h"
 #include "testguest.h"
+#include "../examples/common/kvm-host.h"
 
 #define GUEST_MIB 2048
 
@@ -485,6 +486,8 @@ int main(int argc, char **argv)
 	int rounds = argc > 2 ? atoi(argv[2]) : 5, only = argc > 3 ? atoi(argv[3]) : 0;
 	bool all = !strcmp(what, "all");
 
+	if (kvm_host_check("bench-migrate: "))
+		return KVM_HOST_MISSING_EXIT;
 	signal(SIGPIPE, SIG_IGN);
 	if (rounds < 1)
 		rounds = 1;

@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 
 #include <kvmdirty.h>
+#include "../examples/common/kvm-host.h"
 
 #define REGION (2ull << 20)
 #define BASE_GPA (4ull << 30)
@@ -138,6 +139,8 @@ int main(void)
 	unsigned int c;
 	uint8_t *host;
 
+	if (kvm_host_check("bench-sync: "))
+		return KVM_HOST_MISSING_EXIT;
 	/* address space only: nothing is touched */
 	host = mmap(NULL, host_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 	if (host == MAP_FAILED) {

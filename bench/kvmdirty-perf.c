@@ -28,6 +28,7 @@
 #include <linux/kvm.h>
 
 #include "../examples/common/cli.h"
+#include "../examples/common/kvm-host.h"
 #include "testvm.h"
 
 #define DATA_GPA (4ull << 30)
@@ -216,6 +217,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "kvmdirty-perf: -b %" PRIu64 ": must be a multiple of 2 MiB\n", bytes);
 		return 2;
 	}
+	ret = kvm_host_check("kvmdirty-perf: ");
+	if (ret)
+		return ret;
 	lib_it = calloc(iters, sizeof(double));
 	bare_it = calloc(iters, sizeof(double));
 	o.track_opts.clear_chunk_pages = chunk;

@@ -61,6 +61,7 @@
 #include <unistd.h>
 
 #include "../common/cli.h"
+#include "../common/kvm-host.h"
 #include "dest.h"
 #include "plot.h"
 #include "source.h"
@@ -93,6 +94,7 @@ static void usage(void)
 			"                              [--connections N]\n"
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
 			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
+			"       kvmdirty-migrate probe                   (what this host's KVM offers; 77 where none)\n"
 			"       kvmdirty-migrate -h|--help\n");
 }
 
@@ -729,6 +731,63 @@ static int load_key(struct args *a)
 	return 0;
 }
 
+/*
+ * kvmdirty-migrate probe: one line of what this host's KVM offers the
+ * daemon, exit 0; where there is no usable KVM the one line that says why,
+ * exit 77 (what a test harness counts as skipped).
+ */
+static int cmd_probe(int argc)
+{
+	struct kvmdirty_vm *vm;
+	int64_t ring, manual;
+	int ret;
+
+	if (argc > 2) {
+		fprintf(stderr, "kvmdirty-migrate: probe takes no arguments\n");
+		return 2;
+	}
+	ret = kvmdirty_vm_new(&vm);
+	if (ret < 0) {
+		if (kvm_host_missing(stderr, "kvmdirty-migrate: ", ret))
+			return KVM_HOST_MISSING_EXIT;
+		fprintf(stderr, "kvmdirty-migrate: creating a VM: %s\n", strerror(-ret));
+		return 1;
+	}
+	manual = kvmdirty_vm_cap(vm, KVMDIRTY_CAP_MANUAL_PROTECT);
+	ring = kvmdirty_vm_cap(vm, KVMDIRTY_CAP_DIRTY_RING_ACQ_REL);
+	if (ring <= 0)
+		ring = kvmdirty_vm_cap(vm, KVMDIRTY_CAP_DIRTY_RING);
+	printf("probe: /dev/kvm: %" PRId64 " memslots, up to %" PRId64 " vCPUs; modes: dirty-log", 
+	       kvmdirty_vm_cap(vm, KVMDIRTY_CAP_NR_MEMSLOTS), kvmdirty_vm_cap(vm, KVMDIRTY_CAP_MAX_VCPUS));
+	if (manual > 0)
+		printf(" clear-log (manual protect flags %" PRId64 ")", manual);
+	if (ring > 0)
+		printf(" dirty-ring (up to %" PRId64 " entries a vCPU)", ring / 16);
+	printf("\n");
+	kvmdirty_vm_free(vm);
+	return 0;
+}
+
+/*
+ * Before a guest is built: a bad address is a mistake in the command line
+ * whatever the host (exit 1, as before), and a host without KVM says so
+ * in one line (exit 77).
+ */
+static int before_guest(const struct args *a, const char *addr)
+{
+	char err[256];
+
+	if (mig_testvm_check(&a->guest, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return 1;
+	}
+	if (addr && mig_addr_check(addr, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return 1;
+	}
+	return kvm_host_check("kvmdirty-migrate: ");
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
@@ -742,18 +801,22 @@ int main(int argc, char **argv)
 	if (!strcmp(a.cmd, "demo")) {
 		if (parse(argc, argv, &a) || load_key(&a))
 			return 2;
-		ret = cmd_demo(&a);
+		ret = before_guest(&a, NULL);
+		if (!ret)
+			ret = cmd_demo(&a);
 		mig_psk_clear(&a.psk);
 		return ret;
 	}
 	if (!strcmp(a.cmd, "plot"))
 		return cmd_plot(argc, argv);
+	if (!strcmp(a.cmd, "probe"))
+		return cmd_probe(argc);
 	if (!strcmp(a.cmd, "-h") || !strcmp(a.cmd, "--help")) {
 		usage();
 		return 0;
 	}
 	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
-		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo or plot; --help for more)\n", a.cmd);
+		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, plot or probe; --help for more)\n", a.cmd);
 		return 2;
 	}
 	if (argc < 3) {
@@ -766,7 +829,9 @@ int main(int argc, char **argv)
 		return 2;
 	if (load_key(&a))
 		return 2;
-	ret = !strcmp(a.cmd, "listen") ? cmd_listen(&a) : cmd_send(&a);
+	ret = before_guest(&a, a.addr);
+	if (!ret)
+		ret = !strcmp(a.cmd, "listen") ? cmd_listen(&a) : cmd_send(&a);
 	mig_psk_clear(&a.psk);
 	return ret;
 }

@@ -49,6 +49,15 @@ static int plan_work(const struct mig_testvm_opts *g, uint64_t ret_pages[], char
 	return 0;
 }
 
+int mig_testvm_check(const struct mig_testvm_opts *g, char *err, size_t len)
+{
+	uint64_t pages[GUEST_MAX_VCPUS];
+
+	if (!g->vcpus || g->vcpus > GUEST_MAX_VCPUS)
+		return mig_errf(err, len, -EINVAL, "%u vCPUs: 1 to %u", g->vcpus, GUEST_MAX_VCPUS);
+	return plan_work(g, pages, err, len);
+}
+
 /* The data memory: anonymous (testvm's), or the caller's file. */
 static int add_data(struct testvm *tv, const struct mig_testvm_opts *g, void **ret_mem)
 {
@@ -88,11 +97,10 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 	unsigned int i;
 	int ret;
 
-	if (!g->vcpus || g->vcpus > GUEST_MAX_VCPUS)
-		return mig_errf(err, len, -EINVAL, "%u vCPUs: 1 to %u", g->vcpus, GUEST_MAX_VCPUS);
-	ret = plan_work(g, pages, err, len);
+	ret = mig_testvm_check(g, err, len);
 	if (ret < 0)
 		return ret;
+	plan_work(g, pages, err, len);
 	ret = testvm_new(&o, &tv);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "creating the VM: %s", strerror(-ret));

@@ -59,6 +59,8 @@ struct mig_testvm_opts {
  * stream, as a VMM allocates a guest's RAM before it starts it.  A source
  * gets its vCPUs' workloads and its fill.
  */
+/* The options alone, before anything is built: 0, or -EINVAL with the reason in err. */
+int mig_testvm_check(const struct mig_testvm_opts *o, char *err, size_t len);
 int mig_testvm_new(const struct mig_testvm_opts *o, bool source, struct testvm **ret_tv, char *err, size_t len);
 /* testvm_free(), and the data memory it does not unmap. */
 void mig_testvm_free(struct testvm *tv);

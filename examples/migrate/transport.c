@@ -295,6 +295,14 @@ static int resolve(const char *addr, struct sockaddr_storage *ss, socklen_t *sl,
 	return mig_errf(err, len, -EINVAL, "address '%s': expected tcp:HOST:PORT or unix:PATH", addr);
 }
 
+int mig_addr_check(const char *addr, char *err, size_t len)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+
+	return resolve(addr, &ss, &sl, err, len);
+}
+
 int mig_listen(const char *addr, char *err, size_t len)
 {
 	struct sockaddr_storage ss;

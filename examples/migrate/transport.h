@@ -62,5 +62,7 @@ struct mig_reader {
 int mig_listen(const char *addr, char *err, size_t len);
 int mig_accept(int lfd, char *err, size_t len);
 int mig_connect(const char *addr, uint64_t timeout_ms, char *err, size_t len);
+/* 0 where addr parses and its host resolves; else as above, before anything is built. */
+int mig_addr_check(const char *addr, char *err, size_t len);
 
 #endif

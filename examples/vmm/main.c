@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "../common/cli.h"
+#include "../common/kvm-host.h"
 #include "testvm.h"
 
 #define DATA_GPA (4ull << 30)
@@ -114,6 +115,9 @@ int main(int argc, char **argv)
 	}
 
 	opts.nr_vcpus = (unsigned int)vcpus;
+	ret = kvm_host_check("kvmdirty-vmm: ");
+	if (ret)
+		return ret;
 	ret = testvm_new(&opts, &tv);
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-vmm: creating the VM: %s\n", strerror(-ret));
