@@ -17,10 +17,11 @@
       source killed mid-migration (SIGKILL: its stats end wherever stdio
       last flushed, usually inside a line);
   same KVMDIRTY-MIGRATE STATS SVG
-      (from the top of the tree) SVG, the picture the README shows, is what
-      plot draws from STATS today.
+      (from the top of the tree) SVG, the picture doc/migration.md shows,
+      is what plot draws from STATS today.
 
-Exits 1 with what is wrong, 77 (live) where /dev/kvm cannot be opened.
+Exits 1 with what is wrong, 77 (live) where this host has no usable KVM
+(tests/kvm_skip.py).
 
 tests/data was recorded on the rig (as root), NAME and MODE for each file:
 stats-ring-throttled (dirty-ring), stats-clear-throttled (clear-log) and
@@ -42,6 +43,8 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
+
+from kvm_skip import require_kvm
 
 NS = "{http://www.w3.org/2000/svg}"
 errors = []
@@ -318,11 +321,7 @@ def cmd_recorded(migrate, data):
 
 
 def cmd_live(migrate):
-    try:
-        os.close(os.open("/dev/kvm", os.O_RDWR))
-    except OSError as e:
-        print(f"plot-live: skipped: cannot open /dev/kvm: {e.strerror}")
-        return 77
+    require_kvm("plot-live", migrate)
     tmp = tempfile.mkdtemp()
     guest = ["-m", "256", "-v", "2"]
     try:

@@ -2,9 +2,10 @@
 # Sourced by the tests that migrate over the two-host rig (suite net):
 #   . rig-test.sh NAME KVMDIRTY-MIGRATE
 # sets here, rig, migrate, tmp (removed on exit); fail MSG prints
-# "NAME: MSG" and exits 1; exits 77 with the rig's reason where namespaces
-# cannot be made; rig_done fails if this run left a namespace behind
-# (others' runs may be going on: only namespaces new since the start count).
+# "NAME: MSG" and exits 1; exits 77 with the daemon's reason where this
+# host has no usable KVM, with the rig's where namespaces cannot be made;
+# rig_done fails if this run left a namespace behind (others' runs may be
+# going on: only namespaces new since the start count).
 set -uo pipefail
 rig_test_name=$1
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -12,6 +13,12 @@ rig=$here/two-hosts.sh
 migrate=$(cd "$(dirname "$2")" && pwd)/$(basename "$2")
 fail() { echo "$rig_test_name: $*"; exit 1; }
 
+# no usable KVM here: the daemon's own line, and skip (77), before any namespace is made
+out=$("$migrate" probe 2>&1) || {
+	status=$?
+	[ "$status" = 77 ] && { echo "$rig_test_name: skipped: ${out#kvmdirty-migrate: }"; exit 77; }
+	fail "kvmdirty-migrate probe exited $status: $out"
+}
 out=$("$rig" --check) || { status=$?; echo "$out"; exit "$status"; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "testvm.h"
+#include "kvm-skip.h"
 #include "test-util.h"
 
 #define PAGE ((uint64_t)4096)

@@ -5,6 +5,7 @@
 
 #include <kvmdirty.h>
 
+#include "kvm-skip.h"
 #include "test-util.h"
 
 /* Capability numbers asked directly, not through possibly old headers. */
@@ -84,12 +85,14 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("kvm");
-	TCase *tc = tcase_create("kvm");
 	int skip = require_kvm("test-kvm");
+	Suite *s;
+	TCase *tc;
 
 	if (skip)
-		return skip;
+		return skip; /* before Check allocates anything: no leak on the way out */
+	s = suite_create("kvm");
+	tc = tcase_create("kvm");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, probe_matches_kernel);
 	tcase_add_test(tc, adopt_leaves_fds_open);

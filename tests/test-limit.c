@@ -790,12 +790,14 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("limit");
-	TCase *tc = tcase_create("limit");
 	int skip = require_kvm("test-limit");
+	Suite *s;
+	TCase *tc;
 
 	if (skip)
-		return skip;
+		return skip; /* before Check allocates anything: no leak on the way out */
+	s = suite_create("limit");
+	tc = tcase_create("limit");
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, errors);
 	tcase_add_test(tc, over_limit_held);

@@ -31,6 +31,7 @@
 #include "rng.h"
 #include "source.h"
 #include "stream.h"
+#include "kvm-skip.h"
 #include "test-util.h"
 #include "testguest.h"
 
@@ -1891,12 +1892,14 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("migrate");
-	TCase *tc = tcase_create("migrate");
 	int skip = require_kvm("test-migrate");
+	Suite *s;
+	TCase *tc;
 
 	if (skip)
-		return skip;
+		return skip; /* before Check allocates anything: no leak on the way out */
+	s = suite_create("migrate");
+	tc = tcase_create("migrate");
 	signal(SIGPIPE, SIG_IGN);
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, migrate, 0, (int)(sizeof(cases) / sizeof(cases[0])));

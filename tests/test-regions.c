@@ -7,6 +7,7 @@
 #include <linux/kvm.h>
 
 #include "testvm.h"
+#include "kvm-skip.h"
 #include "test-util.h"
 
 #define PAGE ((uint64_t)4096)
@@ -430,12 +431,14 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("regions");
-	TCase *tc = tcase_create("regions");
 	int skip = require_kvm("test-regions");
+	Suite *s;
+	TCase *tc;
 
 	if (skip)
-		return skip;
+		return skip; /* before Check allocates anything: no leak on the way out */
+	s = suite_create("regions");
+	tc = tcase_create("regions");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, guest_reads_and_writes_regions);
 	tcase_add_loop_test(tc, two_vcpus_ring3_and_ring0, 0, 2);

@@ -652,12 +652,14 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("throttle-signals");
-	TCase *tc = tcase_create("throttle-signals");
 	int skip = require_kvm("test-throttle-signals");
+	Suite *s;
+	TCase *tc;
 
 	if (skip)
-		return skip;
+		return skip; /* before Check allocates anything: no leak on the way out */
+	s = suite_create("throttle-signals");
+	tc = tcase_create("throttle-signals");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, share_whole_again_while_paused);
 	tcase_add_test(tc, share_whole_again_taken);

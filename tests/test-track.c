@@ -911,12 +911,14 @@ END_TEST
 
 int main(void)
 {
-	Suite *s = suite_create("track");
-	TCase *tc = tcase_create("track");
 	int skip = require_kvm("test-track");
+	Suite *s;
+	TCase *tc;
 
 	if (skip)
-		return skip;
+		return skip; /* before Check allocates anything: no leak on the way out */
+	s = suite_create("track");
+	tc = tcase_create("track");
 	tcase_set_timeout(tc, 240);
 	tcase_add_loop_test(tc, no_lost_write, 0, (int)(sizeof(scenarios) / sizeof(scenarios[0])));
 	tcase_add_test(tc, clear_after_read_loses_writes);

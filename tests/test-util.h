@@ -9,22 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 
-/*
- * KVM tests skip (exit 77, one line why) only where /dev/kvm is missing or
- * cannot be opened; everything else is a failure.
- */
-static inline int require_kvm(const char *test)
-{
-	int fd = open("/dev/kvm", O_RDWR | O_CLOEXEC);
-
-	if (fd < 0) {
-		printf("%s: skipped: cannot open /dev/kvm: %s\n", test, strerror(errno));
-		return 77;
-	}
-	close(fd);
-	return 0;
-}
-
 /* Run one suite; the exit status meson reads. */
 static inline int run_suite(Suite *s)
 {

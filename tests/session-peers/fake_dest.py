@@ -8,6 +8,11 @@ its proof, and print what the peer says on one line, control bytes made
 harmless.  Exits 1 when it does not."""
 import os, socket, struct, subprocess, sys, tempfile, time
 BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/migrate/kvmdirty-migrate"
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from kvm_skip import require_kvm  # noqa: E402
+
+require_kvm("session-fake-dest", BIN)
 mode = sys.argv[2] if len(sys.argv) > 2 else "bad-proof"
 d = tempfile.mkdtemp(); kp = os.path.join(d, "key")
 fd = os.open(kp, os.O_WRONLY | os.O_CREAT, 0o600); os.write(fd, os.urandom(32).hex().encode()); os.close(fd)

@@ -10,6 +10,11 @@ import os, socket, struct, subprocess, sys, tempfile, time
 
 BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/migrate/kvmdirty-migrate"
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from kvm_skip import require_kvm  # noqa: E402
+
+require_kvm("session-keyless-once", BIN)
+
 def hello(version=1, flags=0, conns=1, conn=0, reserved=0):
     return (b"KVMDSES\0" + struct.pack("<IIII", version, flags, conns, conn) + os.urandom(32) + bytes(32)
             + struct.pack("<Q", reserved))

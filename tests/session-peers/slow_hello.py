@@ -6,6 +6,11 @@ bounded by twice -T, and a keyed peer behind it gets its hello answered.  Exits
 import os, socket, subprocess, sys, tempfile, time
 sys.path.insert(0, os.path.dirname(__file__))
 BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/migrate/kvmdirty-migrate"
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from kvm_skip import require_kvm  # noqa: E402
+
+require_kvm("session-slow-hello", BIN)
 d = tempfile.mkdtemp(); kp = os.path.join(d, "key")
 fd = os.open(kp, os.O_WRONLY | os.O_CREAT, 0o600); os.write(fd, os.urandom(32).hex().encode()); os.close(fd)
 port = 49000 + os.getpid() % 1000
