@@ -161,4 +161,113 @@ static inline int guest_exit(const struct kvm_run *run)
 	return run->io.port == GUEST_PORT_DONE ? 0 : -EIO;
 }
 
+/* 0 where KVM offers a dirty ring; 77 and one line where it does not. */
+static inline int require_ring(const char *test)
+{
+	struct kvmdirty_vm *vm;
+	int64_t ring;
+	int ret = kvmdirty_vm_new(&vm);
+
+	if (ret < 0) {
+		printf("%s: creating a VM: %s\n", test, strerror(-ret));
+		return 1;
+	}
+	ring = kvmdirty_vm_cap(vm, KVMDIRTY_CAP_DIRTY_RING_ACQ_REL) + kvmdirty_vm_cap(vm, KVMDIRTY_CAP_DIRTY_RING);
+	kvmdirty_vm_free(vm);
+	if (ring > 0)
+		return 0;
+	printf("%s: skipped: KVM has no dirty ring\n", test);
+	return 77;
+}
+
+/*
+ * Host quirk "ring-overflow": KVM pushes entries past a full dirty ring
+ * when guest CPL-0 code writes memory through its instruction emulator,
+ * which runs up to 1,024 instructions between exits, more than the ring's
+ * 64-entry reserve (PVM-based nested hosts, these machines); the entries it
+ * overwrites are lost.  Hardware-assisted KVM (VMX, SVM with nested paging)
+ * stops the vCPU at the ring's soft limit and loses nothing.  The probe
+ * does what the overflow tests need: one vCPU at CPL 0 over 16,384 pages,
+ * a 4,096-entry ring harvested only at its ring-full exits.  1 where KVM
+ * overflowed the ring, 0 where it never did, -errno where the probe could
+ * not run.  Bounded on any host: the pass ends whether or not it overflows.
+ */
+#define RING_OVERFLOW_QUIRK "host quirk ring-overflow"
+
+static inline int host_ring_overflows(void)
+{
+	const uint64_t pages = 16384;
+	struct testvm_opts o = { .nr_vcpus = 1, .ring0_vcpus = 1, .track = true,
+				 .track_opts = { .mode = KVMDIRTY_MODE_DIRTY_RING, .ring_entries = 4096 } };
+	struct kvmdirty_stats st;
+	struct testvm_exit ex;
+	struct testvm *tv;
+	void *mem = NULL;
+	int ret;
+
+	ret = testvm_new(&o, &tv);
+	if (ret < 0)
+		return ret;
+	ret = testvm_add_memory(tv, 4 * GIB, pages * PAGE, 0, &mem, NULL);
+	if (ret == 0) {
+		rig_work(tv, 0, 4 * GIB, pages, GUEST_SEQUENTIAL, GUEST_F_EXIT_EVERY_PASS);
+		ret = kvmdirty_tracker_start(tv->tracker, NULL);
+	}
+	while (ret == 0 && (ret = testvm_run(tv, 0, &ex)) == 0 && ex.event == TESTVM_TICK)
+		;
+	if (ret == 0 && ex.event != TESTVM_PASS)
+		ret = -EIO;
+	if (ret == 0)
+		ret = kvmdirty_tracker_stats(tv->tracker, &st, sizeof(st));
+	if (ret == 0)
+		ret = st.ring_overflows > 0;
+	testvm_free(tv);
+	if (mem)
+		testvm_unmap(mem, pages * PAGE);
+	return ret;
+}
+
+/*
+ * For a test program's cases that need the quirk: 0 to run them; 77 and
+ * the one line that names the quirk where this host does not have it; 1
+ * where the probe failed.  Before Check allocates anything.
+ */
+static inline int require_ring_overflow(const char *test)
+{
+	int ret = host_ring_overflows();
+
+	if (ret > 0)
+		return 0;
+	if (ret == 0) {
+		printf("%s: skipped: needs " RING_OVERFLOW_QUIRK " (KVM pushing past a full dirty ring under guest "
+		       "CPL-0 writes, as on PVM-based nested hosts); here a CPL-0 pass over 16384 pages with a 4096-entry "
+		       "ring lost no entry\n", test);
+		return 77;
+	}
+	printf("%s: the ring-overflow probe failed: %s\n", test, strerror(-ret));
+	return 1;
+}
+
+/*
+ * The start of a ring test program: "PROG overflow" runs only its cases
+ * that need RING_OVERFLOW_QUIRK (*ret_overflow), plain "PROG" the others.
+ * 0 to go on, else the exit status of a skip or a failed probe, decided
+ * before Check allocates anything.
+ */
+static inline int ring_program_start(int argc, char **argv, const char *prog, bool *ret_overflow)
+{
+	bool overflow = argc > 1 && !strcmp(argv[1], "overflow");
+	char name[64];
+	int skip;
+
+	snprintf(name, sizeof(name), "%s%s", prog, overflow ? " overflow" : "");
+	skip = require_kvm(name);
+	if (!skip)
+		skip = require_ring(name);
+	if (!skip && overflow)
+		skip = require_ring_overflow(name);
+	*ret_overflow = overflow;
+	return skip;
+}
+
 #endif
