@@ -77,6 +77,8 @@ expect 2 "-m 'K'" "$migrate" send unix:/tmp/x -m K
 needs_kvm 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 08 -v 1 -d 010
 needs_kvm 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 0x10 -v 1
 expect 1 "working sets of 96 MiB exceed memory 64 MiB" "$migrate" send unix:/nonexistent/sock -m 64 -v 2 --vcpu 0=dirty:64 -w 32
+# the demo's own 64 MiB working set, not -w (which it sets itself), is what must fit
+expect 1 "working sets of 64 MiB exceed memory 32 MiB" "$migrate" demo -m 32 -v 1 -w 8
 expect 2 "unexpected argument 'extra'" "$migrate" listen unix:/tmp/x extra
 expect 1 "address 'nowhere'" "$migrate" listen nowhere
 expect 1 "address 'tcp:localhost'" "$migrate" send tcp:localhost -m 4 -v 1

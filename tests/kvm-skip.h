@@ -9,9 +9,9 @@
 
 /*
  * KVM tests skip (exit 77, one line why) only where this host has no usable
- * KVM: /dev/kvm missing (ENOENT), not ours to open (EACCES), no driver
- * behind it (ENXIO) or not a KVM device (ENOTTY): the line the tools print
- * (examples/common/kvm-host.h).  Any other failure to make a VM fails the
+ * KVM, for the errnos kvm_host_missing_cause() names (missing, not ours to
+ * open, no driver behind it, not a KVM device, another API version), with
+ * the line the tools print (examples/common/kvm-host.h).  Any other failure to make a VM fails the
  * test.  Call it before Check allocates anything, so that the skip leaks
  * nothing (LeakSanitizer).
  */

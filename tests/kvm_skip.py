@@ -6,12 +6,23 @@ import subprocess
 import sys
 
 
-def require_kvm(name, migrate):
+def kvm_missing(migrate):
+    """None where this host can run a VM; else the line that says why
+    ("/dev/kvm: ..."), as `kvmdirty-migrate probe` prints it."""
     p = subprocess.run([migrate, "probe"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode == 77:
-        why = p.stderr.strip().removeprefix("kvmdirty-migrate: ")
+        return p.stderr.strip().removeprefix("kvmdirty-migrate: ")
+    if p.returncode != 0:
+        raise RuntimeError(f"kvmdirty-migrate probe exited {p.returncode}: {p.stderr.strip()}")
+    return None
+
+
+def require_kvm(name, migrate):
+    try:
+        why = kvm_missing(migrate)
+    except RuntimeError as e:
+        print(f"{name}: {e}")
+        sys.exit(1)
+    if why:
         print(f"{name}: skipped: {why}")
         sys.exit(77)
-    if p.returncode != 0:
-        print(f"{name}: kvmdirty-migrate probe exited {p.returncode}: {p.stderr.strip()}")
-        sys.exit(1)

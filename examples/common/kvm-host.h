@@ -30,8 +30,9 @@ static inline const char *kvm_host_missing_cause(int err)
 	case -ENXIO:
 		return "the device node exists but no KVM driver answers it (kvm_intel or kvm_amd not loaded)";
 	case -EACCES:
-	case -EPERM:
 		return "no permission: run as a member of the group that owns /dev/kvm (usually kvm), or as root";
+	case -EPERM:
+		return "not permitted here (a container's device rules, or a file system mounted nodev)";
 	case -ENOTTY:
 		return "/dev/kvm is not a KVM device";
 	case -EPROTO:

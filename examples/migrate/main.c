@@ -554,10 +554,6 @@ static int cmd_demo(struct args *a)
 
 	snprintf(addr, sizeof(addr), "unix:/tmp/kvmdirty-demo-%d.sock", (int)getpid());
 	a->addr = addr;
-	a->guest.ws_mib = 64;
-	a->run_ms = 500;
-	/* the one peer is the source below: a stream it gave up on must not leave the destination waiting */
-	a->once = true;
 	printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB flat out, tracked with %s, over %s\n",
 	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->mode, addr);
 	fflush(stdout);
@@ -801,6 +797,11 @@ int main(int argc, char **argv)
 	if (!strcmp(a.cmd, "demo")) {
 		if (parse(argc, argv, &a) || load_key(&a))
 			return 2;
+		/* what the demo sets itself, checked with the rest */
+		a.guest.ws_mib = 64;
+		a.run_ms = 500;
+		/* the one peer is the source: a stream it gave up on must not leave the destination waiting */
+		a.once = true;
 		ret = before_guest(&a, NULL);
 		if (!ret)
 			ret = cmd_demo(&a);
