@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * The stats file into series (plot.h).  Lines are read as the source
- * writes them (source.c: start, then samples and pass lines, then verify
+ * writes them (source-stats.c: start, then samples and pass lines, then verify
  * and end); a field the plot does not use is ignored, and so is a line
  * type it does not know (the format only adds within a version), but a
  * field it uses must have its type.

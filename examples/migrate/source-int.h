@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_SOURCE_INT_H
+#define KVMDIRTY_MIGRATE_SOURCE_INT_H
+
+/*
+ * The source's insides, shared by its files and by nothing else.  Pages
+ * go out in runs straight from guest memory (one iovec per run), zero
+ * pages as a record without payload, in batches of about 512 KiB.  With
+ * verify each DATA run carries its pages' hashes, taken just before the
+ * send by a thread of its own that hashes one batch while the main thread
+ * sends the one before (in stop-and-copy the paused vCPUs leave their CPUs
+ * to it), and kept (sent_hash, a slot per page, and sent_data, which
+ * pages' latest copy was data rather than zero).  The destination checks
+ * them as pages land; after its answer, with the guest running over
+ * there, the source checks its final memory against sent_hash, off the
+ * downtime path.
+ *
+ * Memory the guest never touched (in private anonymous mappings, per the
+ * host's page tables: hostmem.h) goes out as ZERO records without being
+ * read, so it stays unpopulated here; the check after switchover leaves it
+ * unread too.  Stats are JSON lines, format version 1 (doc/migrate-stats.md).
+ *
+ * The files, by job:
+ *   source.c          mig_send(): setup, session, header, pre-copy,
+ *                     stop-and-copy, teardown, one step each;
+ *   source-send.c     lanes, batches, their worker threads, runs and
+ *                     ranges onto the wire, zero and untouched pages;
+ *   source-precopy.c  passes, drain, settle, tick (samples within a pass),
+ *                     the throttle's plumbing, convergence;
+ *   source-stop.c     stop-and-copy, and the handoff after END;
+ *   source-verify.c   page hashes kept per page, the check after switchover;
+ *   source-stats.c    the --stats lines, each vCPU's speed before and during.
+ */
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+#include <sys/uio.h>
+
+#include "session.h"
+#include "source.h"
+#include "throttle.h"
+#include "worker.h"
+
+#define PAGE ((uint64_t)MIG_PAGE_SIZE)
+#define BATCH_RECORDS 256
+#define BATCH_BYTES (512u << 10) /* a batch, hashed while the one before is sent */
+#define BATCH_HASHES (BATCH_BYTES / MIG_PAGE_SIZE + MIG_RUN_PAGES)
+#define PM_BATCH 4096 /* pagemap entries read at once (32 KiB) */
+#define SAMPLE_MS 100.0 /* stats samples within a pass */
+
+/* Pages of a batch to hash: into out (the batch's hashes) and sent_hash. */
+struct hash_run {
+	const uint8_t *hva;
+	uint32_t region;
+	bool zero; /* sent as ZERO: no hashes in the stream, the zero page's hash is what to expect */
+	uint64_t first, count;
+	uint64_t *out;
+};
+
+struct batch {
+	struct mig_record hdr[BATCH_RECORDS];
+	struct iovec iov[3 * BATCH_RECORDS];
+	struct hash_run runs[BATCH_RECORDS];
+	uint64_t hashes[BATCH_HASHES];
+	int nh, ni, nruns, nhashes;
+	uint64_t bytes;
+};
+
+struct source;
+
+/* One connection of the migration: its stream's encoder, its batches, its worker. */
+struct lane {
+	struct source *s;
+	struct mig_chan *ch;
+	struct mig_encoder enc;
+	/* a batch is filled, handed to the worker, and sent while the next one is filled */
+	struct batch batch[2];
+	struct batch *cur, *pending;
+	struct mig_worker w;
+	struct batch *todo; /* handed to the worker, not yet done */
+	int err;	    /* the worker failed to send: -errno */
+	uint64_t hashed;    /* the worker's (or the main thread's without one) */
+};
+
+struct source {
+	const struct mig_guest *g;
+	const struct mig_send_opts *o;
+	struct mig_session sess;
+	struct lane *lane;
+	unsigned int nlanes;
+	bool lanes_send; /* several connections: each lane's worker sends, the main thread only fills */
+	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest data copy; the hasher's */
+	uint64_t *sent_data[MIG_MAX_REGIONS]; /* ... whose latest copy was data (else zero); the hasher's */
+	uint64_t zero_hash;
+	struct mig_vcpu_state *vs;
+	uint64_t pages, zero_pages, untouched_pages;
+	uint64_t in_hand; /* pages handed out by the tracker, not yet queued */
+	/* which pages were never touched: the regions wholly in private anonymous memory, and pagemap */
+	bool anon[MIG_MAX_REGIONS];
+	int pagemap;
+	uint64_t pme[PM_BATCH];
+	/* stats: start, last sample, and each vCPU's progress then */
+	double t0, sample_ms;
+	uint64_t sample_bytes;
+	unsigned int pass; /* the pass under way; 0 in stop-and-copy */
+	uint64_t *progress0, *progress_at; /* at the start; at the last sample */
+	double before_ms;
+	/*
+	 * Every SAMPLE_MS (src_tick()): the link while busy, each vCPU's
+	 * dirtying (ring entries in DIRTY_RING mode, KVM's fault count in the
+	 * others), and, throttling, the pages re-dirtied since the last tick
+	 * (a sync) and what the throttle makes of them.
+	 */
+	double tick_ms;
+	uint64_t tick_acked, tick_unacked;
+	double link; /* bytes/s, measured while the socket never ran dry */
+	unsigned int nv; /* vCPUs measured: those the guest gave, at most MIG_THROTTLE_MAX_VCPUS */
+	bool ring;
+	uint64_t vcpu_count[MIG_THROTTLE_MAX_VCPUS], vcpu_held_ns[MIG_THROTTLE_MAX_VCPUS];
+	double vcpu_rate[MIG_THROTTLE_MAX_VCPUS];
+	bool vcpu_held[MIG_THROTTLE_MAX_VCPUS];
+	double redirty; /* pages/s the guest made dirty again, at the last tick that synced */
+	struct mig_throttle th;
+	bool throttling;
+	int sync_err; /* a tick's sync failed: -errno */
+	uint64_t applied_limit[MIG_THROTTLE_MAX_VCPUS];
+	unsigned int applied_share[MIG_THROTTLE_MAX_VCPUS];
+	/* how far mig_send() got, for its teardown */
+	bool started;	/* tracking is on */
+	bool paused;	/* the vCPUs were paused for stop-and-copy */
+	bool abandoned; /* pre-copy did not converge: the guest stays here */
+};
+
+static inline double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static inline double now_rel(const struct source *s)
+{
+	return now_ms() - s->t0;
+}
+
+/* source-send.c */
+int src_lanes_new(struct source *s, char *err, size_t len);
+int src_workers_start(struct source *s, char *err, size_t len);
+void src_lanes_free(struct source *s);
+int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t plen, const struct hash_run *run);
+int src_flush(struct source *s);
+int src_send_range(struct source *s, const struct kvmdirty_range *rg);
+void src_untouched_open(struct source *s);
+uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n);
+void src_untouched_close(struct source *s);
+int src_net_fail(struct source *s, int ret, const char *what, char *err, size_t len);
+
+/* source-precopy.c */
+void src_throttle_init(struct source *s);
+void src_throttle_off(struct source *s);
+int src_tick(struct source *s);
+int src_drain(struct source *s, uint64_t max_pages);
+int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len);
+void src_not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len);
+
+/* source-stop.c */
+int src_stop_and_copy(struct source *s, char *err, size_t len);
+
+/* source-verify.c */
+int src_alloc_hashes(struct source *s);
+void src_free_hashes(struct source *s);
+void src_hash_batch(struct lane *l, struct batch *b);
+uint64_t src_hashed(const struct source *s);
+int src_check_sent(struct source *s, struct mig_result *res, char *err, size_t len);
+
+/* source-stats.c */
+int src_baseline(struct source *s, struct mig_result *res);
+void src_during(struct source *s, struct mig_result *res);
+double src_held_ms(const struct source *s, unsigned int i);
+void src_line_start(const struct source *s, const char *type);
+void src_start_line(struct source *s, const struct mig_result *res);
+void src_sample_line(struct source *s, double dt_ms);
+void src_pass_line(struct source *s, uint64_t pages, uint64_t zero, uint64_t untouched, uint64_t bytes, double ms,
+		   uint64_t remaining, double mib_s, double est_ms);
+void src_end_line(struct source *s, const struct mig_result *res, int ret, const char *err);
+
+#endif

@@ -1,0 +1,341 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The source's pre-copy: passes over what the tracker reports until the
+ * rest fits the downtime (or a limit), each sampled every SAMPLE_MS
+ * (src_tick(): the link, each vCPU's dirtying, the throttle's answer);
+ * and, when it does not converge, why, in words.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "errf.h"
+#include "source-int.h"
+
+/*
+ * Pages taken from the tracker at a time: a page handed out is no longer
+ * pending, and one the guest writes between its hand-out and its send
+ * goes again next pass.  4 MiB is about 40 ms of an 800 Mbit/s link.
+ */
+#define HAND_OUT 1024
+
+/*
+ * Pre-copy passes until the rest fits the downtime, or a limit.  A pass
+ * sends what was pending when it began and ends once it is across the
+ * link (settle()); then a sync, and the rest is judged at the link's rate
+ * plus what that sync took (the final one, paused, takes as long) plus a
+ * round trip, against DOWNTIME_SHARE of the limit.
+ */
+#define DOWNTIME_SHARE 0.9
+
+/*
+ * The vCPUs to measure and, with o->throttle, to slow: those the guest
+ * gave (DIRTY_RING: by dirty limits; else by run shares, if the VMM can).
+ */
+void src_throttle_init(struct source *s)
+{
+	const struct mig_guest *g = s->g;
+	unsigned int i;
+
+	s->ring = kvmdirty_tracker_mode(g->tracker) == KVMDIRTY_MODE_DIRTY_RING;
+	for (s->nv = 0; s->nv < g->nr_vcpus && s->nv < MIG_THROTTLE_MAX_VCPUS && g->vcpu[s->nv]; s->nv++)
+		;
+	mig_throttle_init(&s->th, s->ring, s->nv, 0);
+	s->throttling = s->o->throttle && s->nv && (s->ring || g->ops->set_run_share);
+	for (i = 0; i < s->nv; i++) {
+		struct kvmdirty_vcpu_stats st;
+
+		s->applied_share[i] = 1000;
+		if (!kvmdirty_vcpu_stats(g->vcpu[i], &st, sizeof(st)))
+			s->vcpu_count[i] = s->ring ? st.dirtied : st.faults;
+	}
+	s->tick_ms = now_ms();
+}
+
+/* The throttle's limits or shares, on the vCPUs; a limit that moved by less than 1/16 stays. */
+static void throttle_apply(struct source *s, bool all)
+{
+	const struct mig_guest *g = s->g;
+	unsigned int i;
+
+	for (i = 0; i < s->nv; i++) {
+		uint64_t want = s->th.limit[i], had = s->applied_limit[i];
+
+		if (s->ring) {
+			if (!all && want == had)
+				continue;
+			if (!all && want && had && (want > had ? want - had : had - want) < had / 16)
+				continue;
+			if (!kvmdirty_vcpu_set_dirty_limit(g->vcpu[i], want))
+				s->applied_limit[i] = want;
+		} else if (g->ops->set_run_share && (all || s->th.share[i] != s->applied_share[i])) {
+			if (!g->ops->set_run_share(g->ctx, i, s->th.share[i]))
+				s->applied_share[i] = s->th.share[i];
+		}
+	}
+}
+
+/* Every limit off, every share whole: the guest runs as before (after a failure, or once it moved). */
+void src_throttle_off(struct source *s)
+{
+	unsigned int i;
+
+	if (!s->throttling)
+		return;
+	for (i = 0; i < s->nv; i++) {
+		s->th.limit[i] = 0;
+		s->th.share[i] = 1000;
+	}
+	throttle_apply(s, true);
+}
+
+/* The link over the last dt ms: acknowledged bytes, counted only while the socket never ran dry. */
+static void measure_link(struct source *s, double dt)
+{
+	uint64_t sent = mig_session_sent(&s->sess), unacked = mig_session_unacked(&s->sess);
+	uint64_t acked = sent - (unacked < sent ? unacked : sent);
+
+	if (unacked && s->tick_unacked && acked > s->tick_acked) {
+		double rate = (double)(acked - s->tick_acked) / (dt / 1e3);
+
+		s->link = s->link > 0 ? 0.75 * s->link + 0.25 * rate : rate;
+	}
+	s->tick_acked = acked;
+	s->tick_unacked = unacked;
+}
+
+/* Each vCPU's dirtying over the last dt ms, and whether its limit held it for more than a tenth of them. */
+static void measure_vcpus(struct source *s, double dt)
+{
+	unsigned int i;
+
+	for (i = 0; i < s->nv; i++) {
+		struct kvmdirty_vcpu_stats st;
+		uint64_t n;
+
+		if (kvmdirty_vcpu_stats(s->g->vcpu[i], &st, sizeof(st)))
+			continue;
+		n = s->ring ? st.dirtied : st.faults;
+		s->vcpu_rate[i] = (double)(n - s->vcpu_count[i]) / (dt / 1e3);
+		s->vcpu_count[i] = n;
+		s->vcpu_held[i] = (double)(st.held_ns - s->vcpu_held_ns[i]) > 0.1 * dt * 1e6;
+		s->vcpu_held_ns[i] = st.held_ns;
+	}
+}
+
+/* Throttling in pre-copy: a sync, whose new pages are the guest's re-dirtying, and the throttle's answer. */
+static int throttle_tick(struct source *s, double dt)
+{
+	struct mig_throttle_sample smp = { .link_pages_per_s = s->link / PAGE };
+	int64_t fresh;
+
+	if (!s->throttling || !s->pass || !(s->link > 0))
+		return 0;
+	fresh = kvmdirty_tracker_sync(s->g->tracker);
+	if (fresh < 0)
+		return s->sync_err = (int)fresh;
+	smp.redirty_per_s = s->redirty = (double)fresh / (dt / 1e3);
+	memcpy(smp.vcpu_rate, s->vcpu_rate, sizeof(smp.vcpu_rate));
+	memcpy(smp.vcpu_held, s->vcpu_held, sizeof(smp.vcpu_held));
+	if (mig_throttle_update(&s->th, &smp))
+		throttle_apply(s, false);
+	return 0;
+}
+
+/*
+ * A sample, every SAMPLE_MS while sending: the link, each vCPU's dirtying,
+ * and, throttling in pre-copy, the throttle.  Then the stats line.
+ */
+int src_tick(struct source *s)
+{
+	double t = now_ms(), dt = t - s->tick_ms;
+	int ret;
+
+	if (dt < SAMPLE_MS)
+		return 0;
+	measure_link(s, dt);
+	s->tick_ms = t;
+	measure_vcpus(s, dt);
+	ret = throttle_tick(s, dt);
+	if (ret < 0)
+		return ret;
+	if (s->o->stats)
+		src_sample_line(s, t - s->sample_ms);
+	return 0;
+}
+
+/*
+ * Hand out and send what is pending, at most max_pages (0: all there is,
+ * however long the guest keeps dirtying): a pass sends what was pending
+ * when it began, while the ticks' syncs add what the guest re-dirties.
+ */
+int src_drain(struct source *s, uint64_t max_pages)
+{
+	struct kvmdirty_range rg[64];
+	uint64_t left = max_pages;
+	int n = 0, i, ret;
+
+	while ((!max_pages || left) &&
+	       (n = kvmdirty_tracker_next(s->g->tracker, rg, 64, max_pages && left < HAND_OUT ? left : HAND_OUT)) > 0) {
+		for (i = 0; i < n; i++) {
+			s->in_hand += rg[i].npages;
+			left -= max_pages ? rg[i].npages : 0;
+		}
+		for (i = 0; i < n; i++) {
+			ret = src_send_range(s, &rg[i]);
+			if (ret < 0)
+				return ret;
+		}
+	}
+	return n < 0 ? n : src_flush(s);
+}
+
+/*
+ * Wait until what was sent has left the socket and crossed the link
+ * (acknowledged), ticking meanwhile: a pass ends when its pages are
+ * across, so the rest measured after it is what the guest dirtied while
+ * they went, and a pause after it waits for nothing queued.
+ */
+static int settle(struct source *s)
+{
+	double t0 = now_ms();
+	int ret;
+
+	while (mig_session_unacked(&s->sess)) {
+		if (s->o->peer_timeout_ms && now_ms() - t0 > (double)s->o->peer_timeout_ms)
+			return -ETIMEDOUT;
+		usleep(200);
+		ret = src_tick(s);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+/* Where a pass began: the counters its pass line reports the growth of. */
+struct pass_mark {
+	uint64_t pages, zero, untouched, bytes;
+	double t;
+};
+
+/* One pass: what is pending now, then PASS, and across the link. */
+static int send_pass(struct source *s, struct mig_result *res, char *err, size_t len)
+{
+	int ret;
+
+	s->pass = (unsigned int)++res->passes;
+	ret = src_drain(s, kvmdirty_tracker_pending(s->g->tracker));
+	if (ret == 0)
+		ret = src_put(&s->lane[0], mig_encode_pass(&s->lane[0].enc, res->passes), NULL, 0, NULL);
+	if (ret == 0)
+		ret = src_flush(s);
+	if (ret == 0)
+		ret = settle(s);
+	if (s->sync_err)
+		return mig_errf(err, len, s->sync_err, "dirty log sync: %s", strerror(-s->sync_err));
+	if (ret < 0)
+		return src_net_fail(s, ret, "pre-copy: sending to the destination", err, len);
+	return 0;
+}
+
+/* After a pass: a sync, the rest's transfer estimated, the pass line, and the figures in res. */
+static int estimate(struct source *s, const struct pass_mark *m, struct mig_result *res, char *err, size_t len)
+{
+	struct kvmdirty_tracker *t = s->g->tracker;
+	struct kvmdirty_stats st;
+	double ms = now_ms() - m->t, mib_s, est, link, ts;
+	uint64_t pending;
+	int ret;
+
+	mib_s = ms > 0 ? (mig_session_sent(&s->sess) - m->bytes) / 1048576.0 / (ms / 1e3) : 0;
+	ts = now_ms();
+	ret = (int)kvmdirty_tracker_sync(t);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "dirty log sync: %s", strerror(-ret));
+	ts = now_ms() - ts;
+	pending = kvmdirty_tracker_pending(t);
+	link = s->link > 0 ? s->link / 1048576.0 : mib_s;
+	/* what the pause sends at the link's rate, the final sync (as long as this one), a round trip */
+	est = link > 0 ? pending * PAGE / 1048576.0 / link * 1e3 + ts + mig_session_rtt_us(&s->sess) / 1e3 : 0;
+	src_pass_line(s, s->pages - m->pages, s->zero_pages - m->zero, s->untouched_pages - m->untouched,
+		      mig_session_sent(&s->sess) - m->bytes, ms, pending, mib_s, est);
+	res->est_downtime_ms = est;
+	res->link_bytes_per_s = link * 1048576.0;
+	res->remaining_pages = pending;
+	kvmdirty_tracker_stats(t, &st, sizeof(st));
+	res->dirty_pages_per_s = st.dirty_rate;
+	return 0;
+}
+
+/* Whether pre-copy is over: converged, or a limit reached; res->reason says which. */
+static bool precopy_done(const struct source *s, struct mig_result *res)
+{
+	const struct mig_send_opts *o = s->o;
+
+	/*
+	 * Within nine tenths of the limit: the rest is kept for what
+	 * cannot be measured before it happens (pausing the vCPUs,
+	 * their state, the destination's resume before it answers).
+	 */
+	if (res->est_downtime_ms <= DOWNTIME_SHARE * (double)o->downtime_ms) {
+		res->converged = true;
+		res->reason = "fits_downtime";
+		return true;
+	}
+	if (res->passes >= o->max_passes) {
+		res->reason = "pass_limit";
+		return true;
+	}
+	/* from the start of tracking, as total_ms: a baseline measured before is not pre-copy */
+	if (now_rel(s) - s->before_ms >= (double)o->timeout_ms) {
+		res->reason = "time_limit";
+		return true;
+	}
+	return false;
+}
+
+/* Why pre-copy did not converge, in words: what was left, what the link took, what the guest dirtied. */
+void src_not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len)
+{
+	snprintf(buf, len, "after %" PRIu64 " passes the rest (%.1f MiB) needed %.0f ms at %.1f MiB/s, "
+		 "over the %.0f ms kept for it of the %" PRIu64 " ms limit; the guest dirtied %" PRIu64
+		 " pages/s (%.1f MiB/s)%s",
+		 res->passes, res->remaining_pages * PAGE / 1048576.0, res->est_downtime_ms,
+		 res->link_bytes_per_s / 1048576.0, DOWNTIME_SHARE * (double)s->o->downtime_ms, s->o->downtime_ms,
+		 res->dirty_pages_per_s,
+		 res->dirty_pages_per_s * PAGE / 1048576.0,
+		 !s->throttling ? ", not throttled" : "");
+}
+
+/*
+ * Pre-copy to its end.  Not converged and force_switchover off: -ETIME,
+ * with why in err, and the migration abandoned.
+ */
+int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len)
+{
+	struct pass_mark m;
+	int ret;
+
+	do {
+		m.pages = s->pages;
+		m.zero = s->zero_pages;
+		m.untouched = s->untouched_pages;
+		m.bytes = mig_session_sent(&s->sess);
+		m.t = now_ms();
+		ret = send_pass(s, res, err, len);
+		if (ret == 0)
+			ret = estimate(s, &m, res, err, len);
+		if (ret < 0)
+			return ret;
+	} while (!precopy_done(s, res));
+	if (!res->converged && !s->o->force_switchover) {
+		char why[256];
+
+		/* the downtime promised cannot be kept: the guest stays here, running */
+		src_not_converged(s, res, why, sizeof(why));
+		s->abandoned = true;
+		return mig_errf(err, len, -ETIME, "pre-copy did not converge (%s): %s", res->reason, why);
+	}
+	return 0;
+}

@@ -1,0 +1,359 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The source's sending: a lane per connection, each with its encoder, two
+ * batches and a worker thread; records queued into batches (src_put()),
+ * runs of pages cut by chunk onto their lanes, zero pages found, and the
+ * pages the guest never touched sent without being read (pagemap).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "errf.h"
+#include "hostmem.h"
+#include "source-int.h"
+
+static int send_batch(struct lane *l, struct batch *b)
+{
+	int ret = b->ni ? mig_chan_writev(l->ch, b->iov, b->ni) : 0;
+
+	b->nh = b->ni = b->nruns = b->nhashes = 0;
+	b->bytes = 0;
+	return ret;
+}
+
+/*
+ * A lane's worker: over one connection it hashes a batch while the main
+ * thread sends the one before; over several it hashes and sends, one
+ * worker a connection, while the main thread fills the next batches.
+ */
+static void *lane_worker(void *p)
+{
+	struct lane *l = p;
+
+	pthread_mutex_lock(&l->w.lock);
+	for (;;) {
+		struct batch *b;
+		int ret;
+
+		while (!l->todo && !l->w.quit)
+			pthread_cond_wait(&l->w.cond, &l->w.lock);
+		b = l->todo;
+		if (!b)
+			break;
+		pthread_mutex_unlock(&l->w.lock);
+		if (l->s->sent_hash[0])
+			src_hash_batch(l, b);
+		ret = l->s->lanes_send ? send_batch(l, b) : 0;
+		pthread_mutex_lock(&l->w.lock);
+		if (ret < 0 && !l->err)
+			l->err = ret;
+		l->todo = NULL;
+		pthread_cond_broadcast(&l->w.cond);
+	}
+	pthread_mutex_unlock(&l->w.lock);
+	return NULL;
+}
+
+/* A lane per connection of the session, each with its own encoder. */
+int src_lanes_new(struct source *s, char *err, size_t len)
+{
+	unsigned int i;
+
+	s->nlanes = s->sess.conns;
+	s->lanes_send = s->nlanes > 1;
+	s->lane = calloc(s->nlanes, sizeof(*s->lane));
+	if (!s->lane)
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	for (i = 0; i < s->nlanes; i++) {
+		struct lane *l = &s->lane[i];
+
+		l->s = s;
+		l->ch = s->sess.chan[i];
+		l->cur = &l->batch[0];
+		l->enc = (struct mig_encoder){ .flags = s->o->verify ? MIG_F_PAGE_HASH : 0, .sum = MIG_SUM_INIT };
+	}
+	return 0;
+}
+
+/* Workers where they help: to send, over several connections; to hash, with verify (unless inline). */
+int src_workers_start(struct source *s, char *err, size_t len)
+{
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < s->nlanes; i++) {
+		if (!s->lanes_send && !(s->o->verify && !s->o->inline_hash))
+			break;
+		ret = mig_worker_start(&s->lane[i].w, lane_worker, &s->lane[i]);
+		if (ret < 0)
+			return mig_errf(err, len, ret, "starting a thread for connection %u: %s", i, strerror(-ret));
+	}
+	return 0;
+}
+
+void src_lanes_free(struct source *s)
+{
+	unsigned int i;
+
+	for (i = 0; i < s->nlanes; i++)
+		mig_worker_stop(&s->lane[i].w);
+	free(s->lane);
+}
+
+/* Wait until the worker is done with what it was given. */
+static void worker_wait(struct lane *l)
+{
+	if (!l->w.running)
+		return;
+	pthread_mutex_lock(&l->w.lock);
+	while (l->todo)
+		pthread_cond_wait(&l->w.cond, &l->w.lock);
+	pthread_mutex_unlock(&l->w.lock);
+}
+
+static void worker_give(struct lane *l, struct batch *b)
+{
+	pthread_mutex_lock(&l->w.lock);
+	l->todo = b;
+	pthread_cond_broadcast(&l->w.cond);
+	pthread_mutex_unlock(&l->w.lock);
+}
+
+/*
+ * Hand the batch being filled to the worker.  Over one connection, send
+ * the one before (hashed by now) meanwhile; without a worker, hash it and
+ * send it while its pages are in cache.
+ */
+static int ship(struct lane *l)
+{
+	struct batch *b = l->cur;
+	int ret = 0;
+
+	if (!l->w.running) {
+		if (l->s->sent_hash[0])
+			src_hash_batch(l, b);
+		return send_batch(l, b);
+	}
+	worker_wait(l);
+	if (l->err)
+		return l->err;
+	worker_give(l, b);
+	if (!l->s->lanes_send && l->pending)
+		ret = send_batch(l, l->pending);
+	l->pending = l->s->lanes_send ? NULL : b;
+	l->cur = b == &l->batch[0] ? &l->batch[1] : &l->batch[0];
+	return ret;
+}
+
+/* Everything queued on a lane, out. */
+static int flush_lane(struct lane *l)
+{
+	int ret = ship(l);
+
+	if (!l->w.running)
+		return ret;
+	worker_wait(l);
+	if (ret == 0)
+		ret = l->err;
+	if (ret == 0 && l->pending)
+		ret = send_batch(l, l->pending);
+	l->pending = NULL;
+	return ret;
+}
+
+/* Everything queued, on every connection, out. */
+int src_flush(struct source *s)
+{
+	unsigned int i;
+	int ret = 0, r;
+
+	for (i = 0; i < s->nlanes; i++) {
+		r = flush_lane(&s->lane[i]);
+		if (r < 0 && ret == 0)
+			ret = r;
+	}
+	return ret;
+}
+
+/* Queue a record (encoded just before, in its lane's stream order), its payload and the pages to hash. */
+int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t plen, const struct hash_run *run)
+{
+	struct source *s = l->s;
+	struct batch *b = l->cur;
+	int ret;
+
+	if (b->nh == BATCH_RECORDS || b->bytes >= BATCH_BYTES) {
+		ret = ship(l);
+		if (ret < 0)
+			return ret;
+		ret = src_tick(s);
+		if (ret < 0)
+			return ret;
+		b = l->cur;
+	}
+	b->hdr[b->nh] = rec;
+	b->iov[b->ni++] = (struct iovec){ &b->hdr[b->nh++], sizeof(rec) };
+	if (run && s->sent_hash[0]) {
+		b->runs[b->nruns] = *run;
+		if (!run->zero) {
+			b->runs[b->nruns].out = b->hashes + b->nhashes;
+			b->iov[b->ni++] = (struct iovec){ b->hashes + b->nhashes, run->count * sizeof(uint64_t) };
+			b->nhashes += (int)run->count;
+		}
+		b->nruns++;
+	}
+	if (plen)
+		b->iov[b->ni++] = (struct iovec){ (void *)payload, plen };
+	b->bytes += sizeof(rec) + plen;
+	return 0;
+}
+
+static bool page_is_zero(const uint8_t *p)
+{
+	static const uint8_t zero[PAGE];
+
+	return !memcmp(p, zero, PAGE);
+}
+
+/* One run on its lane; over several connections, cut at chunk boundaries (stream.h). */
+static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t count, const uint8_t *hva, bool zero)
+{
+	s->pages += count;
+	s->in_hand -= count < s->in_hand ? count : s->in_hand;
+	if (zero)
+		s->zero_pages += count;
+	while (count) {
+		uint64_t n = s->nlanes == 1 ? count : MIG_LANE_PAGES - first % MIG_LANE_PAGES;
+		struct lane *l = &s->lane[s->nlanes == 1 ? 0 : mig_lane_of(idx, first, s->nlanes)];
+		/* out is set by src_put(): slots of the batch's hashes */
+		struct hash_run run = { .hva = hva, .region = idx, .zero = zero, .first = first };
+		int ret;
+
+		if (n > count)
+			n = count;
+		run.count = n;
+		if (zero)
+			ret = src_put(l, mig_encode_zero(&l->enc, idx, first, n), NULL, 0, &run);
+		else
+			ret = src_put(l, mig_encode_data(&l->enc, idx, first, n), hva, n * PAGE, &run);
+		if (ret < 0)
+			return ret;
+		first += n;
+		count -= n;
+		if (hva)
+			hva += n * PAGE;
+	}
+	return 0;
+}
+
+/* Pages read to be sent: zero runs and data runs of at most MIG_RUN_PAGES. */
+static int send_read(struct source *s, uint32_t idx, uint64_t page, uint64_t n, const uint8_t *p)
+{
+	uint64_t i = 0, j;
+	int ret;
+
+	while (i < n) {
+		bool zero = page_is_zero(p + i * PAGE);
+
+		for (j = i + 1; j < n && (zero || j - i < MIG_RUN_PAGES) && page_is_zero(p + j * PAGE) == zero; j++)
+			;
+		ret = send_run(s, idx, page + i, j - i, p + i * PAGE, zero);
+		if (ret < 0)
+			return ret;
+		i = j;
+	}
+	return 0;
+}
+
+/* Which pages were never touched: where the guest's memory is private anonymous, pagemap says. */
+void src_untouched_open(struct source *s)
+{
+	unsigned int i;
+
+	/* without pagemap every page is read: slower, never wrong */
+	s->pagemap = mig_pagemap_open();
+	for (i = 0; i < s->g->nr_regions; i++)
+		s->anon[i] = mig_hostmem_private_anon(s->g->regions[i].hva, s->g->regions[i].size) == 1;
+}
+
+void src_untouched_close(struct source *s)
+{
+	if (s->pagemap >= 0)
+		close(s->pagemap);
+}
+
+/*
+ * Pagemap entries of up to PM_BATCH pages of region idx from page into
+ * s->pme: how many, or 0 where the host cannot say which are untouched
+ * (not private anonymous memory, no pagemap): every page is then read.
+ */
+uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n)
+{
+	const uint8_t *hva = (const uint8_t *)s->g->regions[idx].hva + page * PAGE;
+
+	if (n > PM_BATCH)
+		n = PM_BATCH;
+	if (!s->anon[idx] || s->pagemap < 0 || mig_pagemap_read(s->pagemap, hva, n, s->pme) < 0)
+		return 0;
+	return n;
+}
+
+/*
+ * One handed-out range (protected by now): pages never touched as ZERO
+ * runs, unread; the others read, as zero runs and data runs.
+ */
+int src_send_range(struct source *s, const struct kvmdirty_range *rg)
+{
+	const uint8_t *p = rg->hva;
+	uint64_t done = 0, k, i, j;
+	uint32_t idx;
+	int ret;
+
+	for (idx = 0; idx < s->g->nr_regions && s->g->regions[idx].region != rg->region; idx++)
+		;
+	if (idx == s->g->nr_regions)
+		return -ENOENT;
+	while (done < rg->npages) {
+		k = src_untouched_map(s, idx, rg->page + done, rg->npages - done);
+		if (!k)
+			return send_read(s, idx, rg->page + done, rg->npages - done, p + done * PAGE);
+		for (i = 0; i < k; i = j) {
+			bool untouched = mig_pm_untouched(s->pme[i]);
+
+			for (j = i + 1; j < k && mig_pm_untouched(s->pme[j]) == untouched; j++)
+				;
+			if (untouched) {
+				s->untouched_pages += j - i;
+				ret = send_run(s, idx, rg->page + done + i, j - i, NULL, true);
+			} else {
+				ret = send_read(s, idx, rg->page + done + i, j - i, p + (done + i) * PAGE);
+			}
+			if (ret < 0)
+				return ret;
+		}
+		done += k;
+	}
+	return 0;
+}
+
+/* A failure to send or to hear from the destination, in one line. */
+int src_net_fail(struct source *s, int ret, const char *what, char *err, size_t len)
+{
+	char why[96];
+
+	if (ret == -ENOENT)
+		return mig_errf(err, len, ret, "the tracker reported a region the guest lacks");
+	if (ret == -EPIPE || ret == -ECONNRESET) {
+		struct mig_ack ack;
+
+		/* a destination that refused said why before it closed: that is the reason to give */
+		if (mig_chan_read(s->lane[0].ch, &ack, sizeof(ack)) == (int)sizeof(ack) && ack.status < 0) {
+			return mig_errf(err, len, ack.status, "destination refused: %s", mig_ack_text(&ack));
+		}
+	}
+	mig_chan_strerror(s->lane[0].ch, ret, why, sizeof(why));
+	return mig_errf(err, len, ret, "%s: %s", what, why);
+}
