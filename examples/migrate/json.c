@@ -187,7 +187,7 @@ static int unicode_escape(struct parser *p, char *out)
 static int parse_string(struct parser *p, struct mig_json *v)
 {
 	static const char plain[] = "\"\\/bfnrt", decoded[] = "\"\\/\b\f\n\r\t";
-	size_t i, n = 0, raw;
+	size_t i, n = 0, raw, start = p->pos;
 	char *out;
 	int ret;
 
@@ -239,6 +239,8 @@ static int parse_string(struct parser *p, struct mig_json *v)
 	p->pos++;
 	out[n] = 0;
 	v->type = MIG_JSON_STRING;
+	v->offset = start;
+	v->end = p->pos;
 	v->str.s = out;
 	v->str.len = n;
 	return 0;
@@ -359,11 +361,11 @@ err:
 	return ret;
 }
 
-static int parse_value(struct parser *p, struct mig_json *v, unsigned int depth)
+/* The value at pos, whatever its kind (white space skipped already). */
+static int parse_kind(struct parser *p, struct mig_json *v, unsigned int depth)
 {
 	char c;
 
-	skip_ws(p);
 	if (at_end(p))
 		return fail(p, "a value");
 	c = p->s[p->pos];
@@ -387,6 +389,21 @@ static int parse_value(struct parser *p, struct mig_json *v, unsigned int depth)
 			return parse_number(p, v);
 		return fail(p, "a value");
 	}
+}
+
+static int parse_value(struct parser *p, struct mig_json *v, unsigned int depth)
+{
+	size_t start;
+	int ret;
+
+	skip_ws(p);
+	start = p->pos;
+	ret = parse_kind(p, v, depth);
+	if (ret < 0)
+		return ret;
+	v->offset = start;
+	v->end = p->pos;
+	return 0;
 }
 
 int mig_json_parse(const char *s, size_t len, struct mig_json *ret, struct mig_json_error *e)

@@ -28,6 +28,8 @@ struct mig_json_member;
 
 struct mig_json {
 	enum mig_json_type type;
+	/* where its text stands in the input, s[offset..end): a reply can echo a value as it came */
+	size_t offset, end;
 	union {
 		double num;
 		/* UTF-8 as the input had it, escapes decoded; may hold NULs; s[len] is 0 */
