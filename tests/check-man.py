@@ -229,7 +229,11 @@ def cmd_stream(page, stream_h, sources):
     kinds = re.findall(r"^\s*MIG_([A-Z]+)\s*=\s*(\d+)\s*,", h, re.M)
     version = re.search(r"#define MIG_VERSION (\d+)", h)
     keys = set()
+    # the --stats lines are the source's (source*.c); the JSON of the control
+    # socket and of the status it reports is kvmdirty-migrate-control(7)'s
     for src in source_files(sources):
+        if not os.path.basename(src).startswith("source"):
+            continue
         with open(src) as fh:
             keys |= set(re.findall(r'\\"([a-z_]+)\\":', fh.read()))
     if not kinds or not version or not keys:

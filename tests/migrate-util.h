@@ -35,9 +35,19 @@ static const struct mig_region fake_layout[] = {
 
 struct fake_guest {
 	struct mig_guest g;
+	/* each vCPU's state: fresh (fake_fresh()) until a stream loads one */
 	struct mig_vcpu_state loaded[FAKE_NR_VCPUS];
 	unsigned int loads;
+	int fail_load; /* vCPU whose next load fails with -EIO, or -1 */
 };
+
+/* A vCPU's state as a new guest has it. */
+static inline void fake_fresh(unsigned int i, struct mig_vcpu_state *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->regs.rip = 0x100000 + i;
+	st->msrs[0].index = mig_msr_index[0];
+}
 
 static inline int fake_vcpu_load(void *ctx, unsigned int i, const struct mig_vcpu_state *st)
 {
@@ -45,6 +55,10 @@ static inline int fake_vcpu_load(void *ctx, unsigned int i, const struct mig_vcp
 
 	if (i >= FAKE_NR_VCPUS)
 		abort();
+	if ((int)i == f->fail_load) {
+		f->fail_load = -1;
+		return -EIO;
+	}
 	f->loaded[i] = *st;
 	f->loads++;
 	return 0;
@@ -52,10 +66,11 @@ static inline int fake_vcpu_load(void *ctx, unsigned int i, const struct mig_vcp
 
 static inline int fake_vcpu_save(void *ctx, unsigned int i, struct mig_vcpu_state *st)
 {
-	(void)ctx;
-	memset(st, 0, sizeof(*st));
-	st->regs.rip = 0x100000 + i;
-	st->msrs[0].index = mig_msr_index[0];
+	struct fake_guest *f = ctx;
+
+	if (i >= FAKE_NR_VCPUS)
+		abort();
+	*st = f->loaded[i];
 	return 0;
 }
 
@@ -76,6 +91,9 @@ static inline int fake_guest_init(struct fake_guest *f)
 	unsigned int i;
 
 	memset(f, 0, sizeof(*f));
+	f->fail_load = -1;
+	for (i = 0; i < FAKE_NR_VCPUS; i++)
+		fake_fresh(i, &f->loaded[i]);
 	f->g.nr_regions = FAKE_NR_REGIONS;
 	f->g.nr_vcpus = FAKE_NR_VCPUS;
 	f->g.ops = &fake_ops;
@@ -233,18 +251,47 @@ static inline uint8_t *fake_seal(const uint8_t *plain, size_t len, bool encrypt,
 	return d.buf;
 }
 
-/* A destination that reads a stream to its end, then answers ok. */
+/* Read a whole handoff message; false where the connection ended first. */
+static inline bool read_msg(int fd, struct mig_ack *m)
+{
+	size_t got = 0;
+
+	memset(m, 0, sizeof(*m));
+	while (got < sizeof(*m)) {
+		ssize_t k = read(fd, (char *)m + got, sizeof(*m) - got);
+
+		if (k <= 0)
+			return false;
+		got += (size_t)k;
+	}
+	return true;
+}
+
+static inline bool write_msg(int fd, uint32_t kind, int32_t status, const char *text)
+{
+	struct mig_ack m = { .status = status, .kind = kind };
+
+	snprintf(m.message, sizeof(m.message), "%s", text);
+	return write(fd, &m, sizeof(m)) == (ssize_t)sizeof(m);
+}
+
+/*
+ * A destination that reads a plain stream up to its END, says READY, and
+ * acknowledges the source's COMMIT: the source's guest moves, as far as it
+ * knows.
+ */
 struct recorder {
 	int fd;
 	uint8_t *buf;
 	size_t len, cap;
 };
 
-/* pthread entry: r on success, NULL if the stream could not be read or answered */
+/* pthread entry: r on success, NULL if the stream could not be read or the handoff did not go through */
 static inline void *recorder_run(void *p)
 {
 	struct recorder *r = p;
-	struct mig_ack ack = { .status = 0, .message = "ok" };
+	struct mig_ack m;
+	size_t end = 0;
 	ssize_t k;
 
 	do {
@@ -257,8 +304,9 @@ static inline void *recorder_run(void *p)
 		k = read(r->fd, r->buf + r->len, r->cap - r->len);
 		if (k > 0)
 			r->len += (size_t)k;
-	} while (k > 0);
-	if (k < 0 || write(r->fd, &ack, sizeof(ack)) != sizeof(ack))
+	} while (k > 0 && mig_stream_walk(r->buf, r->len, NULL, NULL, &end) < 0);
+	if (k <= 0 || end != r->len || !write_msg(r->fd, MIG_MSG_READY, 0, "ready") || !read_msg(r->fd, &m) ||
+	    m.kind != MIG_MSG_COMMIT || !write_msg(r->fd, MIG_MSG_ACK, 0, "running"))
 		return NULL;
 	return r;
 }

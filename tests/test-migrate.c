@@ -278,13 +278,20 @@ struct feeder {
 	const uint8_t *buf;
 	size_t len;
 	bool hold; /* keep the connection open after the bytes: a silent peer */
-	struct mig_ack ack;
+	struct mig_ack ack; /* the destination's first answer: READY or REFUSED */
 };
 
+/*
+ * A source played from a recording: the bytes, then, for a whole stream
+ * (one that ends at its END), the handoff: READY answered with COMMIT.  A
+ * stream cut short ends with the connection (unless held open).
+ */
 static void *feed(void *p)
 {
 	struct feeder *f = p;
-	size_t off = 0, got = 0;
+	size_t off = 0, end = 0;
+	struct mig_ack ack;
+	bool whole = mig_stream_walk(f->buf, f->len, NULL, NULL, &end) == 0 && end == f->len;
 
 	while (off < f->len) {
 		ssize_t k = write(f->fd, f->buf + off, f->len - off);
@@ -293,15 +300,10 @@ static void *feed(void *p)
 			break;
 		off += (size_t)k;
 	}
-	if (!f->hold)
+	if (!f->hold && !whole)
 		shutdown(f->fd, SHUT_WR);
-	while (got < sizeof(f->ack)) {
-		ssize_t k = read(f->fd, (char *)&f->ack + got, sizeof(f->ack) - got);
-
-		if (k <= 0)
-			break;
-		got += (size_t)k;
-	}
+	if (read_msg(f->fd, &f->ack) && f->ack.kind == MIG_MSG_READY && write_msg(f->fd, MIG_MSG_COMMIT, 0, "commit"))
+		read_msg(f->fd, &ack);
 	return NULL;
 }
 
@@ -495,8 +497,11 @@ START_TEST(bad_fields)
 	refuse_patch(0, "KVMDMIX", 8, false, "header.magic", "bad magic");
 	u32 = 1;
 	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 1", "version 1");
-	u32 = 3;
-	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 3", "unknown version");
+	u32 = 2;
+	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 2 (no commit at the handoff",
+		     "version 2");
+	u32 = MIG_VERSION + 1;
+	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 4", "unknown version");
 	u32 = 8192;
 	refuse_patch(offsetof(struct mig_header, page_size), &u32, 4, true, "header.page_size", "page size");
 	u32 = 3;
@@ -723,16 +728,7 @@ END_TEST
 
 static void read_ack(int fd, struct mig_ack *ack)
 {
-	size_t got = 0;
-
-	memset(ack, 0, sizeof(*ack));
-	while (got < sizeof(*ack)) {
-		ssize_t k = read(fd, (char *)ack + got, sizeof(*ack) - got);
-
-		if (k <= 0)
-			break;
-		got += (size_t)k;
-	}
+	read_msg(fd, ack);
 }
 
 START_TEST(listener_outlives_bad_peers)

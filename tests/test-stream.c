@@ -199,7 +199,7 @@ START_TEST(decode_header_fields)
 	} cases[] = {
 		{ offsetof(struct mig_header, magic), 0x4d4d4d4d, "header.magic" },
 		{ offsetof(struct mig_header, version), 1, "header.version: 1 (page digests" },
-		{ offsetof(struct mig_header, version), 9, "header.version: 9, this destination speaks 2" },
+		{ offsetof(struct mig_header, version), 9, "header.version: 9, this destination speaks 3" },
 		{ offsetof(struct mig_header, page_size), 2048, "header.page_size: 2048" },
 		{ offsetof(struct mig_header, nr_regions), 3, "header.nr_regions: 3" },
 		{ offsetof(struct mig_header, nr_vcpus), 4, "header.nr_vcpus: 4" },
@@ -251,6 +251,58 @@ START_TEST(seeds_accepted)
 	ck_assert_uint_eq(f.loads, FAKE_NR_VCPUS);
 	ret = fake_receive(&f, buf, len, false, err, sizeof(err), &used);
 	ck_assert_msg(ret == 0, "seed %s refused with a verifier thread: %s", seeds[_i], err);
+	fake_guest_free(&f);
+	free(buf);
+}
+END_TEST
+
+/*
+ * A refusal leaves nothing behind: a stream refused because vCPU 1's state
+ * would not load leaves vCPU 0 as it was before the stream (loaded back),
+ * and every page the stream made non-zero marked written, so that a ZERO
+ * record of the next stream clears it rather than leaving it to show
+ * through.  Then the same guest takes the stream whole.
+ */
+START_TEST(refusal_leaves_nothing)
+{
+	struct fake_guest f;
+	struct mig_vcpu_state fresh;
+	char err[256];
+	size_t len;
+	uint8_t *buf = slurp("seeds", "hashed.bin", &len);
+	unsigned int r, i;
+	uint64_t p, nonzero = 0;
+	int ret;
+
+	ck_assert_ok(fake_guest_init(&f));
+	ck_assert_ok(mig_guest_zero_known(&f.g));
+	f.fail_load = 1;
+	ret = fake_receive(&f, buf, len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == -EIO && strstr(err, "loading vCPU 1 state"), "%d '%s'", ret, err);
+	for (i = 0; i < FAKE_NR_VCPUS; i++) {
+		fake_fresh(i, &fresh);
+		ck_assert_msg(!memcmp(&f.loaded[i], &fresh, sizeof(fresh)),
+			      "vCPU %u keeps state from the refused stream (rip 0x%llx)", i,
+			      (unsigned long long)f.loaded[i].regs.rip);
+	}
+	for (r = 0; r < FAKE_NR_REGIONS; r++) {
+		const uint8_t *m = f.g.regions[r].hva;
+
+		for (p = 0; p < f.g.regions[r].size / PAGE; p++) {
+			bool zero = true;
+			size_t k;
+
+			for (k = 0; k < PAGE && zero; k++)
+				zero = !m[p * PAGE + k];
+			nonzero += !zero;
+			ck_assert_msg(zero || !kvmdirty_bitmap_is_clear(f.g.regions[r].written, p, p + 1),
+				      "region %u page %" PRIu64 ": written by the refused stream, not marked", r, p);
+		}
+	}
+	ck_assert_msg(nonzero > 0, "the refused stream wrote no page: the check sees nothing");
+	ret = fake_receive(&f, buf, len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == 0 && f.loads == FAKE_NR_VCPUS, "the whole stream after the refusal: %d '%s'", ret, err);
+	mig_guest_release(&f.g);
 	fake_guest_free(&f);
 	free(buf);
 }
@@ -339,6 +391,7 @@ static const struct {
 	{ "4-digest-kind.bin", ".kind: 5 (DIGEST) belongs to stream version 1" },
 	{ "4-pass-index.bin", "(PASS).index: 1, must be 0" },
 	{ "4-version-1.bin", "header.version: 1 (page digests hashed in the downtime) is no longer accepted" },
+	{ "4-version-2.bin", "header.version: 2 (no commit at the handoff: both ends could run the guest) is no longer accepted" },
 	{ "5-msr-index.bin", "(VCPU).msrs[0].index: 0x1b, the engine sends 0x10" },
 	{ "6-after-end.bin", "after END: more bytes" },
 	{ "6-ends-early.bin", "the stream ended before END" },
@@ -408,6 +461,7 @@ int main(int argc, char **argv)
 	tcase_add_loop_test(tc, sealed_seeds_accepted, 0, 2);
 	tcase_add_loop_test(tc, seeds_accepted, 0, (int)(sizeof(seeds) / sizeof(seeds[0])));
 	tcase_add_test(tc, seed_pages_land);
+	tcase_add_test(tc, refusal_leaves_nothing);
 	tcase_add_loop_test(tc, regressions_refused, 0, (int)(sizeof(regressions) / sizeof(regressions[0])));
 	tcase_add_test(tc, regressions_listed);
 	suite_add_tcase(s, tc);

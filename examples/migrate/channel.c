@@ -300,6 +300,11 @@ static void reader_describe(void *ctx, int ret, char *buf, size_t len)
 	mig_chan_strerror(ctx, ret, buf, len);
 }
 
+size_t mig_chan_buffered(const struct mig_chan *ch)
+{
+	return (ch->rlen - ch->roff) + (ch->unread_len - ch->unread_off);
+}
+
 struct mig_reader mig_chan_reader(struct mig_chan *ch)
 {
 	return (struct mig_reader){ .read = reader_read, .describe = reader_describe, .ctx = ch };

@@ -78,6 +78,8 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n);
  * connection that ended without MIG_SEAL_LAST.
  */
 int mig_chan_read(struct mig_chan *ch, void *buf, size_t len);
+/* Bytes the channel holds that no read has handed on yet (a sealed record's rest, bytes given back). */
+size_t mig_chan_buffered(const struct mig_chan *ch);
 /* Nothing more will be sent (sealed: the MIG_SEAL_LAST record first). */
 int mig_chan_close_write(struct mig_chan *ch);
 /* A negative result in words; a sealed channel's own failures name authentication. */

@@ -18,6 +18,7 @@
 
 #include "dest.h"
 #include "errf.h"
+#include "handoff.h"
 #include "session.h"
 #include "worker.h"
 
@@ -44,6 +45,11 @@ struct dest {
 	uint64_t *missing[MIG_MAX_REGIONS]; /* pages that have not arrived */
 	uint64_t *bad[MIG_MAX_REGIONS];	    /* pages whose latest copy did not match its hash */
 	struct mig_vcpu_state *vs;
+	/* each vCPU as it was before the stream: loaded back on any refusal or drop */
+	struct mig_vcpu_state *fresh;
+	/* connection 0's socket and channel where the handoff follows END (its stream does not end there), else -1 */
+	int handoff_fd;
+	struct mig_chan *handoff_ch;
 	struct mig_recv_result *res;
 	uint64_t hashes[MIG_RUN_PAGES];
 	char *err;
@@ -384,11 +390,27 @@ static int join_lanes(struct dest *d0)
 	return sh->failed ? sh->ret : 0;
 }
 
+/*
+ * After END on a connection that carries the handoff: the source sends
+ * nothing more until READY.  Bytes already there are refused as bytes
+ * after END are; any that come after READY are read as the handoff's.
+ */
+static int check_nothing_yet(struct dest *d)
+{
+	uint8_t extra;
+
+	/* in the channel already (sealed in END's record, given back), or waiting in the socket */
+	if ((d->handoff_ch && mig_chan_buffered(d->handoff_ch)) ||
+	    recv(d->handoff_fd, &extra, 1, MSG_PEEK | MSG_DONTWAIT) > 0)
+		return fail(d, -EPROTO, "after END: more bytes before READY; the stream must end at END");
+	return 0;
+}
+
 /* After END: every connection's stream ended, every page arrived, every page whole. */
 static int check_complete(struct dest *d)
 {
 	unsigned int i;
-	int ret = check_end(d);
+	int ret = d->handoff_fd >= 0 ? check_nothing_yet(d) : check_end(d);
 
 	if (ret < 0)
 		return ret;
@@ -459,10 +481,43 @@ static int receive(struct dest *d)
 		return ret;
 	for (i = 0; i < d->g->nr_vcpus; i++) {
 		ret = d->g->ops->vcpu_load(d->g->ctx, i, &d->vs[i]);
-		if (ret < 0)
-			return fail(d, ret, "loading vCPU %u state: %s", i, strerror(-ret));
+		if (ret < 0) {
+			fail(d, ret, "loading vCPU %u state: %s", i, strerror(-ret));
+			/* the vCPUs loaded before it go back as they were: nothing of a refused stream stays */
+			return mig_recv_restore(d->g, d->fresh, i, d->err, d->len) < 0 ? -ENOTRECOVERABLE : ret;
+		}
 	}
 	d->res->hashed = d->dec.flags & MIG_F_PAGE_HASH;
+	return 0;
+}
+
+int mig_recv_restore(const struct mig_guest *g, const struct mig_vcpu_state *fresh, unsigned int n, char *err,
+		     size_t len)
+{
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < n; i++) {
+		ret = g->ops->vcpu_load(g->ctx, i, &fresh[i]);
+		if (ret < 0)
+			return mig_errf(err, len, ret, "vCPU %u: its state before the stream cannot be loaded back (%s): "
+					"this destination's guest is not fit for another stream", i, strerror(-ret));
+	}
+	return 0;
+}
+
+/* Each vCPU's state before any stream touched it, for mig_recv_restore(). */
+static int save_fresh(struct dest *d)
+{
+	unsigned int i;
+	int ret;
+
+	for (i = 0; i < d->g->nr_vcpus; i++) {
+		ret = d->g->ops->vcpu_save(d->g->ctx, i, &d->fresh[i]);
+		if (ret < 0)
+			return fail(d, ret, "this destination: saving vCPU %u's state before the stream: %s", i,
+				    strerror(-ret));
+	}
 	return 0;
 }
 
@@ -472,7 +527,9 @@ static int receive(struct dest *d)
  * bitmaps, whose words no two connections share (stream.h).
  */
 static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, unsigned int n, bool inline_hash,
-		      void (*cancel)(void *ctx), void *cancel_ctx, struct mig_recv_result *res, char *err, size_t len)
+		      struct mig_vcpu_state *fresh, int handoff_fd, struct mig_chan *handoff_ch,
+		      void (*cancel)(void *ctx), void *cancel_ctx,
+		      struct mig_recv_result *res, char *err, size_t len)
 {
 	struct dest *d = calloc(1, sizeof(*d));
 	struct lanes sh = { .n = n, .cancel = cancel, .cancel_ctx = cancel_ctx };
@@ -484,6 +541,9 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 		return -ENOMEM;
 	d->g = g;
 	d->rd = &rd[0];
+	d->fresh = fresh;
+	d->handoff_fd = handoff_fd;
+	d->handoff_ch = handoff_ch;
 	d->inline_hash = inline_hash || n > 1;
 	d->res = res;
 	d->err = err;
@@ -510,6 +570,9 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 		goto out;
 	}
 	mig_decoder_init(&d->dec, d->own, g->nr_regions, g->nr_vcpus);
+	ret = save_fresh(d);
+	if (ret < 0)
+		goto out;
 	if (n > 1) {
 		pthread_mutex_init(&sh.lock, NULL);
 		d->sh = &sh;
@@ -522,7 +585,7 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 				ret = fail(d, -ENOMEM, "this destination: out of memory");
 				goto out;
 			}
-			*l = (struct dest){ .g = g, .rd = &rd[i], .inline_hash = true, .sh = &sh, .lane = i,
+			*l = (struct dest){ .g = g, .rd = &rd[i], .inline_hash = true, .sh = &sh, .lane = i, .handoff_fd = -1,
 					    .err = l->lane_err, .len = sizeof(l->lane_err) };
 			l->res = &l->lane_res;
 			memcpy(l->own, d->own, sizeof(d->own));
@@ -561,7 +624,14 @@ out:
 int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, bool inline_hash,
 		    struct mig_recv_result *res, char *err, size_t len)
 {
-	return recv_lanes(g, rd, 1, inline_hash, NULL, NULL, res, err, len);
+	struct mig_vcpu_state *fresh = calloc(g->nr_vcpus ? g->nr_vcpus : 1, sizeof(*fresh));
+	int ret;
+
+	if (!fresh)
+		return mig_errf(err, len, -ENOMEM, "this destination: out of memory");
+	ret = recv_lanes(g, rd, 1, inline_hash, fresh, -1, NULL, NULL, NULL, res, err, len);
+	free(fresh);
+	return ret;
 }
 
 /* A refusal wakes every connection of the stream still reading. */
@@ -575,37 +645,70 @@ static void cancel_session(void *ctx)
 		shutdown(s->fd[i], SHUT_RD);
 }
 
+/* Connection 0 once the stream is in: READY, then COMMIT or ABORT (handoff.h). */
+static int handoff(const struct mig_guest *g, const struct mig_recv_opts *o, struct mig_session *s,
+		   const struct mig_vcpu_state *fresh, struct mig_recv_result *res, char *err, size_t len)
+{
+	struct mig_status own;
+	struct mig_handoff h = { .ch = s->chan[0], .fd = s->fd[0], .st = o->status ? o->status : &own,
+				 .unknown = o->unknown, .ctx = o->unknown_ctx, .wait = o->status != NULL };
+	char why[256];
+	int ret;
+
+	if (!o->status)
+		mig_status_init(&own, true);
+	res->outcome = mig_handoff_dest(&h, err, len);
+	if (!o->status)
+		mig_status_destroy(&own);
+	if (res->outcome == MIG_OUTCOME_HERE)
+		return 0;
+	if (res->outcome == MIG_OUTCOME_UNKNOWN)
+		return -EINPROGRESS;
+	/* dropped: the vCPUs as before the stream, for the next one */
+	ret = mig_recv_restore(g, fresh, g->nr_vcpus, why, sizeof(why));
+	if (ret < 0) {
+		snprintf(err, len, "%s", why);
+		return -ENOTRECOVERABLE;
+	}
+	return -ECANCELED;
+}
+
 int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, struct mig_recv_result *res,
 	     char *err, size_t len)
 {
 	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .timeout_ms = o->timeout_ms,
 				       .deadline_ms = o->deadline_ms, .log = o->log, .log_ctx = o->log_ctx };
 	struct mig_reader rd[MIG_MAX_CONNS];
-	struct mig_ack ack = { 0 };
-	struct iovec iov = { &ack, sizeof(ack) };
+	struct mig_vcpu_state *fresh;
 	struct mig_session s;
 	unsigned int i;
-	int ret, wret;
+	int ret;
 
 	memset(res, 0, sizeof(*res));
+	res->outcome = MIG_OUTCOME_THERE;
+	if (o->status)
+		mig_status_set_state(o->status, "waiting");
+	fresh = calloc(g->nr_vcpus ? g->nr_vcpus : 1, sizeof(*fresh));
+	if (!fresh)
+		return mig_errf(err, len, -ENOMEM, "this destination: out of memory");
 	/* the session (or a plain stream), every connection of it joined: nothing of the guest read yet */
 	ret = mig_session_accept(fd, &so, o->accept, o->accept_ctx, &s, err, len);
-	if (ret < 0)
+	if (ret < 0) {
+		free(fresh);
 		return ret; /* answered */
+	}
+	if (o->status)
+		mig_status_set_state(o->status, "receiving");
 	for (i = 0; i < s.conns; i++)
 		rd[i] = mig_chan_reader(s.chan[i]);
-	ret = recv_lanes(g, rd, s.conns, o->inline_hash, cancel_session, &s, res, err, len);
-	ack.status = ret;
-	snprintf(ack.message, sizeof(ack.message), "%s", ret < 0 ? err : "ok");
-	/* best effort on a refusal: the peer may be gone; sealed when the session is */
-	wret = mig_chan_writev(s.chan[0], &iov, 1);
-	if (ret == 0 && wret < 0) {
-		char why[96];
-
-		mig_chan_strerror(s.chan[0], wret, why, sizeof(why));
-		snprintf(err, len, "answering the source: %s", why);
-		ret = wret;
-	}
+	ret = recv_lanes(g, rd, s.conns, o->inline_hash, fresh, s.fd[0], s.chan[0], cancel_session, &s, res, err,
+			 len);
+	res->outcome = MIG_OUTCOME_THERE;
+	if (ret < 0)
+		mig_handoff_refuse(s.chan[0], ret, err); /* best effort: the peer may be gone */
+	else
+		ret = handoff(g, o, &s, fresh, res, err, len);
 	mig_session_free(&s);
+	free(fresh);
 	return ret;
 }

@@ -14,12 +14,15 @@
 
 #include "guest.h"
 #include "session.h"
+#include "status.h"
 #include "transport.h"
 
 struct mig_recv_result {
 	bool hashed;	  /* pages came with hashes, and every page's latest copy matched */
 	uint64_t records; /* records before END */
 	uint64_t pages;	  /* pages received, DATA and ZERO, re-sent ones counted again */
+	/* mig_recv(): HERE (run the guest), THERE (dropped), UNKNOWN (paused; without a status only) */
+	enum mig_outcome outcome;
 };
 
 /*
@@ -27,7 +30,8 @@ struct mig_recv_result {
  * stream is complete: header and regions match g, every page of every
  * region arrived, with MIG_F_PAGE_HASH every page's latest copy matched
  * its hash, END's checksum matched and nothing followed END.  On a
- * refusal the vCPUs are untouched (never loaded from a refused stream)
+ * refusal the vCPUs are as they were before the stream (a failed load
+ * loads back the ones before it; -ENOTRECOVERABLE where that fails too)
  * and guest memory may hold part of the stream: another stream can be
  * received into the same guest, and must then bring every page again.
  * Pages are hashed on a thread of their own while the next ones are
@@ -61,18 +65,40 @@ struct mig_recv_opts {
 	/* a line for each connection refused while the session gathers its own (or NULL) */
 	void (*log)(void *ctx, const char *line);
 	void *log_ctx;
+	/*
+	 * Where the handoff's outcome is kept, queried and resolved (status.h;
+	 * the caller inits it).  With one, an unknown outcome is waited out in
+	 * mig_recv() until a late COMMIT or ABORT, or a resolve, decides it;
+	 * without (NULL), mig_recv() returns -EINPROGRESS at once, the guest
+	 * loaded and paused, its fate the caller's.
+	 */
+	struct mig_status *status;
+	/* once, when the outcome becomes unknown: one line saying why (or NULL) */
+	void (*unknown)(void *ctx, const char *line);
+	void *unknown_ctx;
 };
 
 /*
- * The same over a connected socket, answering the source with the outcome
- * (struct mig_ack, sealed in a session with a key).  The session first
- * (session.h): a source that fails authentication is refused (-EACCES,
- * "authentication" in err) before any byte of its stream is read, and
- * with several connections each runs on a thread of its own, hashing what
- * it lands.  Returns 0 only when the stream was accepted and the answer
- * went out: a guest whose source may not know is not to be run.
+ * The same over a connected socket, then the handoff (handoff.h): READY,
+ * the source's COMMIT or ABORT, ACK; a refusal is answered with REFUSED
+ * (all sealed in a session with a key).  The session first (session.h): a
+ * source that fails authentication is refused (-EACCES, "authentication"
+ * in err) before any byte of its stream is read, and with several
+ * connections each runs on a thread of its own, hashing what it lands.
+ * Returns 0 only when the source committed (or a resolve said run here):
+ * run the guest.  Otherwise the guest must not run: -errno for a refused
+ * stream, -ECANCELED for one dropped at the handoff (ABORT, a resolve, a
+ * message that was neither), each with the vCPUs loaded back as they were
+ * before the stream and memory fit for another stream, which must bring
+ * every page again; -ENOTRECOVERABLE where the vCPUs could not be loaded
+ * back (take no other stream); -EINPROGRESS (no status) for an unknown
+ * outcome.  res->outcome says the same.  err: one line.
  */
 int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, struct mig_recv_result *res,
 	     char *err, size_t len);
+
+/* Load fresh[0..n) into g's vCPUs: 0, or -errno with one line in err. */
+int mig_recv_restore(const struct mig_guest *g, const struct mig_vcpu_state *fresh, unsigned int n, char *err,
+		     size_t len);
 
 #endif

@@ -368,7 +368,7 @@ out:
 static int refuse_hello(struct mig_conn *c, int ret, const char *why)
 {
 	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION, .flags = MIG_S_REFUSED };
-	struct mig_ack ack = { .status = ret };
+	struct mig_ack ack = { .status = ret, .kind = MIG_MSG_REFUSED };
 
 	snprintf(ack.message, sizeof(ack.message), "%s", why);
 	send_all(c, &h, sizeof(h), &ack, sizeof(ack)); /* best effort: the peer may be gone */
@@ -379,7 +379,7 @@ static int refuse_hello(struct mig_conn *c, int ret, const char *why)
 static int answer(struct mig_conn *c, int status, const char *why, const uint8_t *p)
 {
 	static const uint8_t none[MIG_PROOF];
-	struct mig_ack ack = { .status = status };
+	struct mig_ack ack = { .status = status, .kind = status < 0 ? MIG_MSG_REFUSED : MIG_MSG_ACK };
 
 	snprintf(ack.message, sizeof(ack.message), "%s", why);
 	return send_all(c, &ack, sizeof(ack), p ? p : none, MIG_PROOF);

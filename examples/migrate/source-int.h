@@ -86,6 +86,8 @@ struct lane {
 struct source {
 	const struct mig_guest *g;
 	const struct mig_send_opts *o;
+	struct mig_status *st; /* o->status, or own */
+	struct mig_status own;
 	struct mig_session sess;
 	struct lane *lane;
 	unsigned int nlanes;
@@ -166,7 +168,7 @@ int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len)
 void src_not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len);
 
 /* source-stop.c */
-int src_stop_and_copy(struct source *s, char *err, size_t len);
+int src_stop_and_copy(struct source *s, struct mig_result *res, char *err, size_t len);
 
 /* source-verify.c */
 int src_alloc_hashes(struct source *s);
@@ -185,5 +187,6 @@ void src_sample_line(struct source *s, double dt_ms);
 void src_pass_line(struct source *s, uint64_t pages, uint64_t zero, uint64_t untouched, uint64_t bytes, double ms,
 		   uint64_t remaining, double mib_s, double est_ms);
 void src_end_line(struct source *s, const struct mig_result *res, int ret, const char *err);
+void src_unknown(void *ctx, const char *line);
 
 #endif

@@ -162,6 +162,8 @@ int src_tick(struct source *s)
 		return ret;
 	if (s->o->stats)
 		src_sample_line(s, t - s->sample_ms);
+	mig_status_progress(s->st, s->pass, mig_session_sent(&s->sess),
+			    (kvmdirty_tracker_pending(s->g->tracker) + s->in_hand) * MIG_PAGE_SIZE);
 	return 0;
 }
 

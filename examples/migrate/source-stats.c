@@ -260,6 +260,28 @@ void src_end_line(struct source *s, const struct mig_result *res, int ret, const
 	}
 	fprintf(s->o->stats, ",\"throttle\":%s,\"throttled\":%s", s->throttling ? "true" : "false",
 		res->throttled ? "true" : "false");
+	fprintf(s->o->stats, ",\"outcome\":\"%s\",\"resolved\":%s,\"ready_ms\":%.3f,\"handoff_ms\":%.3f",
+		mig_outcome_name(res->outcome), res->resolved ? "true" : "false", res->ready_ms, res->handoff_ms);
 	end_vcpus(s, res);
 	fprintf(s->o->stats, "}\n");
+}
+
+/*
+ * The handoff's unknown(): COMMIT went out and no ACK came.  A stats line
+ * at once (a reader of the file learns it while the source waits), then
+ * the caller's own line.
+ */
+void src_unknown(void *ctx, const char *line)
+{
+	struct source *s = ctx;
+
+	if (s->o->stats) {
+		src_line_start(s, "outcome");
+		fprintf(s->o->stats, ",\"outcome\":\"unknown\",\"why\":");
+		json_str(s->o->stats, line);
+		fprintf(s->o->stats, "}\n");
+		fflush(s->o->stats);
+	}
+	if (s->o->unknown)
+		s->o->unknown(s->o->unknown_ctx, line);
 }

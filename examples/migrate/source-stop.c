@@ -2,12 +2,14 @@
 /*
  * The source's stop-and-copy, the vCPUs paused by the caller: the rest of
  * memory, their state and END on every connection; then the handoff, all
- * that passes between source and destination after END.
+ * that passes between source and destination after END: READY, COMMIT,
+ * ACK, and where the guest runs after each (handoff.h).
  */
 #include <errno.h>
 #include <string.h>
 
 #include "errf.h"
+#include "handoff.h"
 #include "source-int.h"
 
 static const char STOP_SENDING[] = "stop-and-copy: sending to the destination";
@@ -40,36 +42,39 @@ static int send_rest(struct source *s, char *err, size_t len)
 }
 
 /*
- * After END: the source closes its side of every connection and the
- * destination answers on the first, once it has checked the stream and
- * resumed the guest.  0 when it took the guest over; a refusal, a failure
- * or silence leaves the guest here (the caller resumes it).
+ * After END: the other connections end there; the first carries the
+ * handoff (handoff.h).  0 when the guest moved; -EREMOTEIO (a refusal, a
+ * failure, silence before READY; or the destination dropped its copy, or
+ * a resolve said here): it stays here, and the caller resumes it;
+ * -EINPROGRESS: unknown, and no status to wait on.
  */
-static int handoff(struct source *s, char *err, size_t len)
+static int handoff(struct source *s, struct mig_result *res, char *err, size_t len)
 {
-	struct mig_ack ack;
+	struct mig_handoff h = { .ch = s->lane[0].ch, .fd = s->sess.fd[0], .st = s->st, .unknown = src_unknown,
+				 .ctx = s, .wait = s->o->status != NULL };
+	struct mig_handoff_times t;
 	unsigned int i;
 	int ret = 0;
 
-	for (i = 0; ret >= 0 && i < s->nlanes; i++)
+	for (i = 1; ret >= 0 && i < s->nlanes; i++)
 		ret = mig_chan_close_write(s->lane[i].ch);
 	if (ret < 0)
 		return src_net_fail(s, ret, STOP_SENDING, err, len);
-	ret = mig_chan_read(s->lane[0].ch, &ack, sizeof(ack));
-	if (ret < 0)
-		return src_net_fail(s, ret, "awaiting the destination's answer", err, len);
-	if (ret < (int)sizeof(ack))
-		return mig_errf(err, len, -EPROTO, "the destination closed the connection without answering");
-	if (ack.status)
-		return mig_errf(err, len, ack.status < 0 ? ack.status : -EPROTO, "destination refused: %s",
-				mig_ack_text(&ack));
-	return 0;
+	res->outcome = mig_handoff_source(&h, &t, err, len);
+	res->ready_ms = t.ready_ms;
+	res->handoff_ms = t.commit_ms;
+	res->resolved = s->st->resolved;
+	if (res->outcome == MIG_OUTCOME_THERE)
+		return 0;
+	return res->outcome == MIG_OUTCOME_UNKNOWN ? -EINPROGRESS : -EREMOTEIO;
 }
 
-/* vCPUs paused: the rest, their state, END; then the destination's answer. */
-int src_stop_and_copy(struct source *s, char *err, size_t len)
+/* vCPUs paused: the rest, their state, END; then the handoff. */
+int src_stop_and_copy(struct source *s, struct mig_result *res, char *err, size_t len)
 {
-	int ret = send_rest(s, err, len);
+	int ret;
 
-	return ret < 0 ? ret : handoff(s, err, len);
+	mig_status_set_state(s->st, "stop-and-copy");
+	ret = send_rest(s, err, len);
+	return ret < 0 ? ret : handoff(s, res, err, len);
 }

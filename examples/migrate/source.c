@@ -17,6 +17,9 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 {
 	s->g = g;
 	s->o = o;
+	mig_status_init(&s->own, false);
+	s->st = o->status ? o->status : &s->own;
+	mig_status_set_state(s->st, "setup");
 	s->t0 = s->sample_ms = now_ms();
 	s->pagemap = -1;
 	if (!g->tracker || g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS)
@@ -88,6 +91,7 @@ static int start(struct source *s, const struct mig_result *res, char *err, size
 	if (ret < 0)
 		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
 	s->started = true;
+	mig_status_set_state(s->st, "precopy");
 	return header(s, err, len);
 }
 
@@ -103,7 +107,7 @@ static int switchover(struct source *s, struct mig_result *res, char *err, size_
 	g->ops->pause(g->ctx);
 	s->paused = true;
 	s->pass = 0;
-	ret = src_stop_and_copy(s, err, len);
+	ret = src_stop_and_copy(s, res, err, len);
 	if (ret == 0) {
 		res->downtime_ms = now_ms() - t0;
 		res->downtime_hashed = src_hashed(s) - hashed0;
@@ -131,24 +135,28 @@ static void results(struct source *s, struct mig_result *res, int ret)
 	/* abandoned for not converging: the reason stays why */
 	if (ret < 0 && !s->abandoned)
 		res->reason = "failed";
+	/* failed before the handoff, or abandoned: the guest stays here */
+	if (ret < 0 && res->outcome == MIG_OUTCOME_PENDING)
+		res->outcome = mig_status_decide(s->st, MIG_OUTCOME_HERE, "the migration failed: the guest runs here");
 	res->throttled = s->th.engaged;
 	for (i = 0; i < s->nv; i++)
 		res->vcpu_held_ms[i] = src_held_ms(s, i);
 }
 
 /* The guest as mig_send() leaves it: unthrottled, untracked, and running here unless it moved. */
-static void release(struct source *s, int ret)
+static void release(struct source *s, enum mig_outcome o)
 {
 	src_throttle_off(s);
 	if (s->started)
 		kvmdirty_tracker_stop(s->g->tracker, NULL);
-	/* a failed migration leaves the guest running where it was */
-	if (ret < 0 && s->paused)
+	/* where the guest stays here, it runs on where it was; where its fate is unknown, it stays paused */
+	if (o == MIG_OUTCOME_HERE && s->paused)
 		s->g->ops->resume(s->g->ctx);
 }
 
 static void source_free(struct source *s)
 {
+	mig_status_destroy(&s->own);
 	src_lanes_free(s);
 	mig_session_free(&s->sess);
 	src_untouched_close(s);
@@ -163,7 +171,7 @@ static void source_free(struct source *s)
 static int finish(struct source *s, struct mig_result *res, int ret, char *err, size_t len)
 {
 	results(s, res, ret);
-	release(s, ret);
+	release(s, res->outcome);
 	if (ret == 0 && s->o->verify)
 		ret = src_check_sent(s, res, err, len);
 	if (s->o->stats)

@@ -17,6 +17,7 @@
 
 #include "guest.h"
 #include "session.h"
+#include "status.h"
 
 struct mig_send_opts {
 	uint64_t downtime_ms;	  /* stop-and-copy once the rest fits this */
@@ -57,11 +58,22 @@ struct mig_send_opts {
 	unsigned int connections;
 	int (*connect)(void *ctx, char *err, size_t len);
 	void *connect_ctx;
+	/*
+	 * Where the migration's state and the handoff's outcome are kept,
+	 * queried and resolved (status.h; the caller inits it).  With one, an
+	 * unknown outcome (COMMIT sent, no ACK) is waited out in mig_send()
+	 * until a late ACK or a resolve decides it; without (NULL), mig_send()
+	 * returns -EINPROGRESS at once, the guest paused, its fate the caller's.
+	 */
+	struct mig_status *status;
+	/* once, when the outcome becomes unknown: one line saying why (or NULL) */
+	void (*unknown)(void *ctx, const char *line);
+	void *unknown_ctx;
 };
 
 struct mig_result {
-	double total_ms;	  /* start of tracking to the destination's answer */
-	double downtime_ms;	  /* vCPUs paused to the destination's answer */
+	double total_ms;	  /* start of tracking to the destination's ACK */
+	double downtime_ms;	  /* vCPUs paused to the destination's ACK */
 	double verify_ms;	  /* the check after switchover */
 	uint64_t bytes, passes, pages, zero_pages;
 	uint64_t untouched_pages; /* of zero_pages: never faulted in, sent without being read */
@@ -82,6 +94,11 @@ struct mig_result {
 	 */
 	double vcpu_before[MIG_MAX_VCPUS], vcpu_during[MIG_MAX_VCPUS];
 	bool throttled; /* the throttle engaged */
+	/* where the guest runs: HERE (resumed), THERE (moved), UNKNOWN (paused; without a status only) */
+	enum mig_outcome outcome;
+	bool resolved;	  /* ... as a resolve decided */
+	double ready_ms;  /* END sent to READY's arrival: the destination's checks and loads */
+	double handoff_ms; /* READY's arrival to the ACK's: what the commit adds to the downtime */
 	/* how long each vCPU was held by its dirty limit or kept out by its run share */
 	double vcpu_held_ms[MIG_MAX_VCPUS];
 };
@@ -90,13 +107,18 @@ struct mig_result {
  * Migrate g (its vCPUs running, g->tracker covering its regions) over fd,
  * the session first (session.h: -EACCES when authentication failed on
  * either side, with "authentication" in err; the guest is then untouched).
- * Returns -errno when the migration failed (-ETIME: pre-copy did not
- * converge and force_switchover is off): the vCPUs run on here, never
- * paused, tracking is stopped, and the guest can be migrated again.  Otherwise
- * the destination has the guest and the vCPUs here stay paused; returns
- * 0, or with verify the number of pages (capped at INT_MAX) whose final
- * contents differ from what was sent, named in err (one line), in the
- * stats and in res->lost_pages.
+ * After END, the handoff (handoff.h): READY, COMMIT, ACK.
+ * Returns -errno when the guest stays here (res->outcome HERE; -ETIME:
+ * pre-copy did not converge and force_switchover is off; a failure or a
+ * refusal before READY, or the destination's ACK saying it dropped its
+ * copy; a resolve "here"): the vCPUs run on here (resumed where they were
+ * paused), tracking is stopped, and the guest can be migrated again.
+ * Otherwise the destination has the guest (THERE: its ACK, or a resolve
+ * "nowhere") and the vCPUs here stay paused; returns 0, or with verify the
+ * number of pages (capped at INT_MAX) whose final contents differ from
+ * what was sent, named in err (one line), in the stats and in
+ * res->lost_pages.  Without a status, -EINPROGRESS for an unknown outcome:
+ * the vCPUs stay paused and tracking stopped.
  */
 int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, struct mig_result *res, char *err,
 	     size_t len);

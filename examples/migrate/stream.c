@@ -253,6 +253,9 @@ int mig_decode_header(struct mig_decoder *d, const struct mig_header *h, char *e
 	if (h->version == 1)
 		return refuse(err, len, "header.version: 1 (page digests hashed in the downtime) is no longer accepted; "
 				       "this destination speaks %u", MIG_VERSION);
+	if (h->version == 2)
+		return refuse(err, len, "header.version: 2 (no commit at the handoff: both ends could run the guest) is "
+			      "no longer accepted; this destination speaks %u", MIG_VERSION);
 	if (h->version != MIG_VERSION)
 		return refuse(err, len, "header.version: %" PRIu32 ", this destination speaks %u", h->version,
 			      MIG_VERSION);
@@ -495,6 +498,13 @@ int mig_stream_reseal(void *buf, size_t len)
 		return -EPROTO;
 	r.sum = mig_sum(MIG_SUM_INIT, buf, sizeof(h) + h.nr_regions * sizeof(struct mig_region));
 	return mig_stream_walk(buf, len, reseal_one, &r, NULL);
+}
+
+const char *mig_msg_name(uint32_t kind)
+{
+	static const char *const n[] = { "REFUSED", "READY", "COMMIT", "ABORT", "ACK" };
+
+	return kind < sizeof(n) / sizeof(n[0]) ? n[kind] : "?";
 }
 
 const char *mig_ack_text(struct mig_ack *ack)

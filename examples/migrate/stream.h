@@ -3,7 +3,7 @@
 #define KVMDIRTY_MIGRATE_STREAM_H
 
 /*
- * The migration stream, version 2: everything the two ends exchange, and
+ * The migration stream, version 3: everything the two ends exchange, and
  * the one encoder and decoder of it (the source, the destination, the
  * tests and the fuzzer all use these).  Integers are little-endian (both
  * ends are x86-64).
@@ -24,8 +24,27 @@
  *               is mig_msr_index[i]
  *     END       index = count = 0; first = FNV-1a 64 of every byte before
  *               it except DATA payloads (which the page hashes check)
- *   (the source then closes its sending side: no byte follows END)
- *   ack         destination -> source: struct mig_ack
+ *   handoff     struct mig_ack messages, on connection 0 (sealed like the
+ *               records when the session has a key):
+ *     destination -> source   READY: the stream is complete and every vCPU
+ *                             loaded; the guest stays paused.  Or REFUSED
+ *                             (status < 0, message: why): nothing runs there
+ *     source -> destination   COMMIT (the destination is to run the guest)
+ *                             or ABORT (it is to drop it)
+ *     destination -> source   ACK: status 0, done as asked; status < 0, the
+ *                             guest was dropped (message: why: a resolve
+ *                             came first, or the message was neither)
+ *   The source sends nothing after END until READY arrives.  Who may run
+ *   the guest after each message is kvmdirty-migrate(1)'s state table; in
+ *   short, the source resumes by itself at any failure before READY and
+ *   never after it sent COMMIT; the destination runs only after COMMIT.
+ *   A side that cannot know (the source between COMMIT and ACK, the
+ *   destination between READY and COMMIT or ABORT) keeps its guest paused
+ *   until told (status.h).
+ *
+ * Version 2 had no handoff: the destination answered once, with status
+ * 0 or a refusal, and ran its guest, whether or not the answer arrived.
+ * Versions 1 and 2 are refused by name.
  *
  * Version 1 sent a DIGEST record (kind 5) per region after stop-and-copy:
  * every page hashed on both ends while the guest was paused, so
@@ -55,7 +74,7 @@
 #include <linux/kvm.h>
 
 #define MIG_MAGIC "KVMDMIG"
-#define MIG_VERSION 2
+#define MIG_VERSION 3
 #define MIG_PAGE_SIZE 4096u
 #define MIG_MAX_REGIONS 16
 #define MIG_MAX_VCPUS 256
@@ -125,10 +144,23 @@ struct mig_vcpu_state {
 	struct kvm_msr_entry msrs[MIG_NR_MSRS];
 };
 
+/* Every 128-byte message after the stream, and every refusal, session's included. */
+enum mig_msg_kind {
+	MIG_MSG_REFUSED = 0, /* status < 0 */
+	MIG_MSG_READY = 1,
+	MIG_MSG_COMMIT = 2,
+	MIG_MSG_ABORT = 3,
+	MIG_MSG_ACK = 4,
+};
+
 struct mig_ack {
 	int32_t status; /* 0, or a negative errno */
-	char message[124];
+	uint32_t kind;	/* enum mig_msg_kind */
+	char message[120];
 };
+
+/* "REFUSED", "READY", ... or "?" */
+const char *mig_msg_name(uint32_t kind);
 
 /*
  * An answer's message as the peer sent it, made safe to print on one

@@ -157,6 +157,11 @@ void mig_conn_set_deadline(struct mig_conn *c, uint64_t ms)
 	c->deadline_ns = ms ? now_ns() + ms * 1000000u : 0;
 }
 
+void mig_conn_set_timeout(struct mig_conn *c, uint64_t ms)
+{
+	c->timeout_ms = ms;
+}
+
 uint64_t mig_conn_sent(const struct mig_conn *c)
 {
 	/* a connection's own thread sends while the main thread measures the link */

@@ -22,6 +22,8 @@ void mig_conn_free(struct mig_conn *c);
 
 /* Every wait ends by now + ms at the latest (0: no deadline). */
 void mig_conn_set_deadline(struct mig_conn *c, uint64_t ms);
+/* Each wait from now on gives up after ms without progress (0: waits as long as it takes). */
+void mig_conn_set_timeout(struct mig_conn *c, uint64_t ms);
 
 /*
  * Read len bytes (len <= INT_MAX).  Returns len; fewer when the peer

@@ -242,6 +242,8 @@ static void regressions(const struct recorder *hashed, const struct recorder *pl
 	patch(hashed, "4-pass-index.bin", find(hashed, MIG_PASS, 0).off + offsetof(struct mig_record, index), &u32, 4);
 	u32 = 1;
 	patch(hashed, "4-version-1.bin", offsetof(struct mig_header, version), &u32, 4);
+	u32 = 2;
+	patch(hashed, "4-version-2.bin", offsetof(struct mig_header, version), &u32, 4);
 	/* 5: the stream chooses an MSR */
 	u32 = 0x1b; /* IA32_APIC_BASE */
 	patch(hashed, "5-msr-index.bin",

@@ -1,0 +1,225 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The handoff after END: READY, COMMIT or ABORT, ACK (handoff.h has each
+ * side's table).  The one rule behind it: a side decides only what it can
+ * know.  The destination cannot know whether COMMIT was sent until it
+ * arrives, the source whether COMMIT arrived until the ACK does; between,
+ * each keeps its guest paused and leaves the decision to the peer's late
+ * message or to whoever resolves it, never to a timer.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "errf.h"
+#include "handoff.h"
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int msg_send(const struct mig_handoff *h, uint32_t kind, int32_t status, const char *text)
+{
+	struct mig_ack m = { .status = status, .kind = kind };
+	struct iovec iov = { &m, sizeof(m) };
+
+	/* as much of the reason as fits, terminated */
+	memcpy(m.message, text, strnlen(text, sizeof(m.message) - 1));
+	return mig_chan_writev(h->ch, &iov, 1);
+}
+
+/*
+ * One whole message: 0, or -errno (the channel's; -EPIPE for a connection
+ * that ended, a message cut short included), with what went wrong in why.
+ */
+static int msg_recv(const struct mig_handoff *h, struct mig_ack *m, const char *awaiting, char *why, size_t len)
+{
+	char what[120];
+	int ret = mig_chan_read(h->ch, m, sizeof(*m));
+
+	if (ret == (int)sizeof(*m))
+		return 0;
+	if (ret >= 0) {
+		snprintf(what, sizeof(what), ret ? "the connection ended inside the message" : "the connection ended");
+		ret = -EPIPE;
+	} else {
+		mig_chan_strerror(h->ch, ret, what, sizeof(what));
+	}
+	snprintf(why, len, "awaiting %s: %s", awaiting, what);
+	return ret;
+}
+
+/* A whole message as the protocol has it: its kind known, its status as the kind wants. */
+static bool msg_valid(const struct mig_ack *m)
+{
+	switch (m->kind) {
+	case MIG_MSG_REFUSED:
+		return m->status < 0;
+	case MIG_MSG_READY:
+	case MIG_MSG_COMMIT:
+	case MIG_MSG_ABORT:
+		return m->status == 0;
+	case MIG_MSG_ACK:
+		return m->status <= 0;
+	}
+	return false;
+}
+
+/*
+ * The outcome is unknown: say so once, wait without a timer for the peer's
+ * late message, which decide() turns into an outcome (or 0 to wait on), or
+ * for a resolve; return the outcome that stands.
+ */
+static enum mig_outcome unknown(const struct mig_handoff *h, const char *awaiting, const char *why,
+				enum mig_outcome (*decide)(const struct mig_handoff *h, struct mig_ack *m))
+{
+	struct mig_conn *c = mig_chan_conn(h->ch);
+	enum mig_outcome o = mig_status_unknown(h->st, h->fd, why);
+	struct mig_ack m;
+	char line[256];
+
+	if (o != MIG_OUTCOME_UNKNOWN)
+		return o;
+	if (h->unknown) {
+		snprintf(line, sizeof(line), "the outcome is unknown (%s): the guest stays paused here until told", why);
+		h->unknown(h->ctx, line);
+	}
+	if (!h->wait)
+		return o;
+	mig_conn_set_deadline(c, 0);
+	mig_conn_set_timeout(c, 0);
+	/* a resolve ends this read (the socket's reading side shut down) */
+	while (mig_status_outcome(h->st) == MIG_OUTCOME_UNKNOWN && msg_recv(h, &m, awaiting, line, sizeof(line)) == 0) {
+		o = decide(h, &m);
+		if (o != MIG_OUTCOME_PENDING)
+			return o;
+	}
+	return mig_status_wait(h->st);
+}
+
+/* ---- source ---- */
+
+/* After COMMIT: an ACK decides; anything else leaves it unknown (0). */
+static enum mig_outcome source_decide(const struct mig_handoff *h, struct mig_ack *m)
+{
+	char why[160];
+
+	if (!msg_valid(m) || m->kind != MIG_MSG_ACK)
+		return MIG_OUTCOME_PENDING;
+	if (m->status == 0)
+		return mig_status_decide(h->st, MIG_OUTCOME_THERE, "committed: the guest runs at the destination");
+	snprintf(why, sizeof(why), "the destination dropped its copy: %s", mig_ack_text(m));
+	return mig_status_decide(h->st, MIG_OUTCOME_HERE, why);
+}
+
+/* Before COMMIT was sent: the guest runs here, and the destination is told, if it still listens. */
+static enum mig_outcome source_keeps(const struct mig_handoff *h, const char *why, bool abort)
+{
+	if (abort)
+		msg_send(h, MIG_MSG_ABORT, 0, why);
+	return mig_status_decide(h->st, MIG_OUTCOME_HERE, why);
+}
+
+enum mig_outcome mig_handoff_source(const struct mig_handoff *h, struct mig_handoff_times *ret_t, char *err,
+				    size_t len)
+{
+	double t0 = now_ms(), t1;
+	enum mig_outcome o;
+	struct mig_ack m;
+	char why[200];
+	int ret;
+
+	*ret_t = (struct mig_handoff_times){ 0 };
+	mig_status_set_state(h->st, "handoff");
+	if (msg_recv(h, &m, "READY", why, sizeof(why)) < 0) {
+		o = source_keeps(h, why, true);
+	} else if (m.kind == MIG_MSG_REFUSED && msg_valid(&m)) {
+		snprintf(why, sizeof(why), "destination refused: %s", mig_ack_text(&m));
+		o = source_keeps(h, why, false);
+	} else if (m.kind != MIG_MSG_READY || !msg_valid(&m)) {
+		snprintf(why, sizeof(why), "expected READY, got %s (status %d)", mig_msg_name(m.kind), m.status);
+		o = source_keeps(h, why, true);
+	} else {
+		t1 = now_ms();
+		ret_t->ready_ms = t1 - t0;
+		/* from here the destination may run the guest: never again here, unless it says it dropped it */
+		ret = msg_send(h, MIG_MSG_COMMIT, 0, "commit");
+		if (ret < 0) {
+			/* not sent: the destination never reads a COMMIT, so it never runs the guest */
+			mig_chan_strerror(h->ch, ret, why, sizeof(why));
+			o = source_keeps(h, why, false);
+		} else {
+			/* an ACK decides; a message that is not one (a READY repeated) is passed over */
+			while ((ret = msg_recv(h, &m, "the ACK of COMMIT", why, sizeof(why))) == 0 &&
+			       (o = source_decide(h, &m)) == MIG_OUTCOME_PENDING)
+				;
+			if (ret < 0)
+				o = unknown(h, "the ACK of COMMIT", why, source_decide);
+		}
+		ret_t->commit_ms = now_ms() - t1;
+	}
+	mig_status_why(h->st, err, len);
+	return o;
+}
+
+/* ---- destination ---- */
+
+/* After READY: COMMIT runs, ABORT drops, any other whole message drops; each is acknowledged. */
+static enum mig_outcome dest_decide(const struct mig_handoff *h, struct mig_ack *m)
+{
+	enum mig_outcome o;
+	char why[160];
+
+	if (msg_valid(m) && m->kind == MIG_MSG_COMMIT)
+		o = mig_status_decide(h->st, MIG_OUTCOME_HERE, "committed: the guest runs here");
+	else if (msg_valid(m) && m->kind == MIG_MSG_ABORT)
+		o = mig_status_decide(h->st, MIG_OUTCOME_THERE, "the source aborted: the guest runs there");
+	else {
+		snprintf(why, sizeof(why), "expected COMMIT or ABORT, got %s (status %d): the guest was dropped",
+			 mig_msg_name(m->kind), m->status);
+		o = mig_status_decide(h->st, MIG_OUTCOME_THERE, why);
+		msg_send(h, MIG_MSG_ACK, -EPROTO, why);
+		return o;
+	}
+	/* what was asked was done, or a resolve decided first: say which */
+	if ((o == MIG_OUTCOME_HERE) == (m->kind == MIG_MSG_COMMIT))
+		msg_send(h, MIG_MSG_ACK, 0, o == MIG_OUTCOME_HERE ? "running" : "dropped");
+	else
+		msg_send(h, MIG_MSG_ACK, o == MIG_OUTCOME_HERE ? -EEXIST : -ECANCELED,
+			 o == MIG_OUTCOME_HERE ? "resolved before: the guest runs here" : "resolved before: dropped here");
+	return o;
+}
+
+enum mig_outcome mig_handoff_dest(const struct mig_handoff *h, char *err, size_t len)
+{
+	enum mig_outcome o;
+	struct mig_ack m;
+	char why[200];
+	int ret;
+
+	mig_status_set_state(h->st, "handoff");
+	ret = msg_send(h, MIG_MSG_READY, 0, "ready");
+	if (ret < 0) {
+		/* not sent: the source never sees READY, so it never sends COMMIT */
+		mig_chan_strerror(h->ch, ret, why, sizeof(why));
+		o = mig_status_decide(h->st, MIG_OUTCOME_THERE, why);
+	} else if (msg_recv(h, &m, "COMMIT or ABORT", why, sizeof(why)) < 0) {
+		o = unknown(h, "COMMIT or ABORT", why, dest_decide);
+	} else {
+		o = dest_decide(h, &m);
+	}
+	mig_status_why(h->st, err, len);
+	return o;
+}
+
+void mig_handoff_refuse(struct mig_chan *ch, int status, const char *why)
+{
+	const struct mig_handoff h = { .ch = ch };
+
+	msg_send(&h, MIG_MSG_REFUSED, status < 0 ? status : -EPROTO, why);
+}

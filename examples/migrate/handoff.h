@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_HANDOFF_H
+#define KVMDIRTY_MIGRATE_HANDOFF_H
+
+/*
+ * The handoff after END (stream.h): the destination says READY, the
+ * source COMMIT or ABORT, the destination ACK.  Each side's rules, the
+ * state table of kvmdirty-migrate(1):
+ *
+ *   source                                   its guest
+ *   any failure before READY arrived         runs here (ABORT sent, best effort)
+ *   REFUSED                                  runs here
+ *   READY, COMMIT could not be sent          runs here
+ *   COMMIT sent, ACK status 0                moved: dropped here
+ *   COMMIT sent, ACK status < 0              runs here (the destination dropped it)
+ *   COMMIT sent, anything else               UNKNOWN: paused
+ *
+ *   destination                              its guest
+ *   READY could not be sent                  dropped
+ *   COMMIT                                   runs (ACK status 0)
+ *   ABORT                                    dropped (ACK status 0)
+ *   a whole message that is neither          dropped (ACK status < 0)
+ *   silence past -T, the end of the
+ *   connection, a message cut short          UNKNOWN: paused
+ *
+ * Unknown, a side says so once (unknown()), keeps its guest paused, and
+ * goes on reading the connection without a timeout: a late ACK (source) or
+ * COMMIT or ABORT (destination) still decides, as does a resolve through
+ * its status (status.h), whichever comes first; it never decides by itself.
+ */
+#include <stdint.h>
+
+#include "channel.h"
+#include "status.h"
+#include "stream.h"
+
+/* Each wait before the outcome is unknown is the connection's own (-T); unknown, none. */
+struct mig_handoff {
+	struct mig_chan *ch; /* connection 0's channel */
+	int fd;		     /* its socket: a resolve shuts its reading side down */
+	struct mig_status *st;
+	/* once, on the engine's thread, when the outcome becomes unknown: one line saying why (or NULL) */
+	void (*unknown)(void *ctx, const char *line);
+	void *ctx;
+	/*
+	 * Unknown: wait (reading the peer, without a timeout) until the
+	 * outcome is decided; without wait, return UNKNOWN at once and leave
+	 * the guest, paused, to the caller.
+	 */
+	bool wait;
+};
+
+struct mig_handoff_times {
+	double ready_ms;  /* from the call to READY's arrival (source) */
+	double commit_ms; /* from READY's arrival to the ACK's: the commit's round trip (source) */
+};
+
+/*
+ * Source: the guest is paused and END was sent.  Returns the outcome that
+ * stands (st's): HERE, the caller resumes its guest; THERE, the guest
+ * moved and the caller drops it; UNKNOWN only without wait: the guest
+ * stays paused.  err: one line of what happened.
+ */
+enum mig_outcome mig_handoff_source(const struct mig_handoff *h, struct mig_handoff_times *ret_t, char *err,
+				    size_t len);
+/*
+ * Destination: the stream is complete and every vCPU loaded.  Returns the
+ * outcome that stands: HERE, the caller runs its guest; THERE, it drops it
+ * (its vCPUs back to their state before the stream); UNKNOWN only without
+ * wait.  err: one line.
+ */
+enum mig_outcome mig_handoff_dest(const struct mig_handoff *h, char *err, size_t len);
+/* Destination: refuse the stream (status < 0, why), best effort; the peer may be gone. */
+void mig_handoff_refuse(struct mig_chan *ch, int status, const char *why);
+
+#endif
