@@ -28,7 +28,11 @@
  * Both ends: --psk FILE, a pre-shared key both must hold (session.h:
  * each proves it to the other, every record is sealed); --encrypt, the
  * records encrypted too (send: do it; listen: require it).  send:
- * --connections N (1), the pages spread over N connections.
+ * --connections N (1), the pages spread over N connections.  Both ends:
+ * --control PATH, a socket that answers query and resolve
+ * (kvmdirty-migrate-control(7)); without it, one is opened at a default
+ * path the moment the handoff's outcome becomes unknown (handoff.h: the
+ * guest then stays paused until a late message or a resolve decides).
  *
  * listen takes streams until one is accepted (a refused or silent peer is
  * dropped with a line on stderr; with --once the first stream from a peer
@@ -62,6 +66,7 @@
 
 #include "../common/cli.h"
 #include "../common/kvm-host.h"
+#include "daemon.h"
 #include "dest.h"
 #include "plot.h"
 #include "source.h"
@@ -80,18 +85,20 @@ struct args {
 	bool once; /* listen: the first stream only, accepted or not */
 	const char *psk_file;
 	struct mig_psk psk;
+	const char *control; /* --control PATH, or NULL */
+	struct mig_daemon *d;
 };
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T|--peer-timeout MS] [--deadline S] [--once]\n"
-			"                                [--psk FILE] [--encrypt]\n"
+			"                                [--psk FILE] [--encrypt] [--control PATH]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
 			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
 			"                              [--stats FILE] [--baseline MS] [--run-ms MS] [--psk FILE] [--encrypt]\n"
-			"                              [--connections N]\n"
+			"                              [--connections N] [--control PATH]\n"
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
 			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
 			"       kvmdirty-migrate probe                   (what this host's KVM offers; 77 where none)\n"
@@ -168,6 +175,7 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "psk", required_argument, NULL, 'K' },
 		{ "encrypt", no_argument, NULL, 'E' },
 		{ "connections", required_argument, NULL, 'C' },
+		{ "control", required_argument, NULL, 'Q' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -291,6 +299,14 @@ static int parse(int argc, char **argv, struct args *a)
 				return -1;
 			a->send.connections = (unsigned int)v;
 			break;
+		case 'Q':
+			if (!optarg[0] || strlen(optarg) >= sizeof(((struct mig_daemon *)0)->path)) {
+				fprintf(stderr, "kvmdirty-migrate: --control '%s': a socket path of 1 to %zu bytes\n",
+					optarg, sizeof(((struct mig_daemon *)0)->path) - 1);
+				return -1;
+			}
+			a->control = optarg;
+			break;
 		case 'h':
 			usage();
 			exit(0);
@@ -363,6 +379,9 @@ static int take_stream(const struct args *a, int lfd, const struct mig_guest *g,
 	o.accept = accept_within;
 	o.accept_ctx = &lfd;
 	o.log = log_refused;
+	o.status = &a->d->st;
+	o.unknown = mig_daemon_unknown;
+	o.unknown_ctx = a->d;
 	for (;;) {
 		fd = mig_accept(lfd, err, sizeof(err));
 		if (fd < 0) {
@@ -373,12 +392,20 @@ static int take_stream(const struct args *a, int lfd, const struct mig_guest *g,
 		close(fd);
 		if (ret == 0)
 			return 0;
+		/* the vCPUs could not be loaded back as they were: no other stream can land right */
+		if (ret == -ENOTRECOVERABLE) {
+			fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
+			return ret;
+		}
 		if (a->once && ret != -EACCES) {
-			fprintf(stderr, "kvmdirty-migrate: destination: stream refused: %s\n", err);
+			fprintf(stderr, "kvmdirty-migrate: destination: %s: %s\n",
+				ret == -ECANCELED ? "dropped at the handoff" : "stream refused", err);
 			return ret;
 		}
 		/* nothing ran: the next stream must bring every page again */
-		fprintf(stderr, "kvmdirty-migrate: destination: stream refused, waiting for another: %s\n", err);
+		fprintf(stderr, "kvmdirty-migrate: destination: %s, waiting for another: %s\n",
+			ret == -ECANCELED ? "dropped at the handoff" : "stream refused", err);
+		mig_status_reset(&a->d->st);
 	}
 }
 
@@ -431,7 +458,7 @@ static int destination(const struct args *a, int lfd)
 	return ret < 0;
 }
 
-static int cmd_listen(const struct args *a)
+static int cmd_listen(struct args *a)
 {
 	return destination(a, -1);
 }
@@ -501,6 +528,9 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 	o.psk = a->psk_file ? &a->psk : NULL;
 	o.connect = connect_again;
 	o.connect_ctx = (void *)a;
+	o.status = &a->d->st;
+	o.unknown = mig_daemon_unknown;
+	o.unknown_ctx = a->d;
 	if (a->stats) {
 		o.stats = fopen(a->stats, "w");
 		if (!o.stats) {
@@ -517,7 +547,8 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 		ret = mig_send(&g, fd, &o, &r, err, sizeof(err));
 		close(fd);
 		if (ret < 0) {
-			fprintf(stderr, "kvmdirty-migrate: migration failed, the guest runs on here: %s\n", err);
+			fprintf(stderr, "kvmdirty-migrate: migration failed, the guest runs on here%s: %s\n",
+				r.resolved ? " (resolved)" : "", err);
 			guest_runs_on(a, tv);
 		} else
 			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero, %" PRIu64 " of them never touched"
@@ -533,7 +564,7 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 	return ret < 0 ? 1 : ret > 0 ? EXIT_LOST : 0;
 }
 
-static int cmd_send(const struct args *a)
+static int cmd_send(struct args *a)
 {
 	struct testvm *tv;
 	int status;
@@ -568,9 +599,17 @@ static int cmd_demo(struct args *a)
 		return 1;
 	}
 	if (pid == 0) {
-		ret = destination(a, lfd);
+		struct mig_daemon d;
+
+		/* the destination's own status; --control is the source's */
+		ret = mig_daemon_init(&d, true, NULL);
+		a->d = &d;
+		if (ret == 0) {
+			ret = destination(a, lfd);
+			mig_daemon_fini(&d);
+		}
 		fflush(stdout);
-		_exit(ret);
+		_exit(ret ? 1 : 0);
 	}
 	close(lfd);
 	if (source_guest(a, &tv) < 0) {
@@ -784,6 +823,20 @@ static int before_guest(const struct args *a, const char *addr)
 	return kvm_host_check("kvmdirty-migrate: ");
 }
 
+/* Run cmd with the daemon's status (and --control's socket) in place. */
+static int with_daemon(struct args *a, int (*cmd)(struct args *a))
+{
+	struct mig_daemon d;
+	int ret;
+
+	if (mig_daemon_init(&d, !strcmp(a->cmd, "listen"), a->control) < 0)
+		return 1;
+	a->d = &d;
+	ret = cmd(a);
+	mig_daemon_fini(&d);
+	return ret;
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
@@ -804,7 +857,7 @@ int main(int argc, char **argv)
 		a.once = true;
 		ret = before_guest(&a, NULL);
 		if (!ret)
-			ret = cmd_demo(&a);
+			ret = with_daemon(&a, cmd_demo);
 		mig_psk_clear(&a.psk);
 		return ret;
 	}
@@ -832,7 +885,7 @@ int main(int argc, char **argv)
 		return 2;
 	ret = before_guest(&a, a.addr);
 	if (!ret)
-		ret = !strcmp(a.cmd, "listen") ? cmd_listen(&a) : cmd_send(&a);
+		ret = with_daemon(&a, !strcmp(a.cmd, "listen") ? cmd_listen : cmd_send);
 	mig_psk_clear(&a.psk);
 	return ret;
 }

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_DAEMON_H
+#define KVMDIRTY_MIGRATE_DAEMON_H
+
+/*
+ * The daemon's side of a migration's status: the control socket that
+ * answers query and resolve (kvmdirty-migrate-control(7)) over the
+ * engine's status (status.h), opened at --control PATH from the start, or
+ * at a default path the moment an outcome becomes unknown.
+ */
+#include <stdbool.h>
+
+#include "control.h"
+#include "status.h"
+
+struct mig_daemon {
+	struct mig_status st;
+	const char *side;	   /* "source", "destination": the daemon's lines name it */
+	const char *control_path;  /* --control, or NULL */
+	struct mig_control *ctl;   /* open, or NULL */
+	char path[108];		   /* where it listens */
+};
+
+/* With --control PATH, listen there now; 0, or -1 after one line on stderr. */
+int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path);
+void mig_daemon_fini(struct mig_daemon *d);
+/*
+ * The engine's unknown() callback (ctx: the daemon): the line on stderr,
+ * and the control socket opened at the default path if none is, with a
+ * line saying where and how to resolve.
+ */
+void mig_daemon_unknown(void *ctx, const char *line);
+
+#endif
