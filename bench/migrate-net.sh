@@ -65,7 +65,8 @@ v = {x["id"]: x for x in end["vcpu"]}
 # an abandoned migration never paused the guest: no downtime
 down = f"{end['downtime_ms']:.0f}" if end["converged"] else "none"
 print(f"migrate net={rate} workload={workload} mode={mode} guest_gib={start['guest_pages'] * start['page_size'] / 2**30:.0f}"
-      f" total_ms={end['total_ms']:.0f} downtime_ms={down} sent_mib={end['bytes_sent'] / 2**20:.0f}"
+      f" total_ms={end['total_ms']:.0f} downtime_ms={down} handoff_ms={end['handoff_ms']:.1f}"
+      f" sent_mib={end['bytes_sent'] / 2**20:.0f}"
       f" passes={end['passes']} converged={'yes' if end['converged'] else 'no'} dirtier_speed={v[0]['speed']:.3f}"
       f" other_vcpu_speed={v[1]['speed']:.3f} reason={end['reason']}"
       f" link_mbps={end['link_bytes_per_s'] / 2**20:.0f} throttled={'yes' if end.get('throttled') else 'no'}"
