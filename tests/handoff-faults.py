@@ -206,18 +206,22 @@ def run_case(migrate, name, tmp):
         bad.append(f"source {so}, the table says {'unknown' if src_unknown else 'known'}")
     if (do == "unknown") != dst_unknown:
         bad.append(f"destination {do}, the table says {'unknown' if dst_unknown else 'known'}")
-    # resolve as an orchestrator would: run a side only where the other is known not to; both unknown, the source
-    resolve = {}
-    if so == "unknown" and do == "unknown":
-        resolve = {"source": "here", "dest": "nowhere"}
-    elif do == "unknown":
-        resolve = {"dest": "here" if so in ("dead", "there") else "nowhere"}
-    elif so == "unknown":
-        resolve = {"source": "here" if do in ("dead", "there") else "nowhere"}
-    for side, run in resolve.items():
+    # resolve as an orchestrator would (kvmdirty-migrate(1)): both unknown, the destination "nowhere" first, then
+    # the source, unless the destination's answer to its resolve reached it; one unknown, it runs the guest only
+    # where the other side is known not to (dead, or its outcome "there")
+    def resolve(side, run):
         r = control(dctl if side == "dest" else sctl, {"execute": "resolve", "arguments": {"run": run}})
         if not r or "return" not in r:
             bad.append(f"resolving the {side} ({run}): {r}")
+    if do == "unknown":
+        resolve("dest", "here" if so in ("dead", "there") else "nowhere")
+        time.sleep(1)
+        if so == "unknown":
+            so = outcome(sctl, procs["source"], "source")
+            if so == "unknown":
+                resolve("source", "here")
+    elif so == "unknown":
+        resolve("source", "here" if do in ("dead", "there") else "nowhere")
     out = {}
     for k, p in procs.items():
         try:

@@ -56,7 +56,9 @@ static inline int fake_vcpu_load(void *ctx, unsigned int i, const struct mig_vcp
 	if (i >= FAKE_NR_VCPUS)
 		abort();
 	if ((int)i == f->fail_load) {
+		/* as KVM's loads fail: part of the state set (the special registers), then an error */
 		f->fail_load = -1;
+		f->loaded[i].regs.rip = st->regs.rip ^ 0xbad;
 		return -EIO;
 	}
 	f->loaded[i] = *st;

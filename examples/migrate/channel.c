@@ -45,6 +45,7 @@ struct mig_chan {
 	uint8_t *rbuf;
 	size_t roff, rlen;
 	bool ended; /* the peer's MIG_SEAL_LAST arrived */
+	bool torn;  /* a record's read gave up after its header: mig_chan_torn() */
 	enum chan_fail fail;
 	uint32_t fail_len;
 	uint8_t unread[UNREAD_MAX];
@@ -215,8 +216,11 @@ static int open_record(struct mig_chan *ch)
 		ch->fail = FAIL_CUT;
 		return -EPIPE;
 	}
-	if (ret < 0)
+	if (ret < 0) {
+		/* the header is taken: the next read would take the payload for one */
+		ch->torn = true;
 		return ret;
+	}
 	nonce(ch, ch->rx_seq, iv);
 	gcm_aes256_set_iv(&ch->rx, sizeof(iv), iv);
 	if (ch->encrypt) {
@@ -298,6 +302,11 @@ static int reader_read(void *ctx, void *buf, size_t len)
 static void reader_describe(void *ctx, int ret, char *buf, size_t len)
 {
 	mig_chan_strerror(ctx, ret, buf, len);
+}
+
+bool mig_chan_torn(const struct mig_chan *ch)
+{
+	return ch->torn || (ch->c && mig_conn_torn(ch->c));
 }
 
 size_t mig_chan_buffered(const struct mig_chan *ch)

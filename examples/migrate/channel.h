@@ -78,6 +78,11 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n);
  * connection that ended without MIG_SEAL_LAST.
  */
 int mig_chan_read(struct mig_chan *ch, void *buf, size_t len);
+/*
+ * A read gave up (a timeout) part way through, and the bytes it took are
+ * gone: the next read would not start where a message does (transport.h).
+ */
+bool mig_chan_torn(const struct mig_chan *ch);
 /* Bytes the channel holds that no read has handed on yet (a sealed record's rest, bytes given back). */
 size_t mig_chan_buffered(const struct mig_chan *ch);
 /* Nothing more will be sent (sealed: the MIG_SEAL_LAST record first). */

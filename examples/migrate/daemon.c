@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* The daemon's control socket over a migration's status (daemon.h). */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "daemon.h"
@@ -57,6 +58,17 @@ void mig_daemon_fini(struct mig_daemon *d)
 	mig_status_destroy(&d->st);
 }
 
+/* A socket path in a new directory only this user may enter: /tmp/kvmdirty-migrate-XXXXXX/control.sock. */
+static int private_path(char *buf, size_t len)
+{
+	char dir[] = "/tmp/kvmdirty-migrate-XXXXXX";
+
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(buf, len, "%s/control.sock", dir);
+	return 0;
+}
+
 void mig_daemon_unknown(void *ctx, const char *line)
 {
 	struct mig_daemon *d = ctx;
@@ -64,9 +76,14 @@ void mig_daemon_unknown(void *ctx, const char *line)
 
 	fprintf(stderr, "kvmdirty-migrate: %s: %s\n", d->side, line);
 	if (!d->ctl) {
+		/*
+		 * Without one, nothing but a late message from the peer or a kill
+		 * ends the wait: where the default path is taken (another user may
+		 * have made it first in /tmp), a directory of our own instead.
+		 */
 		mig_control_default_path(path, sizeof(path));
-		/* without one, nothing but a late message from the peer or a kill can end the wait */
-		open_control(d, path, "no control socket for the unknown outcome");
+		if (open_control(d, path, "the default control socket") < 0 && private_path(path, sizeof(path)) == 0)
+			open_control(d, path, "no control socket for the unknown outcome");
 	}
 	if (d->ctl)
 		fprintf(stderr, "kvmdirty-migrate: %s: control socket %s: {\"execute\":\"resolve\",\"arguments\":"

@@ -484,7 +484,8 @@ static int receive(struct dest *d)
 		if (ret < 0) {
 			fail(d, ret, "loading vCPU %u state: %s", i, strerror(-ret));
 			/* the vCPUs loaded before it go back as they were: nothing of a refused stream stays */
-			return mig_recv_restore(d->g, d->fresh, i, d->err, d->len) < 0 ? -ENOTRECOVERABLE : ret;
+			/* ... and it too: a load that failed part way may have set some of its state */
+			return mig_recv_restore(d->g, d->fresh, i + 1, d->err, d->len) < 0 ? -ENOTRECOVERABLE : ret;
 		}
 	}
 	d->res->hashed = d->dec.flags & MIG_F_PAGE_HASH;
@@ -650,7 +651,8 @@ static int handoff(const struct mig_guest *g, const struct mig_recv_opts *o, str
 		   const struct mig_vcpu_state *fresh, struct mig_recv_result *res, char *err, size_t len)
 {
 	struct mig_status own;
-	struct mig_handoff h = { .ch = s->chan[0], .fd = s->fd[0], .st = o->status ? o->status : &own,
+	struct mig_handoff h = { .ch = s->chan[0], .fd = s->fd[0], .timeout_ms = o->timeout_ms,
+				 .st = o->status ? o->status : &own,
 				 .unknown = o->unknown, .ctx = o->unknown_ctx, .wait = o->status != NULL };
 	char why[256];
 	int ret;
@@ -686,8 +688,6 @@ int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, s
 
 	memset(res, 0, sizeof(*res));
 	res->outcome = MIG_OUTCOME_THERE;
-	if (o->status)
-		mig_status_set_state(o->status, "waiting");
 	fresh = calloc(g->nr_vcpus ? g->nr_vcpus : 1, sizeof(*fresh));
 	if (!fresh)
 		return mig_errf(err, len, -ENOMEM, "this destination: out of memory");
@@ -698,7 +698,7 @@ int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, s
 		return ret; /* answered */
 	}
 	if (o->status)
-		mig_status_set_state(o->status, "receiving");
+		mig_status_reset(o->status);
 	for (i = 0; i < s.conns; i++)
 		rd[i] = mig_chan_reader(s.chan[i]);
 	ret = recv_lanes(g, rd, s.conns, o->inline_hash, fresh, s.fd[0], s.chan[0], cancel_session, &s, res, err,

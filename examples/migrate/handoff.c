@@ -71,35 +71,59 @@ static bool msg_valid(const struct mig_ack *m)
 }
 
 /*
- * The outcome is unknown: say so once, wait without a timer for the peer's
- * late message, which decide() turns into an outcome (or 0 to wait on), or
- * for a resolve; return the outcome that stands.
+ * From a side's last message until the peer's answer the outcome is
+ * unknown (status.h), and resolvable at once.  The peer's answer decides
+ * (decide() turns a message into an outcome, or PENDING to pass it over);
+ * past one -T in all without it (passed-over messages do not extend it),
+ * or when the connection ends, the side says so once and goes on reading
+ * without a timeout, so a late answer still decides, unless the read that
+ * gave up had taken part of a message: the connection then cannot be read
+ * right again, and only a resolve decides.  A resolve ends any read (the
+ * socket's reading side shut down) and is told to the peer, best effort.
  */
-static enum mig_outcome unknown(const struct mig_handoff *h, const char *awaiting, const char *why,
-				enum mig_outcome (*decide)(const struct mig_handoff *h, struct mig_ack *m))
+static enum mig_outcome await(const struct mig_handoff *h, const char *awaiting, const char *why,
+			      enum mig_outcome (*decide)(const struct mig_handoff *h, struct mig_ack *m),
+			      void (*resolved)(const struct mig_handoff *h, enum mig_outcome o))
 {
 	struct mig_conn *c = mig_chan_conn(h->ch);
 	enum mig_outcome o = mig_status_unknown(h->st, h->fd, why);
+	bool said = false;
 	struct mig_ack m;
-	char line[256];
+	char line[320], what[200];
+	int ret;
 
-	if (o != MIG_OUTCOME_UNKNOWN)
-		return o;
-	if (h->unknown) {
-		snprintf(line, sizeof(line), "the outcome is unknown (%s): the guest stays paused here until told", why);
-		h->unknown(h->ctx, line);
+	mig_conn_set_deadline(c, h->timeout_ms);
+	while ((o = mig_status_outcome(h->st)) == MIG_OUTCOME_UNKNOWN) {
+		ret = msg_recv(h, &m, awaiting, what, sizeof(what));
+		if (ret == 0) {
+			o = decide(h, &m);
+			if (o != MIG_OUTCOME_PENDING)
+				return o;
+			continue;
+		}
+		if (mig_status_outcome(h->st) != MIG_OUTCOME_UNKNOWN)
+			break; /* the read a resolve ended */
+		if (!said) {
+			snprintf(line, sizeof(line), "the outcome is unknown (%s): the guest stays paused here until told",
+				 what);
+			mig_status_unknown(h->st, h->fd, what);
+			if (h->unknown)
+				h->unknown(h->ctx, line);
+			said = true;
+			if (!h->wait)
+				return MIG_OUTCOME_UNKNOWN;
+		}
+		if (ret != -ETIMEDOUT || mig_chan_torn(h->ch))
+			break;
+		mig_conn_set_deadline(c, 0);
+		mig_conn_set_timeout(c, 0);
 	}
-	if (!h->wait)
-		return o;
+	/* what the resolve decides goes out in its own time: the answer's deadline is past */
 	mig_conn_set_deadline(c, 0);
-	mig_conn_set_timeout(c, 0);
-	/* a resolve ends this read (the socket's reading side shut down) */
-	while (mig_status_outcome(h->st) == MIG_OUTCOME_UNKNOWN && msg_recv(h, &m, awaiting, line, sizeof(line)) == 0) {
-		o = decide(h, &m);
-		if (o != MIG_OUTCOME_PENDING)
-			return o;
-	}
-	return mig_status_wait(h->st);
+	o = mig_status_wait(h->st);
+	if (h->st->resolved)
+		resolved(h, o);
+	return o;
 }
 
 /* ---- source ---- */
@@ -115,6 +139,13 @@ static enum mig_outcome source_decide(const struct mig_handoff *h, struct mig_ac
 		return mig_status_decide(h->st, MIG_OUTCOME_THERE, "committed: the guest runs at the destination");
 	snprintf(why, sizeof(why), "the destination dropped its copy: %s", mig_ack_text(m));
 	return mig_status_decide(h->st, MIG_OUTCOME_HERE, why);
+}
+
+/* Resolved: here, the destination is told to drop its copy (it may not have read COMMIT yet). */
+static void source_resolved(const struct mig_handoff *h, enum mig_outcome o)
+{
+	if (o == MIG_OUTCOME_HERE)
+		msg_send(h, MIG_MSG_ABORT, 0, "resolved: the guest runs at the source");
 }
 
 /* Before COMMIT was sent: the guest runs here, and the destination is told, if it still listens. */
@@ -155,11 +186,7 @@ enum mig_outcome mig_handoff_source(const struct mig_handoff *h, struct mig_hand
 			o = source_keeps(h, why, false);
 		} else {
 			/* an ACK decides; a message that is not one (a READY repeated) is passed over */
-			while ((ret = msg_recv(h, &m, "the ACK of COMMIT", why, sizeof(why))) == 0 &&
-			       (o = source_decide(h, &m)) == MIG_OUTCOME_PENDING)
-				;
-			if (ret < 0)
-				o = unknown(h, "the ACK of COMMIT", why, source_decide);
+			o = await(h, "the ACK of COMMIT", "COMMIT sent, awaiting its ACK", source_decide, source_resolved);
 		}
 		ret_t->commit_ms = now_ms() - t1;
 	}
@@ -195,10 +222,18 @@ static enum mig_outcome dest_decide(const struct mig_handoff *h, struct mig_ack 
 	return o;
 }
 
+/* Resolved: the source, if it still waits for the ACK, learns what became of the guest here. */
+static void dest_resolved(const struct mig_handoff *h, enum mig_outcome o)
+{
+	if (o == MIG_OUTCOME_HERE)
+		msg_send(h, MIG_MSG_ACK, 0, "resolved: the guest runs at the destination");
+	else
+		msg_send(h, MIG_MSG_ACK, -ECANCELED, "resolved: the destination dropped its copy");
+}
+
 enum mig_outcome mig_handoff_dest(const struct mig_handoff *h, char *err, size_t len)
 {
 	enum mig_outcome o;
-	struct mig_ack m;
 	char why[200];
 	int ret;
 
@@ -208,10 +243,8 @@ enum mig_outcome mig_handoff_dest(const struct mig_handoff *h, char *err, size_t
 		/* not sent: the source never sees READY, so it never sends COMMIT */
 		mig_chan_strerror(h->ch, ret, why, sizeof(why));
 		o = mig_status_decide(h->st, MIG_OUTCOME_THERE, why);
-	} else if (msg_recv(h, &m, "COMMIT or ABORT", why, sizeof(why)) < 0) {
-		o = unknown(h, "COMMIT or ABORT", why, dest_decide);
 	} else {
-		o = dest_decide(h, &m);
+		o = await(h, "COMMIT or ABORT", "READY sent, awaiting COMMIT or ABORT", dest_decide, dest_resolved);
 	}
 	mig_status_why(h->st, err, len);
 	return o;

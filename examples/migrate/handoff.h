@@ -34,10 +34,11 @@
 #include "status.h"
 #include "stream.h"
 
-/* Each wait before the outcome is unknown is the connection's own (-T); unknown, none. */
 struct mig_handoff {
 	struct mig_chan *ch; /* connection 0's channel */
 	int fd;		     /* its socket: a resolve shuts its reading side down */
+	/* -T: READY awaited at most this long, and the answer to a side's last message in all (0: no limit) */
+	uint64_t timeout_ms;
 	struct mig_status *st;
 	/* once, on the engine's thread, when the outcome becomes unknown: one line saying why (or NULL) */
 	void (*unknown)(void *ctx, const char *line);

@@ -405,7 +405,6 @@ static int take_stream(const struct args *a, int lfd, const struct mig_guest *g,
 		/* nothing ran: the next stream must bring every page again */
 		fprintf(stderr, "kvmdirty-migrate: destination: %s, waiting for another: %s\n",
 			ret == -ECANCELED ? "dropped at the handoff" : "stream refused", err);
-		mig_status_reset(&a->d->st);
 	}
 }
 
@@ -580,6 +579,7 @@ static int cmd_demo(struct args *a)
 {
 	char addr[108], err[256];
 	int lfd, status, wstatus, ret;
+	struct mig_daemon d;
 	struct testvm *tv;
 	pid_t pid;
 
@@ -599,8 +599,6 @@ static int cmd_demo(struct args *a)
 		return 1;
 	}
 	if (pid == 0) {
-		struct mig_daemon d;
-
 		/* the destination's own status; --control is the source's */
 		ret = mig_daemon_init(&d, true, NULL);
 		a->d = &d;
@@ -612,14 +610,20 @@ static int cmd_demo(struct args *a)
 		_exit(ret ? 1 : 0);
 	}
 	close(lfd);
-	if (source_guest(a, &tv) < 0) {
+	/* the source's status and --control, once the child is forked: no thread of ours is in it */
+	ret = mig_daemon_init(&d, false, a->control);
+	a->d = &d;
+	if (ret < 0 || source_guest(a, &tv) < 0) {
 		kill(pid, SIGTERM);
 		waitpid(pid, NULL, 0);
+		if (ret == 0)
+			mig_daemon_fini(&d);
 		return 1;
 	}
 	status = migrate_to(a, tv);
 	fflush(stdout);
 	mig_testvm_free(tv);
+	mig_daemon_fini(&d);
 	ret = waitpid(pid, &wstatus, 0);
 	unlink(addr + 5);
 	if (ret < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus))
@@ -857,7 +861,7 @@ int main(int argc, char **argv)
 		a.once = true;
 		ret = before_guest(&a, NULL);
 		if (!ret)
-			ret = with_daemon(&a, cmd_demo);
+			ret = cmd_demo(&a);
 		mig_psk_clear(&a.psk);
 		return ret;
 	}

@@ -22,7 +22,8 @@ void mig_status_init(struct mig_status *s, bool dest)
 void mig_status_reset(struct mig_status *s)
 {
 	pthread_mutex_lock(&s->lock);
-	s->state = s->dest ? "waiting" : "setup";
+	s->state = s->dest ? "receiving" : "setup";
+	s->stream++;
 	s->pass = s->bytes_sent = s->remaining_bytes = 0;
 	s->outcome = MIG_OUTCOME_PENDING;
 	s->resolved = false;
@@ -146,9 +147,9 @@ static int query_locked(const struct mig_status *s, char *buf, size_t len)
 	}
 	why[k] = 0;
 	n = snprintf(buf, len,
-		     "{\"side\":\"%s\",\"state\":\"%s\",\"pass\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
+		     "{\"side\":\"%s\",\"state\":\"%s\",\"stream\":%" PRIu64 ",\"pass\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
 		     ",\"remaining_bytes\":%" PRIu64 ",\"outcome\":\"%s\",\"resolved\":%s%s%s%s}",
-		     s->dest ? "destination" : "source", s->state, s->pass, s->bytes_sent, s->remaining_bytes,
+		     s->dest ? "destination" : "source", s->state, s->stream, s->pass, s->bytes_sent, s->remaining_bytes,
 		     mig_outcome_name(s->outcome), s->resolved ? "true" : "false", k ? ",\"why\":\"" : "", why,
 		     k ? "\"" : "");
 	return n < 0 || (size_t)n >= len ? -ENOSPC : 0;

@@ -38,6 +38,7 @@ struct mig_status {
 	pthread_cond_t cond;
 	bool dest; /* the destination's side */
 	const char *state;
+	uint64_t stream; /* destination: streams taken so far (the one this status is about) */
 	uint64_t pass, bytes_sent, remaining_bytes;
 	enum mig_outcome outcome;
 	bool resolved; /* the outcome was decided by a resolve */
@@ -46,7 +47,11 @@ struct mig_status {
 };
 
 void mig_status_init(struct mig_status *s, bool dest);
-/* A destination that dropped its copy, back to waiting for the next stream: PENDING, nothing resolved. */
+/*
+ * A destination's next stream begins (its session accepted): PENDING,
+ * nothing resolved, the stream counted.  Until then the last stream's
+ * outcome stays for anyone to query.
+ */
 void mig_status_reset(struct mig_status *s);
 void mig_status_destroy(struct mig_status *s);
 
@@ -77,7 +82,7 @@ const char *mig_outcome_name(enum mig_outcome o);
 /*
  * ---- anyone's side ----
  * The status as the members of one JSON object ("{...}", NUL-terminated):
- * side, state, pass, bytes_sent, remaining_bytes, outcome, resolved, and
+ * side, state, stream, pass, bytes_sent, remaining_bytes, outcome, resolved, and
  * why where there is something to say.  0, or -ENOSPC when len is short.
  */
 int mig_status_query(struct mig_status *s, char *buf, size_t len);

@@ -513,7 +513,7 @@ const char *mig_ack_text(struct mig_ack *ack)
 
 	ack->message[sizeof(ack->message) - 1] = 0;
 	for (i = 0; ack->message[i]; i++)
-		if ((unsigned char)ack->message[i] < 0x20 || ack->message[i] == 0x7f)
+		if ((unsigned char)ack->message[i] < 0x20 || (unsigned char)ack->message[i] >= 0x7f)
 			ack->message[i] = '?';
 	return ack->message;
 }

@@ -164,7 +164,8 @@ const char *mig_msg_name(uint32_t kind);
 
 /*
  * An answer's message as the peer sent it, made safe to print on one
- * line: terminated, every control byte (newlines, escapes) a '?'.
+ * line and to quote in JSON: terminated, every control byte (newlines,
+ * escapes) and every byte outside ASCII a '?'.
  * Returns ack->message.
  */
 const char *mig_ack_text(struct mig_ack *ack);

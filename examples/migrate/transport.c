@@ -50,6 +50,7 @@ struct mig_conn {
 	uint64_t sent;
 	uint64_t timeout_ms;
 	uint64_t deadline_ns; /* CLOCK_MONOTONIC; 0: none */
+	bool torn;	      /* a read gave up part way: mig_conn_torn() */
 };
 
 static uint64_t now_ns(void)
@@ -162,6 +163,11 @@ void mig_conn_set_timeout(struct mig_conn *c, uint64_t ms)
 	c->timeout_ms = ms;
 }
 
+bool mig_conn_torn(const struct mig_conn *c)
+{
+	return c->torn;
+}
+
 uint64_t mig_conn_sent(const struct mig_conn *c)
 {
 	/* a connection's own thread sends while the main thread measures the link */
@@ -210,13 +216,15 @@ int mig_conn_read(struct mig_conn *c, void *buf, size_t len)
 		uint64_t ns;
 		int ret = wait_budget(c, &ns);
 
-		if (ret < 0)
+		if (ret == 0) {
+			sqe = io_uring_get_sqe(&c->ring);
+			io_uring_prep_recv(sqe, c->fd, (char *)buf + got, len - got, 0);
+			ret = run(&c->ring, sqe, ns);
+		}
+		if (ret < 0) {
+			c->torn |= got > 0;
 			return ret;
-		sqe = io_uring_get_sqe(&c->ring);
-		io_uring_prep_recv(sqe, c->fd, (char *)buf + got, len - got, 0);
-		ret = run(&c->ring, sqe, ns);
-		if (ret < 0)
-			return ret;
+		}
 		if (!ret)
 			break; /* the peer closed its side */
 		got += (size_t)ret;

@@ -10,6 +10,7 @@
  * 0 means no limit.  Functions return -errno; -ETIMEDOUT when the peer
  * kept the engine waiting past either.
  */
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
@@ -24,6 +25,12 @@ void mig_conn_free(struct mig_conn *c);
 void mig_conn_set_deadline(struct mig_conn *c, uint64_t ms);
 /* Each wait from now on gives up after ms without progress (0: waits as long as it takes). */
 void mig_conn_set_timeout(struct mig_conn *c, uint64_t ms);
+/*
+ * A read gave up (timeout, deadline) after it had taken some of its bytes:
+ * they are gone, and what the connection reads next is not where the
+ * reader thinks it is.
+ */
+bool mig_conn_torn(const struct mig_conn *c);
 
 /*
  * Read len bytes (len <= INT_MAX).  Returns len; fewer when the peer
