@@ -13,20 +13,22 @@
  *   READY, COMMIT could not be sent          runs here
  *   COMMIT sent, ACK status 0                moved: dropped here
  *   COMMIT sent, ACK status < 0              runs here (the destination dropped it)
- *   COMMIT sent, anything else               UNKNOWN: paused
+ *   COMMIT sent, no ACK (yet)                UNKNOWN: paused (other messages passed over)
  *
  *   destination                              its guest
  *   READY could not be sent                  dropped
  *   COMMIT                                   runs (ACK status 0)
  *   ABORT                                    dropped (ACK status 0)
  *   a whole message that is neither          dropped (ACK status < 0)
- *   silence past -T, the end of the
- *   connection, a message cut short          UNKNOWN: paused
+ *   READY sent, no answer (yet)              UNKNOWN: paused
  *
- * Unknown, a side says so once (unknown()), keeps its guest paused, and
- * goes on reading the connection without a timeout: a late ACK (source) or
- * COMMIT or ABORT (destination) still decides, as does a resolve through
- * its status (status.h), whichever comes first; it never decides by itself.
+ * Unknown from its last message on (status.h: queryable and resolvable at
+ * once), a side keeps its guest paused; past -T in all without the answer,
+ * or when the connection ends, it says so once (unknown()) and goes on
+ * reading without a timeout: a late ACK (source) or COMMIT or ABORT
+ * (destination) still decides, unless the read that gave up had taken part
+ * of a message (mig_chan_torn()).  A resolve decides too, whichever comes
+ * first, and is told to the peer; a side never decides by itself.
  */
 #include <stdint.h>
 
