@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
- * Sealed records with nettle's AES-256-GCM (AES-NI and PCLMUL where the
- * CPU has them).  The nonce is the connection's index and the record's
+ * Sealed records with OpenSSL's AES-256-GCM (libcrypto's EVP interface:
+ * AES-NI and PCLMUL, or VAES and VPCLMULQDQ, where the CPU has them).  The nonce is the connection's index and the record's
  * sequence number, neither sent: each end counts, so a record dropped,
  * replayed or moved arrives under the wrong nonce and fails its tag.  A
  * record is read whole and checked before any of its bytes is handed on,
@@ -16,12 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <nettle/gcm.h>
-#include <nettle/memops.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
 
 #include "channel.h"
 
 #define HDR sizeof(struct mig_seal)
+#define IV_SIZE 12 /* GCM's own: no hashing of the nonce */
 #define UNREAD_MAX 64
 
 enum chan_fail {
@@ -36,7 +37,7 @@ struct mig_chan {
 	struct mig_reader raw; /* where the bytes come from: c, or memory */
 	bool sealed, encrypt;
 	uint32_t conn;
-	struct gcm_aes256_ctx tx, rx;
+	EVP_CIPHER_CTX *tx, *rx; /* keyed once; an IV each record */
 	uint64_t tx_seq, rx_seq;
 	/* sending: [struct mig_seal][payload][tag], filled up to MIG_SEAL_MAX */
 	uint8_t *wbuf;
@@ -75,11 +76,13 @@ static int chan_new(struct mig_conn *c, const struct mig_reader *raw, const stru
 		ch->sealed = true;
 		ch->encrypt = keys->encrypt;
 		ch->conn = keys->conn;
-		gcm_aes256_set_key(&ch->tx, keys->send);
-		gcm_aes256_set_key(&ch->rx, keys->recv);
+		ch->tx = EVP_CIPHER_CTX_new();
+		ch->rx = EVP_CIPHER_CTX_new();
 		ch->wbuf = malloc(HDR + MIG_SEAL_MAX + MIG_SEAL_TAG);
 		ch->rbuf = malloc(HDR + MIG_SEAL_MAX + MIG_SEAL_TAG);
-		if (!ch->wbuf || !ch->rbuf) {
+		if (!ch->tx || !ch->rx || !ch->wbuf || !ch->rbuf ||
+		    EVP_EncryptInit_ex(ch->tx, EVP_aes_256_gcm(), NULL, keys->send, NULL) != 1 ||
+		    EVP_DecryptInit_ex(ch->rx, EVP_aes_256_gcm(), NULL, keys->recv, NULL) != 1) {
 			mig_chan_free(ch);
 			return -ENOMEM;
 		}
@@ -102,9 +105,9 @@ void mig_chan_free(struct mig_chan *ch)
 {
 	if (!ch)
 		return;
-	/* the key schedules */
-	explicit_bzero(&ch->tx, sizeof(ch->tx));
-	explicit_bzero(&ch->rx, sizeof(ch->rx));
+	/* the key schedules: libcrypto wipes them as it frees them */
+	EVP_CIPHER_CTX_free(ch->tx);
+	EVP_CIPHER_CTX_free(ch->rx);
 	free(ch->wbuf);
 	free(ch->rbuf);
 	free(ch);
@@ -127,7 +130,7 @@ int mig_chan_unread(struct mig_chan *ch, const void *buf, size_t len)
 	return 0;
 }
 
-static void nonce(const struct mig_chan *ch, uint64_t seq, uint8_t out[GCM_IV_SIZE])
+static void nonce(const struct mig_chan *ch, uint64_t seq, uint8_t out[IV_SIZE])
 {
 	memcpy(out, &ch->conn, 4);
 	memcpy(out + 4, &seq, 8);
@@ -137,21 +140,22 @@ static void nonce(const struct mig_chan *ch, uint64_t seq, uint8_t out[GCM_IV_SI
 static int seal_send(struct mig_chan *ch, uint32_t flags)
 {
 	struct mig_seal h = { .len = (uint32_t)ch->wlen, .flags = flags };
-	uint8_t iv[GCM_IV_SIZE], *payload = ch->wbuf + HDR;
+	uint8_t iv[IV_SIZE], *payload = ch->wbuf + HDR;
 	struct iovec iov;
+	int n, ok;
 
 	if (!ch->c)
 		return -EBADF;
 	memcpy(ch->wbuf, &h, HDR);
 	nonce(ch, ch->tx_seq++, iv);
-	gcm_aes256_set_iv(&ch->tx, sizeof(iv), iv);
-	if (ch->encrypt) {
-		gcm_aes256_update(&ch->tx, HDR, ch->wbuf);
-		gcm_aes256_encrypt(&ch->tx, ch->wlen, payload, payload);
-	} else {
-		gcm_aes256_update(&ch->tx, HDR + ch->wlen, ch->wbuf);
-	}
-	gcm_aes256_digest(&ch->tx, MIG_SEAL_TAG, payload + ch->wlen);
+	/* encrypted: the header is associated data, the payload encrypted; else both are associated data */
+	ok = EVP_EncryptInit_ex(ch->tx, NULL, NULL, NULL, iv) == 1 &&
+	     EVP_EncryptUpdate(ch->tx, NULL, &n, ch->wbuf, (int)(ch->encrypt ? HDR : HDR + ch->wlen)) == 1 &&
+	     (!ch->encrypt || !ch->wlen || EVP_EncryptUpdate(ch->tx, payload, &n, payload, (int)ch->wlen) == 1) &&
+	     EVP_EncryptFinal_ex(ch->tx, payload + ch->wlen, &n) == 1 &&
+	     EVP_CIPHER_CTX_ctrl(ch->tx, EVP_CTRL_GCM_GET_TAG, MIG_SEAL_TAG, payload + ch->wlen) == 1;
+	if (!ok)
+		return -EIO;
 	iov = (struct iovec){ ch->wbuf, HDR + ch->wlen + MIG_SEAL_TAG };
 	ch->wlen = 0;
 	return mig_conn_writev(ch->c, &iov, 1);
@@ -196,8 +200,8 @@ int mig_chan_close_write(struct mig_chan *ch)
 static int open_record(struct mig_chan *ch)
 {
 	struct mig_seal h;
-	uint8_t iv[GCM_IV_SIZE], tag[MIG_SEAL_TAG], *payload = ch->rbuf + HDR;
-	int ret = ch->raw.read(ch->raw.ctx, ch->rbuf, HDR);
+	uint8_t iv[IV_SIZE], tag[MIG_SEAL_TAG], *payload = ch->rbuf + HDR;
+	int n, ok, ret = ch->raw.read(ch->raw.ctx, ch->rbuf, HDR);
 
 	if (ret >= 0 && ret < (int)HDR) {
 		ch->fail = FAIL_CUT;
@@ -222,16 +226,15 @@ static int open_record(struct mig_chan *ch)
 		return ret;
 	}
 	nonce(ch, ch->rx_seq, iv);
-	gcm_aes256_set_iv(&ch->rx, sizeof(iv), iv);
-	if (ch->encrypt) {
-		gcm_aes256_update(&ch->rx, HDR, ch->rbuf);
-		gcm_aes256_decrypt(&ch->rx, h.len, payload, payload);
-	} else {
-		gcm_aes256_update(&ch->rx, HDR + h.len, ch->rbuf);
-	}
-	gcm_aes256_digest(&ch->rx, sizeof(tag), tag);
+	memcpy(tag, payload + h.len, sizeof(tag));
+	/* the tag is checked by the final step, in constant time, before any byte is handed on */
+	ok = EVP_DecryptInit_ex(ch->rx, NULL, NULL, NULL, iv) == 1 &&
+	     EVP_DecryptUpdate(ch->rx, NULL, &n, ch->rbuf, (int)(ch->encrypt ? HDR : HDR + h.len)) == 1 &&
+	     (!ch->encrypt || !h.len || EVP_DecryptUpdate(ch->rx, payload, &n, payload, (int)h.len) == 1) &&
+	     EVP_CIPHER_CTX_ctrl(ch->rx, EVP_CTRL_GCM_SET_TAG, sizeof(tag), tag) == 1 &&
+	     EVP_DecryptFinal_ex(ch->rx, payload + h.len, &n) == 1;
 	/* the flags and the reserved field count only once the tag says they are the sender's */
-	if (!memeql_sec(tag, payload + h.len, sizeof(tag)) || h.reserved || (h.flags & ~MIG_SEAL_LAST)) {
+	if (!ok || h.reserved || (h.flags & ~MIG_SEAL_LAST)) {
 		ch->fail = FAIL_TAG;
 		return -EACCES;
 	}

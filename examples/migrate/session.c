@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: MIT
 /*
- * Key files, the hello exchange and the key schedule (nettle: SHA-256,
- * HMAC-SHA-256, HKDF; memeql_sec for every comparison of secrets; nonces
- * from getrandom(2)).  Secrets live in the session only as long as the
+ * Key files, the hello exchange and the key schedule (OpenSSL's libcrypto:
+ * SHA-256, HMAC-SHA-256, HKDF as RFC 5869 builds it from HMAC;
+ * CRYPTO_memcmp for every comparison of secrets; nonces from
+ * getrandom(2)).  Secrets live in the session only as long as the
  * handshake needs them and are wiped after; the channels keep their keys'
  * schedules.
  */
@@ -15,10 +16,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <nettle/hkdf.h>
-#include <nettle/hmac.h>
-#include <nettle/memops.h>
-#include <nettle/sha2.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "errf.h"
 #include "session.h"
@@ -75,51 +75,71 @@ void mig_psk_clear(struct mig_psk *psk)
 
 /* ---- the key schedule ---- */
 
+#define SHA256_SIZE 32
+
 struct keys {
-	uint8_t prk[SHA256_DIGEST_SIZE];
-	uint8_t confirm[SHA256_DIGEST_SIZE];
-	uint8_t transcript[SHA256_DIGEST_SIZE];
+	uint8_t prk[SHA256_SIZE];
+	uint8_t confirm[SHA256_SIZE];
+	uint8_t transcript[SHA256_SIZE];
 };
 
-static void expand(const uint8_t prk[SHA256_DIGEST_SIZE], const char *what, uint8_t out[32])
+/* HMAC-SHA-256 of the n pieces msg[i] (len[i] bytes each) under key. */
+static void hmac_sha256(const uint8_t *key, size_t key_len, const void *const msg[], const size_t len[], int n,
+			uint8_t out[SHA256_SIZE])
 {
-	struct hmac_sha256_ctx h;
+	uint8_t buf[256];
+	size_t at = 0;
+	unsigned int out_len = SHA256_SIZE;
+	int i;
+
+	/* every message here is short (labels, hashes, keys): one buffer, one call */
+	for (i = 0; i < n; i++) {
+		if (at + len[i] > sizeof(buf))
+			abort();
+		memcpy(buf + at, msg[i], len[i]);
+		at += len[i];
+	}
+	if (!HMAC(EVP_sha256(), key, (int)key_len, buf, at, out, &out_len))
+		abort(); /* libcrypto out of memory or broken: nothing to migrate with */
+	explicit_bzero(buf, sizeof(buf));
+}
+
+/* HKDF-Expand (RFC 5869) of one block: HMAC(PRK, info || 0x01). */
+static void expand(const uint8_t prk[SHA256_SIZE], const char *what, uint8_t out[32])
+{
+	static const uint8_t one = 1;
 	char info[64];
 	int n = snprintf(info, sizeof(info), LABEL "%s", what);
+	const void *msg[] = { info, &one };
+	const size_t len[] = { (size_t)n, 1 };
 
-	hmac_sha256_set_key(&h, SHA256_DIGEST_SIZE, prk);
-	hkdf_expand(&h, (nettle_hash_update_func *)hmac_sha256_update, (nettle_hash_digest_func *)hmac_sha256_digest,
-		    SHA256_DIGEST_SIZE, (size_t)n, (const uint8_t *)info, 32, out);
-	explicit_bzero(&h, sizeof(h));
+	hmac_sha256(prk, SHA256_SIZE, msg, len, 2, out);
 }
 
 /* T, PRK and the confirmation key of one connection, from the two hellos and ikm (the key or the session secret). */
 static void schedule(const struct mig_hello *src, const struct mig_hello *dst, const uint8_t *ikm, size_t ikm_len,
 		     struct keys *k)
 {
-	struct sha256_ctx sh;
-	struct hmac_sha256_ctx h;
+	const void *msg[] = { ikm };
+	const size_t len[] = { ikm_len };
+	EVP_MD_CTX *md = EVP_MD_CTX_new();
+	unsigned int n = SHA256_SIZE;
 
-	sha256_init(&sh);
-	sha256_update(&sh, sizeof(*src), (const uint8_t *)src);
-	sha256_update(&sh, sizeof(*dst), (const uint8_t *)dst);
-	sha256_digest(&sh, sizeof(k->transcript), k->transcript);
-	hmac_sha256_set_key(&h, sizeof(k->transcript), k->transcript);
-	hkdf_extract(&h, (nettle_hash_update_func *)hmac_sha256_update, (nettle_hash_digest_func *)hmac_sha256_digest,
-		     SHA256_DIGEST_SIZE, ikm_len, ikm, k->prk);
-	explicit_bzero(&h, sizeof(h));
+	if (!md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1 || EVP_DigestUpdate(md, src, sizeof(*src)) != 1 ||
+	    EVP_DigestUpdate(md, dst, sizeof(*dst)) != 1 || EVP_DigestFinal_ex(md, k->transcript, &n) != 1)
+		abort();
+	EVP_MD_CTX_free(md);
+	/* HKDF-Extract: PRK = HMAC(salt = T, IKM) */
+	hmac_sha256(k->transcript, sizeof(k->transcript), msg, len, 1, k->prk);
 	expand(k->prk, "confirm", k->confirm);
 }
 
 static void proof(const struct keys *k, const char *who, uint8_t out[MIG_PROOF])
 {
-	struct hmac_sha256_ctx h;
+	const void *msg[] = { who, k->transcript };
+	const size_t len[] = { strlen(who), sizeof(k->transcript) };
 
-	hmac_sha256_set_key(&h, sizeof(k->confirm), k->confirm);
-	hmac_sha256_update(&h, strlen(who), (const uint8_t *)who);
-	hmac_sha256_update(&h, sizeof(k->transcript), k->transcript);
-	hmac_sha256_digest(&h, MIG_PROOF, out);
-	explicit_bzero(&h, sizeof(h));
+	hmac_sha256(k->confirm, sizeof(k->confirm), msg, len, 2, out);
 }
 
 /* The connection's channel, under keys of its own for each direction. */
@@ -296,7 +316,7 @@ static int source_hello(struct mig_session *s, unsigned int i, const struct mig_
 	}
 	if (s->flags & MIG_S_PSK) {
 		proof(&k, "destination proof", want);
-		if (!memeql_sec(want, their_proof, sizeof(want))) {
+		if (CRYPTO_memcmp(want, their_proof, sizeof(want)) != 0) {
 			ret = mig_errf(err, len, -EACCES, "authentication failed: the destination on connection %u "
 				       "does not prove that it holds the key", i);
 			goto out;
@@ -422,7 +442,7 @@ static int check_hello(const struct mig_hello *h, const struct mig_session_opts 
 					h->conns);
 		return 0;
 	}
-	if (!(h->flags & MIG_S_JOIN) || !memeql_sec(h->session, session, 32))
+	if (!(h->flags & MIG_S_JOIN) || CRYPTO_memcmp(h->session, session, 32) != 0)
 		return mig_errf(err, len, -EACCES, "authentication: a connection that does not join this session");
 	if ((h->flags & ~MIG_S_JOIN) != join->flags || h->conns != join->conns)
 		return mig_errf(err, len, -EPROTO, "hello.flags or .conns: not those of the session it joins");
@@ -473,7 +493,7 @@ static int dest_hello(struct mig_session *s, struct mig_conn *c, const struct mi
 		if (ret < 0)
 			return ret == -EPROTO ? -EACCES : ret;
 		proof(k, "source proof", want);
-		if (!memeql_sec(want, p, sizeof(p))) {
+		if (CRYPTO_memcmp(want, p, sizeof(p)) != 0) {
 			mig_errf(err, len, -EACCES, "authentication failed on connection %u: the peer does not prove that it "
 				 "holds the key (a wrong key, or a recorded session played again)", theirs->conn);
 			answer(c, -EACCES, err, NULL);
