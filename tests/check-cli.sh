@@ -103,24 +103,54 @@ if [ "$kvm_status" != 77 ]; then
 		echo "ok: demo -M dirty-ring -d 0 -p 1 -> exit 1, abandoned"
 	fi
 fi
-# key files: too open, too short, not a file, missing; the key itself never printed
+# key files: genkey makes them (mode 0600, 64 hex digits and a newline) and never over anything;
+# --psk refuses any other file (too open, another form, not a regular file, a link, missing), the
+# key itself never printed
 keydir=$(mktemp -d)
 trap 'rm -rf "$keydir"' EXIT
-printf 'secret-key-material-0123456789\n' >"$keydir/open" && chmod 644 "$keydir/open"
-printf 'short\n' >"$keydir/short" && chmod 600 "$keydir/short"
-printf 'secret-key-material-0123456789\n' >"$keydir/good" && chmod 600 "$keydir/good"
+secret_head=4d7e1bd25a1b7f0c
+secret=${secret_head}8a3e64c0f53a5de1a2d31b2e19c7f5d8d3fd6f58c9a1b0e2
+out=$("$migrate" genkey "$keydir/good" 2>&1)
+got=$?
+if [ "$got" != 0 ] || [ "$(stat -c %a "$keydir/good")" != 600 ] || [ "$(wc -c <"$keydir/good")" != 65 ] ||
+	! grep -qxE '[0-9a-f]{64}' "$keydir/good"; then
+	echo "FAIL: genkey -> exit $got: $out; $(ls -l "$keydir/good")"
+	status=1
+else
+	echo "ok: genkey -> $out"
+fi
+expect 1 "genkey '$keydir/good': something of that name exists" "$migrate" genkey "$keydir/good"
+ln -s "$keydir/new" "$keydir/link"
+expect 1 "genkey '$keydir/link': something of that name exists" "$migrate" genkey "$keydir/link"
+[ ! -e "$keydir/new" ] || { echo "FAIL: genkey wrote through a symbolic link"; status=1; }
+expect 1 "genkey '$keydir/none/key': No such file or directory" "$migrate" genkey "$keydir/none/key"
+expect 2 "genkey needs a file to create (genkey FILE)" "$migrate" genkey
+expect 2 "unexpected argument 'b'" "$migrate" genkey "$keydir/a" b
+expect 2 "genkey takes no option: '-f'" "$migrate" genkey -f
+[ ! -e "$keydir/a" ] || { echo "FAIL: genkey with a wrong command line made a file"; status=1; }
+printf '%s\n' "$secret" >"$keydir/open" && chmod 644 "$keydir/open"
+printf '%s\n' "${secret%?}" >"$keydir/short" && chmod 600 "$keydir/short"
+head -c 32 /dev/urandom | base64 >"$keydir/base64" && chmod 600 "$keydir/base64"
 expect 2 "--psk '$keydir/open': group or others may read or write it (mode 0644)" "$migrate" listen unix:/tmp/x --psk "$keydir/open"
-expect 2 "--psk '$keydir/short': 5 bytes of key, at least 16 needed" "$migrate" send unix:/tmp/x --psk "$keydir/short"
-expect 2 "--psk '$keydir': not a regular file" "$migrate" send unix:/tmp/x --psk "$keydir"
+expect 2 "--psk '$keydir/short': not a key file (64 bytes); a key file holds 64 hex digits" "$migrate" send unix:/tmp/x --psk "$keydir/short"
+expect 2 "make one with kvmdirty-migrate genkey FILE" "$migrate" send unix:/tmp/x --psk "$keydir/base64"
+expect 2 "--psk '$keydir': not a regular file (a directory)" "$migrate" send unix:/tmp/x --psk "$keydir"
+expect 2 "--psk '$keydir/link': a symbolic link" "$migrate" send unix:/tmp/x --psk "$keydir/link"
+mkfifo -m 600 "$keydir/fifo"
+expect 2 "--psk '$keydir/fifo': not a regular file (a FIFO)" timeout 10 "$migrate" send unix:/tmp/x --psk "$keydir/fifo"
+# its size says 0 (and, the daemon not dumpable, it is root's: refused as another user's where the daemon is not root)
+expect 2 "--psk '/proc/self/environ': " "$migrate" send unix:/tmp/x --psk /proc/self/environ
 expect 2 "--psk '$keydir/none': No such file or directory" "$migrate" listen unix:/tmp/x --psk "$keydir/none"
+for f in open short; do
+	if "$migrate" send unix:/tmp/x --psk "$keydir/$f" 2>&1 | grep -q "$secret_head"; then
+		echo "FAIL: a refused key file's contents were printed"
+		status=1
+	fi
+done
 expect 2 "--encrypt: needs a key (--psk FILE)" "$migrate" send unix:/tmp/x --encrypt
 expect 2 "--connections '17'" "$migrate" send unix:/tmp/x --connections 17
 expect 2 "--connections '0'" "$migrate" send unix:/tmp/x --connections 0
 needs_kvm 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 4 -v 1 --psk "$keydir/good" --encrypt --connections 2
-if "$migrate" send unix:/tmp/x --psk "$keydir/open" 2>&1 | grep -q secret-key-material; then
-	echo "FAIL: a refused key file's contents were printed"
-	status=1
-fi
 expect 2 "-P 'zigzag'" "$vmm" -P zigzag
 expect 2 "-v '999'" "$vmm" -v 999
 expect 2 "invalid option -- 'q'" "$vmm" -q

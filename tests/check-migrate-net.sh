@@ -17,7 +17,7 @@
 . "$(dirname "$0")/rig-test.sh" check-migrate-net "$1"
 
 guest="-m 256 -v 2"
-(umask 077 && head -c 32 /dev/urandom | base64 >"$tmp/key")
+"$migrate" genkey "$tmp/key" >/dev/null || fail "genkey: see above"
 for mode in clear-log dirty-ring; do
 	stats=$tmp/$mode.json
 	session_dst= session_src= conns=1

@@ -1,27 +1,35 @@
 // SPDX-License-Identifier: MIT
 /*
- * Sessions and sealed records without KVM: key files refused for their
- * mode, size or kind; the handshake over socket pairs, both ends in this
- * process, refusing a wrong key, a missing one, one the destination does
- * not have, a session without the encryption the destination requires,
- * and a recorded session played again; connections that do not join the
- * session refused while the real ones join; and sealed records changed,
+ * Sessions and sealed records without KVM (key files: test-keyfile.c,
+ * the listener: test-gate.c): the handshake over socket pairs, both ends
+ * in this process, refusing a wrong key, a missing one, one the
+ * destination does not have, a session without the encryption the
+ * destination requires, a recorded session played again, a destination
+ * of another name and a version 1 hello; a fake destination learning
+ * nothing to guess the key with; a recording opened with the key yielding
+ * nothing; connections that do not join the session refused while the
+ * real ones join; and sealed records changed,
  * dropped, reordered, replayed, moved to another connection or cut off,
  * each refused at the record it hit with nothing of that record handed
  * on, in both sealing modes.
  */
+#define _GNU_SOURCE /* memmem */
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+
 #include "channel.h"
+#include "migrate-util.h"
 #include "session.h"
 #include "test-util.h"
 
-#define KEY_A "0123456789abcdef0123456789abcdef\n"
-#define KEY_B "0123456789abcdef0123456789abcdeF\n"
+#define KEY_A "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef\n"
+#define KEY_B "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdee\n"
 
 static char tmpdir[64];
 
@@ -50,49 +58,6 @@ static void load_keys(void)
 	write_file("key", KEY_B, 0600, path, sizeof(path));
 	ck_assert_msg(mig_psk_load(path, &key_b, err, sizeof(err)) == 0, "%s", err);
 }
-
-START_TEST(key_files)
-{
-	static const struct {
-		const char *content;
-		mode_t mode;
-		int ret;
-		const char *says;
-	} cases[] = {
-		{ KEY_A, 0600, 0, NULL },
-		{ KEY_A, 0400, 0, NULL },
-		{ KEY_A, 0640, -EPERM, "group or others may read or write it (mode 0640)" },
-		{ KEY_A, 0604, -EPERM, "(mode 0604)" },
-		{ KEY_A, 0620, -EPERM, "(mode 0620)" },
-		{ "fifteen bytes..\n\n  \t", 0600, -EINVAL, "15 bytes of key, at least 16" },
-		{ "", 0600, -EINVAL, "0 bytes of key" },
-	};
-	struct mig_psk psk;
-	char path[128], err[256];
-	unsigned int i;
-	int ret;
-
-	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-		write_file("k", cases[i].content, cases[i].mode, path, sizeof(path));
-		err[0] = 0;
-		ret = mig_psk_load(path, &psk, err, sizeof(err));
-		ck_assert_msg(ret == cases[i].ret, "case %u: %d (%s), expected %d", i, ret, err, cases[i].ret);
-		if (!ret) {
-			ck_assert_uint_eq(psk.len, 32); /* the newline is not part of it */
-			ck_assert_int_eq(memcmp(psk.key, KEY_A, 32), 0);
-			continue;
-		}
-		ck_assert_msg(strstr(err, cases[i].says) && strstr(err, path) && !strchr(err, '\n'),
-			      "case %u: '%s', expected one line naming %s and saying '%s'", i, err, path, cases[i].says);
-		/* never the key */
-		ck_assert_msg(!strstr(err, "0123456789abcdef"), "case %u: the key in '%s'", i, err);
-	}
-	ck_assert_errno(mig_psk_load(tmpdir, &psk, err, sizeof(err)), EINVAL);
-	ck_assert_msg(strstr(err, "not a regular file"), "%s", err);
-	snprintf(path, sizeof(path), "%s/none", tmpdir);
-	ck_assert_errno(mig_psk_load(path, &psk, err, sizeof(err)), ENOENT);
-}
-END_TEST
 
 /* ---- the handshake, both ends here ---- */
 
@@ -169,6 +134,10 @@ static void *source_run(void *p)
 	return NULL;
 }
 
+/* What the destination sent in the last handshake() that recorded (its hello first). */
+static uint8_t *back_rec;
+static size_t back_len;
+
 /*
  * A source and a destination with these options over a socket pair,
  * through a tap that records what the source sends (into *rec, when
@@ -189,7 +158,7 @@ static void handshake(struct side *src, struct side *dst, uint8_t **rec, size_t 
 	ck_assert_int_eq(pthread_create(&ts, NULL, source_run, src), 0);
 	ck_assert_int_eq(pthread_create(&tt, NULL, tap_run, &t), 0);
 	{
-		struct tap back = { .from = b[0], .to = a[1] };
+		struct tap back = { .from = b[0], .to = a[1], .record = rec != NULL };
 		pthread_t tb;
 
 		ck_assert_int_eq(pthread_create(&tb, NULL, tap_run, &back), 0);
@@ -204,6 +173,8 @@ static void handshake(struct side *src, struct side *dst, uint8_t **rec, size_t 
 		shutdown(b[0], SHUT_RDWR);
 		pthread_join(tt, NULL);
 		pthread_join(tb, NULL);
+		back_rec = back.buf;
+		back_len = back.len;
 	}
 	if (rec) {
 		*rec = t.buf;
@@ -234,9 +205,10 @@ START_TEST(handshake_proves_the_key)
 		{ .src = &key_a, .dst = &key_a, .ret = 0 },
 		{ .src = &key_a, .dst = &key_a, .src_encrypt = true, .dst_encrypt = true, .ret = 0 },
 		{ .src = &key_a, .dst = &key_a, .src_encrypt = true, .ret = 0 },
+		/* the destination proves first: the source, finding it wrong, proves nothing */
 		{ .src = &key_b, .dst = &key_a, .ret = -EACCES,
-		  .dst_says = "authentication failed on connection 0: the peer does not prove that it holds the key",
-		  .src_says = "destination refused: authentication failed" },
+		  .dst_says = "authentication: the peer's proof of the key",
+		  .src_says = "authentication failed: the destination on connection 0 does not prove that it holds the key" },
 		{ .src = NULL, .dst = &key_a, .ret = -EACCES,
 		  .dst_says = "authentication: the peer has no key, this destination requires one" },
 		{ .src = &key_a, .dst = NULL, .ret = -EACCES,
@@ -317,6 +289,171 @@ START_TEST(replayed_session_refused)
 }
 END_TEST
 
+/*
+ * A destination without the key: it answers the source's hello with one
+ * of its own and a proof it cannot make.  The source checks that proof
+ * before it sends anything that depends on the key: all the fake
+ * destination ever gets is the source's hello (nonce, share, name),
+ * nothing to test guesses of the key against.
+ */
+START_TEST(fake_destination_gets_nothing)
+{
+	struct side src = { .o = { .psk = &key_a, .timeout_ms = 5000 } };
+	struct mig_hello theirs, fake = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION,
+					  .flags = MIG_S_PSK, .conns = 1 };
+	uint8_t proof[MIG_PROOF], more[64];
+	pthread_t ts;
+	int sv[2];
+	ssize_t k;
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	src.fd = sv[0];
+	ck_assert_int_eq(pthread_create(&ts, NULL, source_run, &src), 0);
+	ck_assert_int_eq(read(sv[1], &theirs, sizeof(theirs)), (ssize_t)sizeof(theirs));
+	/* the source's hello carries a share of its own, and the name it means */
+	ck_assert(memcmp(theirs.share, (uint8_t[32]){ 0 }, 32));
+	ck_assert_str_eq(theirs.name, "unix:");
+	memcpy(fake.name, theirs.name, sizeof(fake.name));
+	memset(fake.share, 9, sizeof(fake.share));
+	memset(proof, 0x5a, sizeof(proof));
+	ck_assert_int_eq(write(sv[1], &fake, sizeof(fake)), (ssize_t)sizeof(fake));
+	ck_assert_int_eq(write(sv[1], proof, sizeof(proof)), (ssize_t)sizeof(proof));
+	pthread_join(ts, NULL);
+	ck_assert_msg(src.ret == -EACCES && strstr(src.err, "does not prove that it holds the key"), "%d %s", src.ret,
+		      src.err);
+	/* and nothing after the hello: no proof of the source's, no byte */
+	k = read(sv[1], more, sizeof(more));
+	ck_assert_msg(k == 0, "the source sent %zd bytes more", k);
+	close(sv[0]);
+	close(sv[1]);
+}
+END_TEST
+
+/* The destination the source means, by name: another refuses, naming both. */
+START_TEST(names_bind_the_destination)
+{
+	struct side src = { .o = { .psk = &key_a, .timeout_ms = 5000, .name = "d1.example:4444" } },
+		    dst = { .o = { .psk = &key_a, .timeout_ms = 5000, .name = "d2.example:4444" } };
+
+	handshake(&src, &dst, NULL, NULL);
+	expect_side(&dst, "destination", -EACCES, "the source means 'd1.example:4444', this destination is "
+		    "'d2.example:4444'");
+	expect_side(&src, "source", -EACCES, "destination refused: authentication: the source means 'd1.example:4444'");
+	/* the same names: through */
+	src = (struct side){ .o = { .psk = &key_a, .timeout_ms = 5000, .name = "d2.example:4444" } };
+	dst = (struct side){ .o = { .psk = &key_a, .timeout_ms = 5000, .name = "d2.example:4444" } };
+	handshake(&src, &dst, NULL, NULL);
+	ck_assert_msg(src.ret == 0 && dst.ret == 0, "%s / %s", src.err, dst.err);
+	/* hostile bytes in a name are not printed as they are */
+	src = (struct side){ .o = { .psk = &key_a, .timeout_ms = 5000, .name = "\x1b[31mred\n" } };
+	dst = (struct side){ .o = { .psk = &key_a, .timeout_ms = 5000, .name = "d2" } };
+	handshake(&src, &dst, NULL, NULL);
+	ck_assert_msg(dst.ret == -EACCES && !strchr(dst.err, '\x1b') && !strchr(dst.err, '\n') &&
+			      strstr(dst.err, "'?[31mred?'"), "%s", dst.err);
+}
+END_TEST
+
+/* A hello of session version 1 is refused by name. */
+START_TEST(version_1_refused)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000 };
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = 1, .flags = MIG_S_PSK, .conns = 1 };
+	struct mig_session s;
+	char err[256];
+	int sv[2];
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	ck_assert_int_eq(write(sv[0], &h, sizeof(h)), (ssize_t)sizeof(h));
+	ck_assert_errno(mig_session_accept(sv[1], &o, NULL, NULL, &s, err, sizeof(err)), EACCES);
+	ck_assert_msg(strstr(err, "hello.version: 1 (no forward secrecy"), "%s", err);
+	close(sv[0]);
+	close(sv[1]);
+}
+END_TEST
+
+/*
+ * The keys of the source's records as the key file and a recording give
+ * them: T of the recorded hellos, PRK = HMAC(T, key), the record key
+ * HMAC(PRK, label || 1), with the labels of session version v.
+ */
+static void recording_keys(const struct mig_hello *sh, const struct mig_hello *dh, const struct mig_psk *psk, int v,
+			   struct mig_chan_keys *ck)
+{
+	uint8_t t[32], prk[32], in[128];
+	unsigned int n = 32;
+	int k;
+
+	memset(ck, 0, sizeof(*ck));
+	ck->encrypt = true;
+	{
+		EVP_MD_CTX *md = EVP_MD_CTX_new();
+
+		ck_assert(EVP_DigestInit_ex(md, EVP_sha256(), NULL) == 1 && EVP_DigestUpdate(md, sh, sizeof(*sh)) == 1 &&
+			  EVP_DigestUpdate(md, dh, sizeof(*dh)) == 1 && EVP_DigestFinal_ex(md, t, &n) == 1);
+		EVP_MD_CTX_free(md);
+	}
+	ck_assert(HMAC(EVP_sha256(), t, 32, psk->key, psk->len, prk, &n));
+	k = snprintf((char *)in, sizeof(in), "kvmdirty-migrate session %d source to destination", v);
+	in[k] = 1;
+	ck_assert(HMAC(EVP_sha256(), prk, 32, in, (size_t)k + 1, ck->recv, &n));
+	memcpy(ck->send, ck->recv, sizeof(ck->send));
+}
+
+/*
+ * A recording of a whole session, both directions, and the key file:
+ * whatever the recording and the key give (the hellos, their nonces and
+ * shares, the key) does not open the records, and what was sent sealed
+ * does not show in it.  The records' keys came from the X25519 secret
+ * too, whose private halves were wiped once the keys existed.
+ */
+START_TEST(recording_and_key_open_nothing)
+{
+	struct side src = { .o = { .psk = &key_a, .encrypt = true, .timeout_ms = 5000 } },
+		    dst = { .o = { .psk = &key_a, .encrypt = true, .timeout_ms = 5000 } };
+	struct mig_hello sh, dh;
+	struct mig_chan_keys ck;
+	struct mem_stream m;
+	struct mig_reader rd;
+	struct mig_chan *ch;
+	uint8_t *rec;
+	size_t len, off;
+	char got[64];
+	int ret, v;
+
+	handshake(&src, &dst, &rec, &len);
+	ck_assert_msg(src.ret == 0 && dst.ret == 0, "%s / %s", src.err, dst.err);
+	ck_assert_uint_gt(len, sizeof(sh) + MIG_PROOF);
+	ck_assert_uint_gt(back_len, sizeof(dh));
+	memcpy(&sh, rec, sizeof(sh));
+	memcpy(&dh, back_rec, sizeof(dh));
+	/* sealed and encrypted: what the source sent does not show */
+	ck_assert(memmem(rec, len, hello_src, sizeof(hello_src)) == NULL);
+	/* the record keys the recording and the key give: HKDF-Extract(T, key), either version's labels */
+	off = sizeof(sh) + MIG_PROOF;
+	{
+		/* a sealed record starts there indeed (its header in clear): the keys, not the framing, fail below */
+		struct mig_seal hdr;
+
+		memcpy(&hdr, rec + off, sizeof(hdr));
+		ck_assert_msg(!hdr.reserved && !(hdr.flags & ~MIG_SEAL_LAST) && hdr.len <= MIG_SEAL_MAX &&
+				      off + sizeof(hdr) + hdr.len + MIG_SEAL_TAG <= len,
+			      "no sealed record at %zu: len %u flags %u", off, hdr.len, hdr.flags);
+	}
+	for (v = 1; v <= 2; v++) {
+		recording_keys(&sh, &dh, &key_a, v, &ck);
+		m = (struct mem_stream){ .buf = rec + off, .len = len - off };
+		rd = (struct mig_reader){ .read = mem_read, .describe = mem_describe, .ctx = &m };
+		ck_assert_int_eq(mig_chan_new_reader(&rd, &ck, &ch), 0);
+		ret = mig_chan_read(ch, got, sizeof(hello_src));
+		ck_assert_msg(ret == -EACCES, "the recording opened with the key alone (labels of version %d): %d", v, ret);
+		mig_chan_free(ch);
+	}
+	free(rec);
+	free(back_rec);
+	back_rec = NULL;
+}
+END_TEST
+
 /* ---- connections joining a session ---- */
 
 struct joiner {
@@ -370,7 +507,7 @@ static void join_log(void *ctx, const char *line)
 {
 	struct joiner *j = ctx;
 
-	ck_assert_msg(strstr(line, "authentication: a connection that does not join this session") &&
+	ck_assert_msg(strstr(line, "does not join a session open here") &&
 			      !strchr(line, '\n'),
 		      "refused with '%s'", line);
 	j->refused++;
@@ -626,10 +763,13 @@ int main(void)
 	}
 	tcase_add_checked_fixture(tc, load_keys, NULL);
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, key_files);
 	tcase_add_test(tc, handshake_proves_the_key);
 	tcase_add_test(tc, plain_stream_refused_with_a_key);
 	tcase_add_test(tc, replayed_session_refused);
+	tcase_add_test(tc, fake_destination_gets_nothing);
+	tcase_add_test(tc, names_bind_the_destination);
+	tcase_add_test(tc, version_1_refused);
+	tcase_add_test(tc, recording_and_key_open_nothing);
 	tcase_add_test(tc, joins_bound_to_the_session);
 	tcase_add_loop_test(tc, sealed_records_refused_in_flight, 0, 2);
 	suite_add_tcase(s, tc);

@@ -8,6 +8,11 @@
  * which costs the receiver a copy; the sender copies too, into the buffer
  * it seals, so what was sealed is what is sent even while a guest writes
  * the memory it came from.
+ *
+ * Each direction changes its key before a key would seal more than
+ * MIG_SEAL_REKEY_RECORDS records or MIG_SEAL_REKEY_BYTES bytes of payload
+ * (channel.h); both ends count, so nothing is sent for it.  Each direction
+ * ends with its MIG_SEAL_LAST record, and nothing may follow it.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -18,18 +23,38 @@
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
+#include <openssl/hmac.h>
 
 #include "channel.h"
 
 #define HDR sizeof(struct mig_seal)
 #define IV_SIZE 12 /* GCM's own: no hashing of the nonce */
 #define UNREAD_MAX 64
+#define REKEY_INFO "kvmdirty-migrate rekey"
 
 enum chan_fail {
 	FAIL_NONE,
 	FAIL_TAG,    /* a record failed its tag */
 	FAIL_LENGTH, /* a length no record can have */
 	FAIL_CUT,    /* the connection ended without MIG_SEAL_LAST */
+	FAIL_AFTER,  /* bytes after the MIG_SEAL_LAST record */
+};
+
+/* One direction of a sealed channel. */
+struct seal_dir {
+	EVP_CIPHER_CTX *ctx; /* keyed with key; an IV each record */
+	/* the key in use, kept only to derive the next one (rekey()); wiped once the direction ends */
+	uint8_t key[MIG_SEAL_KEY];
+	/*
+	 * Records of the direction so far, the nonce's sequence number.  It
+	 * goes on counting across keys: a nonce is never used twice in a
+	 * direction, whatever its key, so no nonce repeats under one key
+	 * even if two keys were one, and a record moved across a change of
+	 * key arrives under the wrong key and the wrong nonce.
+	 */
+	uint64_t seq;
+	uint64_t records, bytes; /* sealed (opened) under the key in use */
+	uint32_t keys;		 /* keys replaced so far */
 };
 
 struct mig_chan {
@@ -37,16 +62,20 @@ struct mig_chan {
 	struct mig_reader raw; /* where the bytes come from: c, or memory */
 	bool sealed, encrypt;
 	uint32_t conn;
-	EVP_CIPHER_CTX *tx, *rx; /* keyed once; an IV each record */
-	uint64_t tx_seq, rx_seq;
+	uint64_t rekey_records, rekey_bytes; /* a key seals at most this many records, this much payload */
 	/* sending: [struct mig_seal][payload][tag], filled up to MIG_SEAL_MAX */
+	struct seal_dir tx;
 	uint8_t *wbuf;
 	size_t wlen;
+	bool closed; /* MIG_SEAL_LAST sent */
+	int tx_err;  /* a record that could not be sealed or sent: nothing more is (the peer's count is off) */
 	/* receiving: a checked record's payload, [roff, rlen) not yet handed on */
+	struct seal_dir rx;
 	uint8_t *rbuf;
 	size_t roff, rlen;
-	bool ended; /* the peer's MIG_SEAL_LAST arrived */
-	bool torn;  /* a record's read gave up after its header: mig_chan_torn() */
+	bool ended;  /* the peer's MIG_SEAL_LAST arrived */
+	bool at_end; /* ... and the end of the connection after it */
+	bool torn;   /* a read gave up part way and lost what it took: mig_chan_torn() */
 	enum chan_fail fail;
 	uint32_t fail_len;
 	uint8_t unread[UNREAD_MAX];
@@ -63,6 +92,21 @@ static void conn_describe(void *ctx, int ret, char *buf, size_t len)
 	mig_conn_strerror(ctx, ret, buf, len);
 }
 
+static int dir_init(struct seal_dir *d, const uint8_t key[MIG_SEAL_KEY], bool enc)
+{
+	d->ctx = EVP_CIPHER_CTX_new();
+	memcpy(d->key, key, MIG_SEAL_KEY);
+	return d->ctx && EVP_CipherInit_ex(d->ctx, EVP_aes_256_gcm(), NULL, key, NULL, enc) == 1;
+}
+
+/* A direction that seals or opens nothing more: its key and key schedule wiped. */
+static void dir_end(struct seal_dir *d)
+{
+	OPENSSL_cleanse(d->key, sizeof(d->key));
+	if (d->ctx)
+		EVP_CIPHER_CTX_reset(d->ctx); /* wipes the schedule */
+}
+
 static int chan_new(struct mig_conn *c, const struct mig_reader *raw, const struct mig_chan_keys *keys,
 		    struct mig_chan **ret_ch)
 {
@@ -72,17 +116,16 @@ static int chan_new(struct mig_conn *c, const struct mig_reader *raw, const stru
 		return -ENOMEM;
 	ch->c = c;
 	ch->raw = c ? (struct mig_reader){ .read = conn_read, .describe = conn_describe, .ctx = c } : *raw;
+	ch->rekey_records = MIG_SEAL_REKEY_RECORDS;
+	ch->rekey_bytes = MIG_SEAL_REKEY_BYTES;
 	if (keys) {
 		ch->sealed = true;
 		ch->encrypt = keys->encrypt;
 		ch->conn = keys->conn;
-		ch->tx = EVP_CIPHER_CTX_new();
-		ch->rx = EVP_CIPHER_CTX_new();
 		ch->wbuf = malloc(HDR + MIG_SEAL_MAX + MIG_SEAL_TAG);
 		ch->rbuf = malloc(HDR + MIG_SEAL_MAX + MIG_SEAL_TAG);
-		if (!ch->tx || !ch->rx || !ch->wbuf || !ch->rbuf ||
-		    EVP_EncryptInit_ex(ch->tx, EVP_aes_256_gcm(), NULL, keys->send, NULL) != 1 ||
-		    EVP_DecryptInit_ex(ch->rx, EVP_aes_256_gcm(), NULL, keys->recv, NULL) != 1) {
+		if (!dir_init(&ch->tx, keys->send, true) || !dir_init(&ch->rx, keys->recv, false) || !ch->wbuf ||
+		    !ch->rbuf) {
 			mig_chan_free(ch);
 			return -ENOMEM;
 		}
@@ -105,12 +148,20 @@ void mig_chan_free(struct mig_chan *ch)
 {
 	if (!ch)
 		return;
+	OPENSSL_cleanse(ch->tx.key, sizeof(ch->tx.key));
+	OPENSSL_cleanse(ch->rx.key, sizeof(ch->rx.key));
 	/* the key schedules: libcrypto wipes them as it frees them */
-	EVP_CIPHER_CTX_free(ch->tx);
-	EVP_CIPHER_CTX_free(ch->rx);
+	EVP_CIPHER_CTX_free(ch->tx.ctx);
+	EVP_CIPHER_CTX_free(ch->rx.ctx);
 	free(ch->wbuf);
 	free(ch->rbuf);
 	free(ch);
+}
+
+void mig_chan_set_rekey_limit_for_tests(struct mig_chan *ch, uint64_t records, uint64_t bytes)
+{
+	ch->rekey_records = records ? records : MIG_SEAL_REKEY_RECORDS;
+	ch->rekey_bytes = bytes ? bytes : MIG_SEAL_REKEY_BYTES;
 }
 
 struct mig_conn *mig_chan_conn(struct mig_chan *ch)
@@ -130,6 +181,41 @@ int mig_chan_unread(struct mig_chan *ch, const void *buf, size_t len)
 	return 0;
 }
 
+/*
+ * Before a record of len payload bytes, in either direction: a new key
+ * where the one in use has sealed rekey_records records, or would seal
+ * more than rekey_bytes of payload with this one (a record alone larger
+ * than that goes under a fresh key of its own).  Both ends decide from
+ * what both know: the counts, and the record's length (the receiver's
+ * from the header, which the tag then covers).
+ */
+static bool rekey_due(const struct mig_chan *ch, const struct seal_dir *d, uint32_t len)
+{
+	return d->records && (d->records >= ch->rekey_records || d->bytes + len > ch->rekey_bytes);
+}
+
+/*
+ * The next key: HKDF-Expand(key, REKEY_INFO, 32) (RFC 5869; one block of
+ * SHA-256: HMAC(key, info || 0x01)).  The key it replaces is wiped.
+ */
+static int rekey(struct seal_dir *d)
+{
+	static const uint8_t info[] = REKEY_INFO "\x01";
+	uint8_t next[MIG_SEAL_KEY];
+	unsigned int n = sizeof(next);
+	bool ok = HMAC(EVP_sha256(), d->key, sizeof(d->key), info, sizeof(info) - 1, next, &n) && n == sizeof(next);
+
+	OPENSSL_cleanse(d->key, sizeof(d->key));
+	if (ok) {
+		memcpy(d->key, next, sizeof(next));
+		ok = EVP_CipherInit_ex(d->ctx, NULL, NULL, d->key, NULL, -1) == 1; /* -1: as it was, sealing or opening */
+	}
+	OPENSSL_cleanse(next, sizeof(next));
+	d->records = d->bytes = 0;
+	d->keys++;
+	return ok ? 0 : -EIO;
+}
+
 static void nonce(const struct mig_chan *ch, uint64_t seq, uint8_t out[IV_SIZE])
 {
 	memcpy(out, &ch->conn, 4);
@@ -142,23 +228,35 @@ static int seal_send(struct mig_chan *ch, uint32_t flags)
 	struct mig_seal h = { .len = (uint32_t)ch->wlen, .flags = flags };
 	uint8_t iv[IV_SIZE], *payload = ch->wbuf + HDR;
 	struct iovec iov;
-	int n, ok;
+	int n, ok, ret;
 
 	if (!ch->c)
 		return -EBADF;
+	if (ch->tx_err)
+		return ch->tx_err;
+	if (ch->closed)
+		return -EPIPE;
+	if (rekey_due(ch, &ch->tx, h.len) && (ret = rekey(&ch->tx)) < 0)
+		return ch->tx_err = ret;
 	memcpy(ch->wbuf, &h, HDR);
-	nonce(ch, ch->tx_seq++, iv);
+	nonce(ch, ch->tx.seq++, iv);
+	ch->tx.records++;
+	ch->tx.bytes += h.len;
 	/* encrypted: the header is associated data, the payload encrypted; else both are associated data */
-	ok = EVP_EncryptInit_ex(ch->tx, NULL, NULL, NULL, iv) == 1 &&
-	     EVP_EncryptUpdate(ch->tx, NULL, &n, ch->wbuf, (int)(ch->encrypt ? HDR : HDR + ch->wlen)) == 1 &&
-	     (!ch->encrypt || !ch->wlen || EVP_EncryptUpdate(ch->tx, payload, &n, payload, (int)ch->wlen) == 1) &&
-	     EVP_EncryptFinal_ex(ch->tx, payload + ch->wlen, &n) == 1 &&
-	     EVP_CIPHER_CTX_ctrl(ch->tx, EVP_CTRL_GCM_GET_TAG, MIG_SEAL_TAG, payload + ch->wlen) == 1;
+	ok = EVP_EncryptInit_ex(ch->tx.ctx, NULL, NULL, NULL, iv) == 1 &&
+	     EVP_EncryptUpdate(ch->tx.ctx, NULL, &n, ch->wbuf, (int)(ch->encrypt ? HDR : HDR + ch->wlen)) == 1 &&
+	     (!ch->encrypt || !ch->wlen || EVP_EncryptUpdate(ch->tx.ctx, payload, &n, payload, (int)ch->wlen) == 1) &&
+	     EVP_EncryptFinal_ex(ch->tx.ctx, payload + ch->wlen, &n) == 1 &&
+	     EVP_CIPHER_CTX_ctrl(ch->tx.ctx, EVP_CTRL_GCM_GET_TAG, MIG_SEAL_TAG, payload + ch->wlen) == 1;
 	if (!ok)
-		return -EIO;
+		return ch->tx_err = -EIO;
 	iov = (struct iovec){ ch->wbuf, HDR + ch->wlen + MIG_SEAL_TAG };
 	ch->wlen = 0;
-	return mig_conn_writev(ch->c, &iov, 1);
+	ret = mig_conn_writev(ch->c, &iov, 1);
+	/* a record not sent, or part of one: the peer's count of records is not ours any more */
+	if (ret < 0)
+		ch->tx_err = ret;
+	return ret;
 }
 
 int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
@@ -169,6 +267,8 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
 		return -EBADF;
 	if (!ch->sealed)
 		return mig_conn_writev(ch->c, iov, n);
+	if (ch->tx_err || ch->closed)
+		return ch->tx_err ? ch->tx_err : -EPIPE;
 	for (i = 0; i < n; i++) {
 		const uint8_t *p = iov[i].iov_base;
 		size_t left = iov[i].iov_len;
@@ -189,10 +289,18 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
 
 int mig_chan_close_write(struct mig_chan *ch)
 {
-	int ret = ch->sealed ? seal_send(ch, MIG_SEAL_LAST) : 0;
+	int ret = 0;
 
 	if (!ch->c)
 		return -EBADF;
+	if (ch->sealed) {
+		if (ch->closed)
+			return 0;
+		ret = seal_send(ch, MIG_SEAL_LAST);
+		ch->closed = true;
+		/* the direction's last key: nothing more is sealed under it, nor under any after it */
+		dir_end(&ch->tx);
+	}
 	return ret < 0 ? ret : mig_conn_close_write(ch->c);
 }
 
@@ -225,24 +333,67 @@ static int open_record(struct mig_chan *ch)
 		ch->torn = true;
 		return ret;
 	}
-	nonce(ch, ch->rx_seq, iv);
-	memcpy(tag, payload + h.len, sizeof(tag));
-	/* the tag is checked by the final step, in constant time, before any byte is handed on */
-	ok = EVP_DecryptInit_ex(ch->rx, NULL, NULL, NULL, iv) == 1 &&
-	     EVP_DecryptUpdate(ch->rx, NULL, &n, ch->rbuf, (int)(ch->encrypt ? HDR : HDR + h.len)) == 1 &&
-	     (!ch->encrypt || !h.len || EVP_DecryptUpdate(ch->rx, payload, &n, payload, (int)h.len) == 1) &&
-	     EVP_CIPHER_CTX_ctrl(ch->rx, EVP_CTRL_GCM_SET_TAG, sizeof(tag), tag) == 1 &&
-	     EVP_DecryptFinal_ex(ch->rx, payload + h.len, &n) == 1;
+	/* the record is here whole: under the key the sender used for it, if it counted as we do */
+	if (rekey_due(ch, &ch->rx, h.len) && rekey(&ch->rx) < 0)
+		ok = 0;
+	else {
+		nonce(ch, ch->rx.seq, iv);
+		memcpy(tag, payload + h.len, sizeof(tag));
+		/* the tag is checked by the final step, in constant time, before any byte is handed on */
+		ok = EVP_DecryptInit_ex(ch->rx.ctx, NULL, NULL, NULL, iv) == 1 &&
+		     EVP_DecryptUpdate(ch->rx.ctx, NULL, &n, ch->rbuf, (int)(ch->encrypt ? HDR : HDR + h.len)) == 1 &&
+		     (!ch->encrypt || !h.len || EVP_DecryptUpdate(ch->rx.ctx, payload, &n, payload, (int)h.len) == 1) &&
+		     EVP_CIPHER_CTX_ctrl(ch->rx.ctx, EVP_CTRL_GCM_SET_TAG, sizeof(tag), tag) == 1 &&
+		     EVP_DecryptFinal_ex(ch->rx.ctx, payload + h.len, &n) == 1;
+	}
 	/* the flags and the reserved field count only once the tag says they are the sender's */
 	if (!ok || h.reserved || (h.flags & ~MIG_SEAL_LAST)) {
 		ch->fail = FAIL_TAG;
+		dir_end(&ch->rx);
 		return -EACCES;
 	}
-	ch->rx_seq++;
+	ch->rx.seq++;
+	ch->rx.records++;
+	ch->rx.bytes += h.len;
 	ch->roff = HDR;
 	ch->rlen = HDR + h.len;
 	ch->ended = h.flags & MIG_SEAL_LAST;
+	if (ch->ended)
+		dir_end(&ch->rx);
 	return 0;
+}
+
+/*
+ * A read goes past the peer's last record: the connection must end there.
+ * 0 at its end; -EPROTO for a byte after it (a record, or anything else:
+ * not the peer's).
+ */
+static int check_after_last(struct mig_chan *ch)
+{
+	uint8_t extra;
+	int ret;
+
+	if (ch->at_end)
+		return 0;
+	ret = ch->raw.read(ch->raw.ctx, &extra, 1);
+	if (ret > 0) {
+		ch->fail = FAIL_AFTER;
+		return -EPROTO;
+	}
+	ch->at_end = ret == 0;
+	return ret;
+}
+
+static int fail_ret(const struct mig_chan *ch)
+{
+	switch (ch->fail) {
+	case FAIL_CUT:
+		return -EPIPE;
+	case FAIL_AFTER:
+		return -EPROTO;
+	default:
+		return -EACCES;
+	}
 }
 
 int mig_chan_read(struct mig_chan *ch, void *buf, size_t len)
@@ -263,14 +414,17 @@ int mig_chan_read(struct mig_chan *ch, void *buf, size_t len)
 		return ret < 0 ? ret : (int)got + ret;
 	}
 	if (ch->fail)
-		return ch->fail == FAIL_CUT ? -EPIPE : -EACCES;
+		return fail_ret(ch);
 	while (got < len) {
 		if (ch->roff == ch->rlen) {
-			if (ch->ended)
-				break;
-			ret = open_record(ch);
-			if (ret < 0)
+			ret = ch->ended ? check_after_last(ch) : open_record(ch);
+			if (ret < 0) {
+				/* a wait that gave up: the bytes this read took are gone with it */
+				ch->torn |= got && !ch->fail;
 				return ret;
+			}
+			if (ch->ended && ch->at_end)
+				break;
 			continue;
 		}
 		k = ch->rlen - ch->roff < len - got ? ch->rlen - ch->roff : len - got;
@@ -283,16 +437,25 @@ int mig_chan_read(struct mig_chan *ch, void *buf, size_t len)
 
 void mig_chan_strerror(const struct mig_chan *ch, int ret, char *buf, size_t len)
 {
+	char key[64] = "";
+
+	/* the first record under a new key: a peer that does not change keys when this end does fails there */
+	if (ch->rx.keys && !ch->rx.records)
+		snprintf(key, sizeof(key), " (the first under key %" PRIu32 ")", ch->rx.keys);
 	if (ch->fail == FAIL_TAG && ret == -EACCES)
 		snprintf(buf, len, "authentication: sealed record %" PRIu64 " on connection %" PRIu32
-			 " failed its check (changed, dropped, replayed or reordered in flight)", ch->rx_seq, ch->conn);
+			 "%s failed its check (changed, dropped, replayed or reordered in flight)", ch->rx.seq, ch->conn,
+			 key);
 	else if (ch->fail == FAIL_LENGTH && ret == -EACCES)
 		snprintf(buf, len, "authentication: sealed record %" PRIu64 " on connection %" PRIu32
-			 " claims %" PRIu32 " bytes (1..%u): not a sealed record", ch->rx_seq, ch->conn, ch->fail_len,
+			 " claims %" PRIu32 " bytes (1..%u): not a sealed record", ch->rx.seq, ch->conn, ch->fail_len,
 			 MIG_SEAL_MAX);
 	else if (ch->fail == FAIL_CUT && ret == -EPIPE)
 		snprintf(buf, len, "authentication: connection %" PRIu32 " ended after %" PRIu64
-			 " sealed records without its last one (records cut off in flight)", ch->conn, ch->rx_seq);
+			 " sealed records without its last one (records cut off in flight)", ch->conn, ch->rx.seq);
+	else if (ch->fail == FAIL_AFTER && ret == -EPROTO)
+		snprintf(buf, len, "authentication: bytes after the last record on connection %" PRIu32
+			 " (sealed record %" PRIu64 " ended it): not the peer's", ch->conn, ch->rx.seq - 1);
 	else
 		ch->raw.describe(ch->raw.ctx, ret, buf, len);
 }

@@ -17,8 +17,17 @@
  *   payload           len bytes (1 .. MIG_SEAL_MAX; 0 only with MIG_SEAL_LAST)
  *   tag               16 bytes
  *
- * The sender's last record carries MIG_SEAL_LAST: a connection that ends
- * without one was cut short in flight, and reading it fails.
+ * Every direction of a sealed connection ends with a record that carries
+ * MIG_SEAL_LAST (mig_chan_close_write() sends it): a connection that ends
+ * without one was cut short in flight, and reading it fails; so does
+ * reading anything after it (a record, or any byte: not the peer's).
+ *
+ * Each direction changes its key after MIG_SEAL_REKEY_RECORDS records, or
+ * before a record that would take the payload sealed under one key past
+ * MIG_SEAL_REKEY_BYTES, whichever comes first (RFC 8446 5.5's margin for
+ * AES-GCM): key' = HKDF-Expand(key, "kvmdirty-migrate rekey", 32), with
+ * SHA-256.  Both ends count records and bytes, so nothing is sent for it.
+ * The sequence number in the nonce goes on counting across keys.
  */
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,6 +40,9 @@
 #define MIG_SEAL_TAG 16
 #define MIG_SEAL_MAX (256u << 10) /* payload bytes of one sealed record, at most */
 #define MIG_SEAL_LAST (1u << 0)
+/* a key seals at most this many records, and at most this many bytes of payload */
+#define MIG_SEAL_REKEY_RECORDS (UINT64_C(1) << 24)
+#define MIG_SEAL_REKEY_BYTES (UINT64_C(64) << 30)
 
 struct mig_seal {
 	uint32_t len;	   /* payload bytes */
@@ -72,10 +84,12 @@ int mig_chan_unread(struct mig_chan *ch, const void *buf, size_t len);
 int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n);
 /*
  * mig_conn_read()'s contract.  Sealed: only bytes of records whose tag
- * matched; fewer than len only after the peer's MIG_SEAL_LAST record;
- * -EACCES for a record that failed its tag or whose length cannot be (a
- * failure of authentication: the bytes are not the peer's), -EPIPE for a
- * connection that ended without MIG_SEAL_LAST.
+ * matched; fewer than len only after the peer's MIG_SEAL_LAST record, once
+ * the connection ended there; -EACCES for a record that failed its tag or
+ * whose length cannot be (a failure of authentication: the bytes are not
+ * the peer's), -EPIPE for a connection that ended without MIG_SEAL_LAST,
+ * -EPROTO for bytes after it.  A read that gives up (a timeout) after it
+ * took bytes loses them: mig_chan_torn().
  */
 int mig_chan_read(struct mig_chan *ch, void *buf, size_t len);
 /*
@@ -85,10 +99,25 @@ int mig_chan_read(struct mig_chan *ch, void *buf, size_t len);
 bool mig_chan_torn(const struct mig_chan *ch);
 /* Bytes the channel holds that no read has handed on yet (a sealed record's rest, bytes given back). */
 size_t mig_chan_buffered(const struct mig_chan *ch);
-/* Nothing more will be sent (sealed: the MIG_SEAL_LAST record first). */
+/*
+ * Nothing more will be sent (sealed: the MIG_SEAL_LAST record first, once;
+ * the direction's key is wiped).  Whoever finishes a direction calls it:
+ * the peer reads a direction that ends without it as cut short.  Sealed,
+ * a write after it is -EPIPE, and so is any after a record that could not
+ * be sealed or sent whole (that error again): the peer's count of records
+ * would no longer be ours.
+ */
 int mig_chan_close_write(struct mig_chan *ch);
 /* A negative result in words; a sealed channel's own failures name authentication. */
 void mig_chan_strerror(const struct mig_chan *ch, int ret, char *buf, size_t len);
 struct mig_reader mig_chan_reader(struct mig_chan *ch);
+
+/*
+ * For tests only: keys of this channel (both directions) seal at most
+ * records records and bytes bytes of payload (0: the limit above), so
+ * that a test sees keys change within a short stream.  Both ends must use
+ * the same limits, set before the first record.
+ */
+void mig_chan_set_rekey_limit_for_tests(struct mig_chan *ch, uint64_t records, uint64_t bytes);
 
 #endif

@@ -646,6 +646,24 @@ static void cancel_session(void *ctx)
 		shutdown(s->fd[i], SHUT_RD);
 }
 
+/*
+ * This end writes nothing more on the session's connections: each of its
+ * directions ends with its last record (sealed: MIG_SEAL_LAST, channel.h),
+ * best effort, and each in its own wait (-T): the stream's deadline may
+ * have passed meanwhile.
+ */
+static void end_writing(struct mig_session *s)
+{
+	unsigned int i;
+
+	for (i = 0; i < s->conns; i++) {
+		if (!s->chan[i])
+			continue;
+		mig_conn_set_deadline(s->conn[i], 0);
+		mig_chan_close_write(s->chan[i]);
+	}
+}
+
 /* Connection 0 once the stream is in: READY, then COMMIT or ABORT (handoff.h). */
 static int handoff(const struct mig_guest *g, const struct mig_recv_opts *o, struct mig_session *s,
 		   const struct mig_vcpu_state *fresh, struct mig_recv_result *res, char *err, size_t len)
@@ -675,40 +693,63 @@ static int handoff(const struct mig_guest *g, const struct mig_recv_opts *o, str
 	return -ECANCELED;
 }
 
-int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, struct mig_recv_result *res,
-	     char *err, size_t len)
+void mig_recv_session_opts(const struct mig_recv_opts *o, struct mig_session_opts *so)
 {
-	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .timeout_ms = o->timeout_ms,
-				       .deadline_ms = o->deadline_ms, .log = o->log, .log_ctx = o->log_ctx };
+	*so = (struct mig_session_opts){ .psk = o->psk, .encrypt = o->encrypt, .timeout_ms = o->timeout_ms,
+					 .deadline_ms = o->deadline_ms, .log = o->log, .log_ctx = o->log_ctx,
+					 .name = o->name };
+}
+
+int mig_recv_session(const struct mig_guest *g, struct mig_session *s, const struct mig_recv_opts *o,
+		     struct mig_recv_result *res, char *err, size_t len)
+{
 	struct mig_reader rd[MIG_MAX_CONNS];
 	struct mig_vcpu_state *fresh;
-	struct mig_session s;
 	unsigned int i;
 	int ret;
 
 	memset(res, 0, sizeof(*res));
 	res->outcome = MIG_OUTCOME_THERE;
 	fresh = calloc(g->nr_vcpus ? g->nr_vcpus : 1, sizeof(*fresh));
-	if (!fresh)
-		return mig_errf(err, len, -ENOMEM, "this destination: out of memory");
-	/* the session (or a plain stream), every connection of it joined: nothing of the guest read yet */
-	ret = mig_session_accept(fd, &so, o->accept, o->accept_ctx, &s, err, len);
-	if (ret < 0) {
-		free(fresh);
-		return ret; /* answered */
+	if (!fresh) {
+		ret = mig_errf(err, len, -ENOMEM, "this destination: out of memory");
+		mig_handoff_refuse(s->chan[0], ret, err);
+		goto out;
 	}
 	if (o->status)
 		mig_status_reset(o->status);
-	for (i = 0; i < s.conns; i++)
-		rd[i] = mig_chan_reader(s.chan[i]);
-	ret = recv_lanes(g, rd, s.conns, o->inline_hash, fresh, s.fd[0], s.chan[0], cancel_session, &s, res, err,
+	for (i = 0; i < s->conns; i++)
+		rd[i] = mig_chan_reader(s->chan[i]);
+	ret = recv_lanes(g, rd, s->conns, o->inline_hash, fresh, s->fd[0], s->chan[0], cancel_session, s, res, err,
 			 len);
 	res->outcome = MIG_OUTCOME_THERE;
-	if (ret < 0)
-		mig_handoff_refuse(s.chan[0], ret, err); /* best effort: the peer may be gone */
-	else
-		ret = handoff(g, o, &s, fresh, res, err, len);
-	mig_session_free(&s);
+	if (ret < 0) {
+		/* the answer has its own wait (-T): a stream refused for its deadline still hears why */
+		mig_conn_set_deadline(s->conn[0], 0);
+		mig_handoff_refuse(s->chan[0], ret, err); /* best effort: the peer may be gone */
+	} else {
+		ret = handoff(g, o, s, fresh, res, err, len);
+	}
+out:
+	end_writing(s);
+	mig_session_free(s);
 	free(fresh);
 	return ret;
+}
+
+int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, struct mig_recv_result *res,
+	     char *err, size_t len)
+{
+	struct mig_session_opts so;
+	struct mig_session s;
+	int ret;
+
+	memset(res, 0, sizeof(*res));
+	res->outcome = MIG_OUTCOME_THERE;
+	mig_recv_session_opts(o, &so);
+	/* the session (or a plain stream), every connection of it joined: nothing of the guest read yet */
+	ret = mig_session_accept(fd, &so, o->accept, o->accept_ctx, &s, err, len);
+	if (ret < 0)
+		return ret; /* answered */
+	return mig_recv_session(g, &s, o, res, err, len);
 }

@@ -66,6 +66,12 @@ struct mig_recv_opts {
 	void (*log)(void *ctx, const char *line);
 	void *log_ctx;
 	/*
+	 * The name this destination answers to (session.h): a source that
+	 * means another is refused.  NULL: the address each connection
+	 * arrived on ("IP:PORT", "[IPv6]:PORT", "unix:PATH").
+	 */
+	const char *name;
+	/*
 	 * Where the handoff's outcome is kept, queried and resolved (status.h;
 	 * the caller inits it).  With one, an unknown outcome is waited out in
 	 * mig_recv() until a late COMMIT or ABORT, or a resolve, decides it;
@@ -96,6 +102,17 @@ struct mig_recv_opts {
  */
 int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, struct mig_recv_result *res,
 	     char *err, size_t len);
+
+/* The session options mig_recv() uses (for a gate, gate.h, in front of mig_recv_session()). */
+void mig_recv_session_opts(const struct mig_recv_opts *o, struct mig_session_opts *so);
+
+/*
+ * mig_recv() over a session already taken (mig_gate_take(),
+ * mig_session_accept()): the stream and the handoff, the same results.
+ * s is the call's: freed (its own fds closed) whatever the outcome.
+ */
+int mig_recv_session(const struct mig_guest *g, struct mig_session *s, const struct mig_recv_opts *o,
+		     struct mig_recv_result *res, char *err, size_t len);
 
 /* Load fresh[0..n) into g's vCPUs: 0, or -errno with one line in err. */
 int mig_recv_restore(const struct mig_guest *g, const struct mig_vcpu_state *fresh, unsigned int n, char *err,

@@ -46,10 +46,29 @@ int mig_hostmem_private_anon(const void *hva, uint64_t size)
 	return ret;
 }
 
+/* What mig_pagemap_keep() opened, and in which process: a child's pagemap is another file. */
+static int kept_fd = -1;
+static pid_t kept_pid;
+
+int mig_pagemap_keep(void)
+{
+	if (kept_fd < 0) {
+		kept_fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+		if (kept_fd < 0)
+			return -errno;
+		kept_pid = getpid();
+	}
+	return 0;
+}
+
 int mig_pagemap_open(void)
 {
-	int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+	int fd;
 
+	if (kept_fd >= 0 && kept_pid == getpid())
+		fd = fcntl(kept_fd, F_DUPFD_CLOEXEC, 0);
+	else
+		fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
 	return fd < 0 ? -errno : fd;
 }
 

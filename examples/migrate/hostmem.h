@@ -43,7 +43,19 @@ static inline bool mig_pm_untouched(uint64_t entry)
  */
 int mig_hostmem_private_anon(const void *hva, uint64_t size);
 
-/* /proc/self/pagemap, open for reading: an fd, or -errno. */
+/*
+ * Open /proc/self/pagemap now and keep it for mig_pagemap_open(), in a
+ * process that is about to make itself not dumpable (keyfile.h): /proc/self
+ * then belongs to root, and a process that is not root can no longer open
+ * the file (mode 0400).  Call it before any thread starts.  0, or -errno
+ * (mig_pagemap_open() then opens the file as before).
+ */
+int mig_pagemap_keep(void);
+
+/*
+ * /proc/self/pagemap, open for reading (a copy of the fd kept, in the
+ * process that kept it): an fd, or -errno.
+ */
 int mig_pagemap_open(void);
 
 /*

@@ -7,6 +7,7 @@
  *   kvmdirty-migrate send ADDR [guest options] [migration options]
  *   kvmdirty-migrate demo
  *   kvmdirty-migrate plot STATS.json [-o OUT.svg]
+ *   kvmdirty-migrate genkey FILE
  *
  * ADDR is tcp:HOST:PORT (HOST empty: loopback) or unix:PATH.
  * Guest options (both ends must agree): -m MIB memory (256), -v VCPUS (2);
@@ -26,8 +27,13 @@
  * Both ends: -T MS, how long any wait for the peer may go without
  * progress (30000); listen: --deadline S for a whole stream (0: none).
  * Both ends: --psk FILE, a pre-shared key both must hold (session.h:
- * each proves it to the other, every record is sealed); --encrypt, the
- * records encrypted too (send: do it; listen: require it).  send:
+ * each proves it to the other, every record is sealed), in a file genkey
+ * made (keyfile.h: 64 hex digits, the user's own, mode 0600); --encrypt, the
+ * records encrypted too (send: do it; listen: require it); --name NAME
+ * (listen), the name this destination answers to (by default the address
+ * each connection arrived on), --peer-name NAME (send), the destination
+ * meant (by default the address dialled): a source that means another
+ * destination is refused.  send:
  * --connections N (1), the pages spread over N connections.  Both ends:
  * --control PATH, a socket that answers query and resolve
  * (kvmdirty-migrate-control(7)); without it, one is opened at a default
@@ -49,6 +55,14 @@
  * (run.json: run.svg; -o - for standard output); it exits 0 when it drew
  * one (also from a file cut short, marked incomplete and said so on
  * stderr), 1 when it refused the file or could not write the picture.
+ *
+ * genkey writes a new key to FILE, which it creates mode 0600 and never
+ * overwrites: 64 hex digits of getrandom(2) and a newline, for --psk on
+ * both hosts.  It exits 0 when it wrote one, 1 when it did not (one line
+ * naming FILE; nothing left behind).
+ *
+ * Every command first makes the process not dumpable (keyfile.h): no core
+ * dump, no ptrace by the user's other processes, before any key is read.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -68,6 +82,9 @@
 #include "../common/kvm-host.h"
 #include "daemon.h"
 #include "dest.h"
+#include "gate.h"
+#include "hostmem.h"
+#include "keyfile.h"
 #include "plot.h"
 #include "source.h"
 #include "testguest.h"
@@ -92,16 +109,17 @@ struct args {
 static void usage(void)
 {
 	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T|--peer-timeout MS] [--deadline S] [--once]\n"
-			"                                [--psk FILE] [--encrypt] [--control PATH]\n"
+			"                                [--psk FILE] [--encrypt] [--name NAME] [--control PATH]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
 			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
 			"                              [--stats FILE] [--baseline MS] [--run-ms MS] [--psk FILE] [--encrypt]\n"
-			"                              [--connections N] [--control PATH]\n"
+			"                              [--peer-name NAME] [--connections N] [--control PATH]\n"
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
 			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
 			"       kvmdirty-migrate probe                   (what this host's KVM offers; 77 where none)\n"
+			"       kvmdirty-migrate genkey FILE             (a new key for --psk, in a new file, mode 0600)\n"
 			"       kvmdirty-migrate -h|--help\n");
 }
 
@@ -158,6 +176,25 @@ static int parse_fill(const char *arg, struct args *a)
 	return 0;
 }
 
+/* --name, --peer-name: what a hello carries (session.h), 1 .. MIG_NAME_MAX - 1 printable ASCII characters */
+static int bad_name(const char *opt, const char *arg)
+{
+	const char *p;
+
+	for (p = arg; *p; p++)
+		if (*p < 0x21 || *p > 0x7e)
+			break;
+	if (!*arg || *p || p - arg >= MIG_NAME_MAX) {
+		char shown[4 * MIG_NAME_MAX];
+
+		mig_printable(arg, strnlen(arg, MIG_NAME_MAX), shown, sizeof(shown));
+		fprintf(stderr, "kvmdirty-migrate: %s '%s%s': a name of 1 to %d printable ASCII characters, no space\n",
+			opt, shown, strlen(arg) >= MIG_NAME_MAX ? "..." : "", MIG_NAME_MAX - 1);
+		return -1;
+	}
+	return 0;
+}
+
 static int parse(int argc, char **argv, struct args *a)
 {
 	static const struct option longopts[] = {
@@ -176,6 +213,8 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "encrypt", no_argument, NULL, 'E' },
 		{ "connections", required_argument, NULL, 'C' },
 		{ "control", required_argument, NULL, 'Q' },
+		{ "name", required_argument, NULL, 'A' },
+		{ "peer-name", required_argument, NULL, 'P' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -307,6 +346,15 @@ static int parse(int argc, char **argv, struct args *a)
 			}
 			a->control = optarg;
 			break;
+		case 'A':
+		case 'P':
+			if (bad_name(c == 'A' ? "--name" : "--peer-name", optarg))
+				return -1;
+			if (c == 'A')
+				a->recv.name = optarg;
+			else
+				a->send.peer_name = optarg;
+			break;
 		case 'h':
 			usage();
 			exit(0);
@@ -341,71 +389,62 @@ static void sleep_ms(uint64_t ms)
 	nanosleep(&ts, NULL);
 }
 
-/* A session's next connection, within timeout_ms. */
-static int accept_within(void *ctx, uint64_t timeout_ms, char *err, size_t len)
-{
-	struct pollfd p = { .fd = *(const int *)ctx, .events = POLLIN };
-	int ret;
-
-	do
-		ret = poll(&p, 1, timeout_ms ? (int)(timeout_ms > INT_MAX ? INT_MAX : timeout_ms) : -1);
-	while (ret < 0 && errno == EINTR);
-	if (ret < 0)
-		return -errno;
-	if (!ret) {
-		snprintf(err, len, "no connection in %" PRIu64 " ms", timeout_ms);
-		return -ETIMEDOUT;
-	}
-	return mig_accept(p.fd, err, len);
-}
-
 static void log_refused(void *ctx, const char *line)
 {
 	fprintf(stderr, "kvmdirty-migrate: destination: connection refused: %s\n", line);
 }
 
 /*
- * Take streams until one is accepted; a refused or silent peer is dropped
- * and the next one taken.  With --once the first stream whose peer passed
- * authentication decides.
+ * Take streams until one is accepted, through a gate (gate.h: many
+ * handshakes at once, none of them able to hold the others); a refused
+ * or silent peer is dropped and logged.  With --once the first stream
+ * whose peer passed authentication decides.
  */
 static int take_stream(const struct args *a, int lfd, const struct mig_guest *g, struct mig_recv_result *res)
 {
 	struct mig_recv_opts o = a->recv;
+	struct mig_session_opts so;
+	struct mig_gate *gate;
+	struct mig_session s;
 	char err[256];
-	int fd, ret;
+	int ret;
 
 	o.psk = a->psk_file ? &a->psk : NULL;
-	o.accept = accept_within;
-	o.accept_ctx = &lfd;
 	o.log = log_refused;
 	o.status = &a->d->st;
 	o.unknown = mig_daemon_unknown;
 	o.unknown_ctx = a->d;
+	mig_recv_session_opts(&o, &so);
+	ret = mig_gate_new(lfd, &so, &gate);
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", strerror(-ret));
+		return ret;
+	}
 	for (;;) {
-		fd = mig_accept(lfd, err, sizeof(err));
-		if (fd < 0) {
+		ret = mig_gate_take(gate, &s, err, sizeof(err));
+		if (ret < 0) {
 			fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
-			return fd;
+			break;
 		}
-		ret = mig_recv(g, fd, &o, res, err, sizeof(err));
-		close(fd);
+		ret = mig_recv_session(g, &s, &o, res, err, sizeof(err));
 		if (ret == 0)
-			return 0;
+			break;
 		/* the vCPUs could not be loaded back as they were: no other stream can land right */
 		if (ret == -ENOTRECOVERABLE) {
 			fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
-			return ret;
+			break;
 		}
 		if (a->once && ret != -EACCES) {
 			fprintf(stderr, "kvmdirty-migrate: destination: %s: %s\n",
 				ret == -ECANCELED ? "dropped at the handoff" : "stream refused", err);
-			return ret;
+			break;
 		}
 		/* nothing ran: the next stream must bring every page again */
 		fprintf(stderr, "kvmdirty-migrate: destination: %s, waiting for another: %s\n",
 			ret == -ECANCELED ? "dropped at the handoff" : "stream refused", err);
 	}
+	mig_gate_free(gate);
+	return ret;
 }
 
 /*
@@ -440,6 +479,8 @@ static int destination(const struct args *a, int lfd)
 	}
 	ret = take_stream(a, lfd, &g, &res);
 	close(lfd);
+	/* no other stream will be taken: the key is not needed again */
+	mig_psk_clear((struct mig_psk *)&a->psk);
 	mig_guest_release(&g);
 	if (ret < 0) {
 		mig_testvm_free(tv);
@@ -525,6 +566,7 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 
 	o.progress = isatty(2);
 	o.psk = a->psk_file ? &a->psk : NULL;
+	o.wipe_psk = true; /* one migration: the key is not needed once its session's keys exist */
 	o.connect = connect_again;
 	o.connect_ctx = (void *)a;
 	o.status = &a->d->st;
@@ -770,6 +812,32 @@ static int load_key(struct args *a)
 	return 0;
 }
 
+/* kvmdirty-migrate genkey FILE: 0 written, 1 not (one line naming FILE), 2 a bad command line. */
+static int cmd_genkey(int argc, char **argv)
+{
+	char err[512];
+
+	if (argc < 3) {
+		fprintf(stderr, "kvmdirty-migrate: genkey needs a file to create (genkey FILE)\n");
+		return 2;
+	}
+	if (argv[2][0] == '-') {
+		fprintf(stderr, "kvmdirty-migrate: genkey takes no option: '%s' (a file of that name: ./%s)\n", argv[2],
+			argv[2]);
+		return 2;
+	}
+	if (argc > 3) {
+		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[3]);
+		return 2;
+	}
+	if (mig_psk_generate(argv[2], err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return 1;
+	}
+	printf("genkey: '%s': a new key, mode 0600; give both ends a copy (--psk FILE)\n", argv[2]);
+	return 0;
+}
+
 /*
  * kvmdirty-migrate probe: one line of what this host's KVM offers the
  * daemon, exit 0; where there is no usable KVM the one line that says why,
@@ -844,8 +912,15 @@ static int with_daemon(struct args *a, int (*cmd)(struct args *a))
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
+	char err[256];
 	int ret;
 
+	/* pagemap first: once not dumpable, a process that is not root cannot open it (hostmem.h) */
+	mig_pagemap_keep();
+	if (mig_psk_protect_process(err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return 1;
+	}
 	if (argc < 2) {
 		usage();
 		return 2;
@@ -869,12 +944,14 @@ int main(int argc, char **argv)
 		return cmd_plot(argc, argv);
 	if (!strcmp(a.cmd, "probe"))
 		return cmd_probe(argc);
+	if (!strcmp(a.cmd, "genkey"))
+		return cmd_genkey(argc, argv);
 	if (!strcmp(a.cmd, "-h") || !strcmp(a.cmd, "--help")) {
 		usage();
 		return 0;
 	}
 	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
-		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, plot or probe; --help for more)\n", a.cmd);
+		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, plot, probe or genkey; --help for more)\n", a.cmd);
 		return 2;
 	}
 	if (argc < 3) {

@@ -62,6 +62,8 @@ static int handoff(struct source *s, struct mig_result *res, char *err, size_t l
 	if (ret < 0)
 		return src_net_fail(s, ret, STOP_SENDING, err, len);
 	res->outcome = mig_handoff_source(&h, &t, err, len);
+	/* the source's last word on connection 0 was said: its direction ends there (sealed: its last record) */
+	mig_chan_close_write(s->lane[0].ch);
 	res->ready_ms = t.ready_ms;
 	res->handoff_ms = t.commit_ms;
 	res->resolved = s->st->resolved;

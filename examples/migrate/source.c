@@ -34,7 +34,7 @@ static int session(struct source *s, int fd, char *err, size_t len)
 {
 	const struct mig_send_opts *o = s->o;
 	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .conns = o->connections,
-				       .timeout_ms = o->peer_timeout_ms };
+				       .timeout_ms = o->peer_timeout_ms, .name = o->peer_name, .wipe_psk = o->wipe_psk };
 	int ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s->sess, err, len);
 
 	return ret < 0 ? ret : src_lanes_new(s, err, len);

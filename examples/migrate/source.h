@@ -50,6 +50,14 @@ struct mig_send_opts {
 	const struct mig_psk *psk;
 	bool encrypt;
 	/*
+	 * The destination meant (session.h): a destination of another name
+	 * refuses.  NULL: the address connected to ("IP:PORT", "[IPv6]:PORT",
+	 * "unix:PATH").
+	 */
+	const char *peer_name;
+	/* Wipe *psk (cast) once the session's keys exist: nothing needs it after. */
+	bool wipe_psk;
+	/*
 	 * Connections, 1 (0 counts as 1) .. MIG_MAX_CONNS: pages spread over
 	 * them by chunk (stream.h), each sent by a thread of its own; connect
 	 * opens each one after the first (an fd, or -errno with a reason in

@@ -500,6 +500,17 @@ int mig_stream_reseal(void *buf, size_t len)
 	return mig_stream_walk(buf, len, reseal_one, &r, NULL);
 }
 
+void mig_printable(const char *in, size_t n, char *out, size_t len)
+{
+	size_t i;
+
+	if (!len)
+		return;
+	for (i = 0; i < n && i + 1 < len; i++)
+		out[i] = (unsigned char)in[i] >= 0x20 && (unsigned char)in[i] < 0x7f ? in[i] : '?';
+	out[i] = 0;
+}
+
 const char *mig_msg_name(uint32_t kind)
 {
 	static const char *const n[] = { "REFUSED", "READY", "COMMIT", "ABORT", "ACK" };
@@ -509,11 +520,6 @@ const char *mig_msg_name(uint32_t kind)
 
 const char *mig_ack_text(struct mig_ack *ack)
 {
-	size_t i;
-
-	ack->message[sizeof(ack->message) - 1] = 0;
-	for (i = 0; ack->message[i]; i++)
-		if ((unsigned char)ack->message[i] < 0x20 || (unsigned char)ack->message[i] >= 0x7f)
-			ack->message[i] = '?';
+	mig_printable(ack->message, strnlen(ack->message, sizeof(ack->message) - 1), ack->message, sizeof(ack->message));
 	return ack->message;
 }

@@ -159,6 +159,12 @@ struct mig_ack {
 	char message[120];
 };
 
+/*
+ * Text a peer sent, n bytes of in, as it may be printed: printable ASCII
+ * only (every other byte a '?'), cut to fit out[len], terminated.
+ */
+void mig_printable(const char *in, size_t n, char *out, size_t len);
+
 /* "REFUSED", "READY", ... or "?" */
 const char *mig_msg_name(uint32_t kind);
 

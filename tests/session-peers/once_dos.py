@@ -15,12 +15,12 @@ from kvm_skip import require_kvm  # noqa: E402
 
 require_kvm("session-keyless-once", BIN)
 
-def hello(version=1, flags=0, conns=1, conn=0, reserved=0):
-    return (b"KVMDSES\0" + struct.pack("<IIII", version, flags, conns, conn) + os.urandom(32) + bytes(32)
-            + struct.pack("<Q", reserved))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hello import hello, SIZE  # noqa: E402
 
 CASES = {
-    "version 2": lambda s: s.sendall(hello(version=2, flags=1)),
+    "version 1": lambda s: s.sendall(hello(version=1, flags=1)),
+    "version 3": lambda s: s.sendall(hello(version=3, flags=1)),
     "reserved bit": lambda s: s.sendall(hello(flags=1 | 16)),
     "conns 0": lambda s: s.sendall(hello(flags=1, conns=0)),
     "conn 3 on open": lambda s: s.sendall(hello(flags=1, conn=3)),
@@ -42,7 +42,7 @@ def run(name, act, keypath, port):
         except OSError:
             time.sleep(0.05)
     if act == "rst-after-hello":
-        s.sendall(hello(flags=1)); s.recv(96)
+        s.sendall(hello(flags=1)); s.recv(SIZE)
         act = None
     if act is None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

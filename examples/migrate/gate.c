@@ -1,0 +1,591 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The gate (gate.h): a thread for each handshake in progress, the
+ * sessions waiting for their joins, the wrong proofs of each address.
+ *
+ * One lock over all of it.  The thread of mig_gate_take() accepts,
+ * starts slots, cuts (shutdown(2) of a slot's socket, which ends any wait
+ * of its handshake at once), drops sessions past their join deadline and
+ * hands out the first complete one.  A slot's thread runs one
+ * connection's handshake without the lock and, under it, files what came
+ * of it: a session opened, a join adopted into its session, or a refusal
+ * (then it closes its socket, under the lock, so that a cut never hits a
+ * reused fd).  Each tells the taker through an eventfd.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <openssl/crypto.h>
+
+#include "errf.h"
+#include "gate.h"
+
+#define PEER_KEY 17 /* a family byte, and up to 16 bytes of address */
+
+struct peer {
+	uint8_t key[PEER_KEY];
+	bool used;
+	unsigned int wrong;
+	uint64_t last_ms; /* the last wrong proof, or the last look */
+};
+
+enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
+
+struct slot {
+	struct mig_gate *gate;
+	enum slot_state state;
+	bool cut;	   /* shut down by the gate */
+	int fd;		   /* -1 once a session owns it */
+	uint64_t since_ms; /* accepted */
+	uint8_t peer[PEER_KEY];
+	char name[64]; /* the peer's address, for the log */
+	pthread_t thread;
+};
+
+struct pending {
+	bool used;
+	struct mig_greeting first;
+	bool joined[MIG_MAX_CONNS];
+	unsigned int n, conns;
+	uint64_t since_ms, end_ms;
+	char name[64]; /* the peer of its first connection */
+};
+
+struct mig_gate {
+	int lfd, efd;
+	struct mig_session_opts o;
+	pthread_mutex_t lock;
+	pthread_cond_t opened; /* a session opened: joins waiting for it look again */
+	struct slot slot[MIG_GATE_SLOTS];
+	struct pending pending[MIG_GATE_PENDING];
+	struct peer peer[MIG_GATE_PEERS];
+};
+
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
+static void wake(struct mig_gate *gate)
+{
+	uint64_t one = 1;
+
+	(void)!write(gate->efd, &one, sizeof(one));
+}
+
+static void log_line(struct mig_gate *gate, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void log_line(struct mig_gate *gate, const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+
+	if (!gate->o.log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	gate->o.log(gate->o.log_ctx, line);
+}
+
+/* ---- wrong proofs, by address ---- */
+
+/* An address without its port: the key wrong proofs are counted under. */
+static void peer_key(const struct sockaddr *sa, uint8_t key[PEER_KEY])
+{
+	memset(key, 0, PEER_KEY);
+	key[0] = (uint8_t)sa->sa_family;
+	if (sa->sa_family == AF_INET)
+		memcpy(key + 1, &((const struct sockaddr_in *)sa)->sin_addr, 4);
+	else if (sa->sa_family == AF_INET6)
+		memcpy(key + 1, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+}
+
+static void peer_name(const struct sockaddr *sa, char *buf, size_t len)
+{
+	char ip[INET6_ADDRSTRLEN] = "?";
+
+	if (sa->sa_family == AF_INET) {
+		const struct sockaddr_in *in = (const struct sockaddr_in *)sa;
+
+		inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+		snprintf(buf, len, "%s:%u", ip, ntohs(in->sin_port));
+	} else if (sa->sa_family == AF_INET6) {
+		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)sa;
+
+		inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
+		snprintf(buf, len, "[%s]:%u", ip, ntohs(in6->sin6_port));
+	} else {
+		snprintf(buf, len, "a local peer");
+	}
+}
+
+/* Under the lock: the entry of key; with make, one made (the least recent giving way). */
+static struct peer *peer_find(struct mig_gate *gate, const uint8_t key[PEER_KEY], bool make)
+{
+	struct peer *p, *old = &gate->peer[0];
+
+	for (p = gate->peer; p < gate->peer + MIG_GATE_PEERS; p++) {
+		if (p->used && !memcmp(p->key, key, PEER_KEY))
+			return p;
+		if (!p->used || (old->used && p->last_ms < old->last_ms))
+			old = p;
+	}
+	if (!make)
+		return NULL;
+	*old = (struct peer){ .used = true };
+	memcpy(old->key, key, PEER_KEY);
+	return old;
+}
+
+/* Under the lock: how long key must still wait before a handshake (0: none). */
+static uint64_t peer_wait(struct mig_gate *gate, const uint8_t key[PEER_KEY])
+{
+	struct peer *p = peer_find(gate, key, false);
+	uint64_t wait, now = now_ms();
+	unsigned int over;
+
+	if (!p || p->wrong < MIG_GATE_FREE_GUESSES)
+		return 0;
+	over = p->wrong - MIG_GATE_FREE_GUESSES;
+	wait = over >= 16 ? MIG_GATE_WAIT_MAX_MS : (uint64_t)MIG_GATE_WAIT_MS << over;
+	if (wait > MIG_GATE_WAIT_MAX_MS)
+		wait = MIG_GATE_WAIT_MAX_MS;
+	return p->last_ms + wait > now ? p->last_ms + wait - now : 0;
+}
+
+unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr *sa)
+{
+	uint8_t key[PEER_KEY];
+	struct peer *p;
+	unsigned int n;
+
+	peer_key(sa, key);
+	pthread_mutex_lock(&gate->lock);
+	p = peer_find(gate, key, false);
+	n = p ? p->wrong : 0;
+	pthread_mutex_unlock(&gate->lock);
+	return n;
+}
+
+/* ---- sessions waiting for their joins ---- */
+
+/* Under the lock: the open session of this id. */
+static struct pending *pending_find(struct mig_gate *gate, const uint8_t session[32])
+{
+	struct pending *p;
+
+	for (p = gate->pending; p < gate->pending + MIG_GATE_PENDING; p++)
+		if (p->used && p->n < p->conns && !CRYPTO_memcmp(p->first.session, session, 32))
+			return p;
+	return NULL;
+}
+
+/* Under the lock: drop a session, its connections closed. */
+static void pending_drop(struct pending *p)
+{
+	mig_session_free(&p->first.s); /* own_fd: closes them */
+	OPENSSL_cleanse(&p->first, sizeof(p->first));
+	p->used = false;
+}
+
+/* Under the lock: a proven first connection (or a plain stream) filed; the session owns fd from now. */
+static int pending_open(struct mig_gate *gate, struct slot *sl, struct mig_greeting *g, char *err, size_t len)
+{
+	struct pending *p, *old = NULL;
+
+	for (p = gate->pending; p < gate->pending + MIG_GATE_PENDING; p++) {
+		if (!p->used)
+			break;
+		if (p->n < p->conns && (!old || p->since_ms < old->since_ms))
+			old = p;
+	}
+	if (p == gate->pending + MIG_GATE_PENDING) {
+		if (!old) {
+			mig_greeting_free(g);
+			return mig_errf(err, len, -EBUSY, "%d streams complete already", MIG_GATE_PENDING);
+		}
+		log_line(gate, "session from %s dropped, %d others opening after it: its connections had not all joined",
+			 old->name, MIG_GATE_PENDING);
+		pending_drop(old);
+		p = old;
+	}
+	*p = (struct pending){ .used = true, .first = *g, .n = 1, .since_ms = now_ms() };
+	p->conns = g->hello.conns ? g->hello.conns : 1;
+	p->end_ms = p->since_ms + mig_session_join_ms(&gate->o);
+	p->joined[0] = true;
+	p->first.s.own_fd[0] = true;
+	snprintf(p->name, sizeof(p->name), "%s", sl->name);
+	OPENSSL_cleanse(g, sizeof(*g));
+	sl->fd = -1;
+	pthread_cond_broadcast(&gate->opened);
+	return 0;
+}
+
+/*
+ * A join: the session it names looked up (its first connection may still
+ * be filing it: a wait, within the handshake's budget), its proofs made
+ * on a copy without the lock, then, under it, adopted if the session is
+ * still there.
+ */
+static int join(struct mig_gate *gate, struct slot *sl, struct mig_greeting *g, char *err, size_t len)
+{
+	uint64_t end = sl->since_ms + (gate->o.handshake_ms ? gate->o.handshake_ms : MIG_HANDSHAKE_MS);
+	struct mig_greeting *first = calloc(1, sizeof(*first));
+	bool joined[MIG_MAX_CONNS];
+	struct pending *p;
+	int ret;
+
+	if (!first) {
+		mig_greeting_free(g);
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	}
+	pthread_mutex_lock(&gate->lock);
+	while (!(p = pending_find(gate, g->hello.session)) && !sl->cut && now_ms() < end) {
+		struct timespec ts;
+		uint64_t now = now_ms(), ms = now < end && end - now < 100 ? end - now : 100;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += (long)(ms * 1000000);
+		ts.tv_sec += ts.tv_nsec / 1000000000;
+		ts.tv_nsec %= 1000000000;
+		pthread_cond_timedwait(&gate->opened, &gate->lock, &ts);
+	}
+	if (p) {
+		first->hello = p->first.hello;
+		memcpy(first->session, p->first.session, 32);
+		memcpy(first->secret, p->first.secret, 32);
+		memcpy(joined, p->joined, sizeof(joined));
+	}
+	pthread_mutex_unlock(&gate->lock);
+	ret = mig_session_join(g, p ? first : NULL, joined, &gate->o, err, len);
+	OPENSSL_cleanse(first, sizeof(*first));
+	free(first);
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&gate->lock);
+	p = pending_find(gate, g->hello.session);
+	if (!p) {
+		mig_greeting_free(g);
+		ret = mig_errf(err, len, -ETIMEDOUT, "connection %u: its session was dropped meanwhile", g->hello.conn);
+	} else if ((ret = mig_session_adopt(&p->first, p->joined, g, err, len)) == 0) {
+		sl->fd = -1;
+		if (++p->n == p->conns)
+			wake(gate);
+	}
+	pthread_mutex_unlock(&gate->lock);
+	return ret;
+}
+
+/* ---- a slot: one connection's handshake ---- */
+
+static void *slot_run(void *arg)
+{
+	struct slot *sl = arg;
+	struct mig_gate *gate = sl->gate;
+	struct mig_greeting *g = calloc(1, sizeof(*g));
+	char err[384];
+	int ret;
+
+	if (!g)
+		ret = mig_errf(err, sizeof(err), -ENOMEM, "out of memory");
+	else
+		ret = mig_session_greet(sl->fd, &gate->o, MIG_GREET_CONNS | MIG_GREET_JOINS, g, err, sizeof(err));
+	if (ret == 0 && g->join) {
+		ret = join(gate, sl, g, err, sizeof(err));
+	} else if (ret == 0) {
+		pthread_mutex_lock(&gate->lock);
+		ret = pending_open(gate, sl, g, err, sizeof(err));
+		pthread_mutex_unlock(&gate->lock);
+	}
+	pthread_mutex_lock(&gate->lock);
+	if (g && g->wrong_proof && !sl->cut) {
+		struct peer *p = peer_find(gate, sl->peer, true);
+
+		p->wrong++;
+		p->last_ms = now_ms();
+	} else if (ret == 0 && gate->o.psk) {
+		struct peer *p = peer_find(gate, sl->peer, false);
+
+		if (p)
+			p->wrong = 0;
+	}
+	if (sl->fd >= 0) {
+		close(sl->fd);
+		sl->fd = -1;
+	}
+	sl->state = SLOT_DONE;
+	pthread_mutex_unlock(&gate->lock);
+	if (ret < 0)
+		log_line(gate, "from %s%s: %s", sl->name, sl->cut ? " (cut)" : "", err);
+	free(g);
+	wake(gate);
+	return NULL;
+}
+
+/* Under the lock: cut the oldest handshake in progress, unless one is being cut already. */
+static void cut_oldest(struct mig_gate *gate)
+{
+	struct slot *sl, *old = NULL;
+
+	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++) {
+		if (sl->state != SLOT_BUSY)
+			continue;
+		if (sl->cut)
+			return;
+		if (sl->fd >= 0 && (!old || sl->since_ms < old->since_ms))
+			old = sl;
+	}
+	if (old) {
+		old->cut = true;
+		shutdown(old->fd, SHUT_RDWR);
+		pthread_cond_broadcast(&gate->opened);
+	}
+}
+
+/* A connection accepted: turned away if its address must wait, else a slot of its own. */
+static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct sockaddr *sa)
+{
+	pthread_attr_t attr;
+	char why[160];
+	uint64_t wait;
+	int ret;
+
+	*sl = (struct slot){ .gate = gate, .fd = fd, .since_ms = now_ms() };
+	peer_key(sa, sl->peer);
+	peer_name(sa, sl->name, sizeof(sl->name));
+	pthread_mutex_lock(&gate->lock);
+	wait = peer_wait(gate, sl->peer);
+	pthread_mutex_unlock(&gate->lock);
+	if (wait) {
+		snprintf(why, sizeof(why), "too many wrong proofs of the key from this address: try again in %" PRIu64 " ms",
+			 wait);
+		mig_session_turn_away(fd, why);
+		close(fd);
+		log_line(gate, "from %s: turned away, %s", sl->name, why);
+		return 0;
+	}
+	pthread_attr_init(&attr);
+	pthread_attr_setstacksize(&attr, 256 << 10);
+	sl->state = SLOT_BUSY;
+	ret = -pthread_create(&sl->thread, &attr, slot_run, sl);
+	pthread_attr_destroy(&attr);
+	if (ret < 0) {
+		sl->state = SLOT_FREE;
+		mig_session_turn_away(fd, "the destination cannot take a connection now");
+		close(fd);
+		log_line(gate, "from %s: turned away, no thread for it: %s", sl->name, strerror(-ret));
+	}
+	return 0;
+}
+
+/* ---- the gate ---- */
+
+int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **ret_gate)
+{
+	struct mig_gate *gate = calloc(1, sizeof(*gate));
+	int fl;
+
+	if (!gate)
+		return -ENOMEM;
+	gate->lfd = lfd;
+	gate->o = *o;
+	gate->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (gate->efd < 0) {
+		int ret = -errno;
+
+		free(gate);
+		return ret;
+	}
+	pthread_mutex_init(&gate->lock, NULL);
+	pthread_cond_init(&gate->opened, NULL);
+	fl = fcntl(lfd, F_GETFL);
+	if (fl >= 0)
+		fcntl(lfd, F_SETFL, fl | O_NONBLOCK);
+	listen(lfd, MIG_GATE_BACKLOG); /* a listening socket's backlog may be raised so */
+	*ret_gate = gate;
+	return 0;
+}
+
+/* A slot's state, read under the lock (its thread sets DONE). */
+static enum slot_state state_of(struct mig_gate *gate, struct slot *sl)
+{
+	enum slot_state st;
+
+	pthread_mutex_lock(&gate->lock);
+	st = sl->state;
+	pthread_mutex_unlock(&gate->lock);
+	return st;
+}
+
+/* Join the threads of the slots that are done (without the lock: each has let go of it). */
+static void reap(struct mig_gate *gate)
+{
+	struct slot *sl;
+
+	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++)
+		if (state_of(gate, sl) == SLOT_DONE) {
+			pthread_join(sl->thread, NULL);
+			sl->state = SLOT_FREE;
+		}
+}
+
+/* Cut every handshake in progress, wait for them all; drop every session but keep (or NULL). */
+static void cut_all(struct mig_gate *gate, struct pending *keep)
+{
+	struct pending *p;
+	struct slot *sl;
+
+	pthread_mutex_lock(&gate->lock);
+	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++)
+		if (sl->state == SLOT_BUSY && !sl->cut) {
+			sl->cut = true;
+			if (sl->fd >= 0)
+				shutdown(sl->fd, SHUT_RDWR);
+		}
+	pthread_cond_broadcast(&gate->opened);
+	pthread_mutex_unlock(&gate->lock);
+	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++)
+		if (state_of(gate, sl) != SLOT_FREE) {
+			pthread_join(sl->thread, NULL);
+			sl->state = SLOT_FREE;
+		}
+	for (p = gate->pending; p < gate->pending + MIG_GATE_PENDING; p++)
+		if (p->used && p != keep) {
+			log_line(gate, "session from %s dropped: another stream was taken first", p->name);
+			pending_drop(p);
+		}
+}
+
+/* Under the lock: drop the sessions past their join deadline; the first complete one, or NULL. */
+static struct pending *sweep(struct mig_gate *gate, uint64_t *next_ms)
+{
+	struct pending *p, *done = NULL;
+	uint64_t now = now_ms();
+
+	*next_ms = 0;
+	for (p = gate->pending; p < gate->pending + MIG_GATE_PENDING; p++) {
+		if (!p->used)
+			continue;
+		if (p->n == p->conns) {
+			if (!done || p->since_ms < done->since_ms)
+				done = p;
+			continue;
+		}
+		if (now >= p->end_ms) {
+			log_line(gate, "session from %s dropped: %u of its %u connections joined within %" PRIu64 " ms",
+				 p->name, p->n, p->conns, mig_session_join_ms(&gate->o));
+			pending_drop(p);
+			continue;
+		}
+		if (!*next_ms || p->end_ms < *next_ms)
+			*next_ms = p->end_ms;
+	}
+	return done;
+}
+
+int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, size_t len)
+{
+	for (;;) {
+		struct pollfd pfd[2] = { { .fd = gate->efd, .events = POLLIN }, { .fd = gate->lfd, .events = POLLIN } };
+		struct sockaddr_storage ss;
+		socklen_t sl_len = sizeof(ss);
+		struct slot *free_slot = NULL, *sl;
+		struct pending *done;
+		uint64_t next_ms, v;
+		int fd, ret, timeout;
+
+		reap(gate);
+		pthread_mutex_lock(&gate->lock);
+		done = sweep(gate, &next_ms);
+		pthread_mutex_unlock(&gate->lock);
+		if (done) {
+			unsigned int i;
+
+			cut_all(gate, done);
+			*ret_s = done->first.s;
+			ret_s->conns = done->conns;
+			/* from now, the stream's own bound */
+			for (i = 0; i < ret_s->conns; i++)
+				mig_conn_set_deadline(ret_s->conn[i], gate->o.deadline_ms);
+			OPENSSL_cleanse(&done->first, sizeof(done->first));
+			done->used = false;
+			return 0;
+		}
+		for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS && !free_slot; sl++)
+			if (state_of(gate, sl) == SLOT_FREE)
+				free_slot = sl;
+		if (!free_slot) {
+			/* every slot taken: if someone waits, the oldest handshake gives way */
+			ret = poll(&pfd[1], 1, 0);
+			if (ret > 0) {
+				pthread_mutex_lock(&gate->lock);
+				cut_oldest(gate);
+				pthread_mutex_unlock(&gate->lock);
+			}
+		}
+		timeout = -1;
+		if (next_ms) {
+			uint64_t now = now_ms();
+
+			timeout = next_ms > now ? (int)(next_ms - now > INT32_MAX ? INT32_MAX : next_ms - now) : 0;
+		}
+		ret = poll(pfd, free_slot ? 2 : 1, timeout);
+		if (ret < 0 && errno != EINTR)
+			return mig_errf(err, len, -errno, "poll: %s", strerror(errno));
+		if (ret <= 0)
+			continue;
+		if (pfd[0].revents & POLLIN)
+			(void)!read(gate->efd, &v, sizeof(v));
+		if (!free_slot || !(pfd[1].revents & (POLLIN | POLLERR | POLLHUP)))
+			continue;
+		fd = accept4(gate->lfd, (struct sockaddr *)&ss, &sl_len, SOCK_CLOEXEC);
+		if (fd < 0) {
+			if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED || errno == EPROTO ||
+			    errno == ENETDOWN || errno == ENOPROTOOPT || errno == EHOSTDOWN || errno == ENONET ||
+			    errno == EHOSTUNREACH || errno == EOPNOTSUPP || errno == ENETUNREACH)
+				continue;
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				/* out of descriptors: the oldest handshake gives way, the peer waits in the backlog */
+				pthread_mutex_lock(&gate->lock);
+				cut_oldest(gate);
+				pthread_mutex_unlock(&gate->lock);
+				poll(pfd, 1, 100);
+				continue;
+			}
+			return mig_errf(err, len, -errno, "accept: %s", strerror(errno));
+		}
+		if (sl_len < sizeof(sa_family_t))
+			ss.ss_family = AF_UNIX;
+		start(gate, free_slot, fd, (struct sockaddr *)&ss);
+	}
+}
+
+void mig_gate_free(struct mig_gate *gate)
+{
+	if (!gate)
+		return;
+	cut_all(gate, NULL);
+	close(gate->efd);
+	pthread_cond_destroy(&gate->opened);
+	pthread_mutex_destroy(&gate->lock);
+	OPENSSL_cleanse(gate->peer, sizeof(gate->peer));
+	free(gate);
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_GATE_H
+#define KVMDIRTY_MIGRATE_GATE_H
+
+/*
+ * The gate: a destination's listener taking streams from whoever
+ * connects, strangers included, without any one of them stalling the
+ * rest.
+ *
+ * - Every accepted connection's handshake runs on a thread of its own, up
+ *   to MIG_GATE_SLOTS at once, each within one handshake's budget
+ *   (mig_session_opts.handshake_ms, a few seconds, whatever the peer
+ *   does).  With every slot taken and another connection waiting, the
+ *   oldest handshake still in progress is cut: a peer must outpace real
+ *   handshakes (a round trip each) to keep a real one out.
+ * - A session's first connection, proven, waits for its others to join:
+ *   all within mig_session_join_ms() (which --deadline also bounds), or
+ *   it is dropped, its connections closed.  A join is matched to its
+ *   session by the session's id and keyed by its secret; a connection
+ *   that joins nothing costs only its own slot.
+ * - Wrong proofs of the key are counted per peer address, the IP without
+ *   its port (a Unix socket's peers are one address): a proof that does
+ *   not hold, or the connection ended in place of a proof once the
+ *   destination's was sent, which is what a source of another key does;
+ *   never a wait that ran out, nor a cut.  After MIG_GATE_FREE_GUESSES, that address is turned away with a
+ *   refusal, unread, until a wait doubling with each further wrong proof
+ *   (MIG_GATE_WAIT_MS up to MIG_GATE_WAIT_MAX_MS) has passed since its
+ *   last one.  A right proof clears the count.  The table keeps
+ *   MIG_GATE_PEERS addresses, the least recent giving way.
+ * - mig_gate_take() returns the first stream that is complete (a plain
+ *   one where no key is required, or a session with all its connections
+ *   proven and joined); every other handshake in progress is cut then,
+ *   every session still joining dropped.  While the caller receives the
+ *   stream nothing is accepted: later connections wait in the listen
+ *   backlog (MIG_GATE_BACKLOG) for the next mig_gate_take().
+ *
+ * Each refused connection is logged, one line, through o->log.
+ */
+#include <stdint.h>
+#include <sys/socket.h>
+
+#include "session.h"
+
+#define MIG_GATE_SLOTS 64
+#define MIG_GATE_BACKLOG 128
+#define MIG_GATE_PENDING 8 /* sessions waiting for their joins, at once: the oldest gives way */
+#define MIG_GATE_FREE_GUESSES 3
+#define MIG_GATE_WAIT_MS 1000
+#define MIG_GATE_WAIT_MAX_MS 60000
+#define MIG_GATE_PEERS 256
+
+struct mig_gate;
+
+/*
+ * A gate over lfd (listening; made non-blocking, its backlog raised to
+ * MIG_GATE_BACKLOG; still the caller's to close after mig_gate_free()).
+ * o is copied; o->psk and o->log_ctx must outlive the gate.  0 or
+ * -ENOMEM.
+ */
+int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **ret_gate);
+
+/*
+ * Wait for the next complete stream: 0 with *ret_s (its connections the
+ * session's own, closed by mig_session_free(); each connection's
+ * deadline the stream's, o->deadline_ms from now), or -errno with one
+ * line in err when accepting itself fails (not a peer's doing).  Not to
+ * be called by two threads at once.
+ */
+int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, size_t len);
+
+/* Wrong proofs counted against a peer's address (sa: as accept(2) gives it) so far. */
+unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr *sa);
+
+void mig_gate_free(struct mig_gate *gate);
+
+#endif

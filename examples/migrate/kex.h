@@ -1,0 +1,30 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_KEX_H
+#define KVMDIRTY_MIGRATE_KEX_H
+
+/*
+ * The session's ephemeral key exchange: X25519 (RFC 7748) through
+ * OpenSSL's libcrypto.  Each side makes a key pair for one handshake,
+ * sends the public share in its hello, and derives the shared secret from
+ * the peer's share; the private key is wiped when the pair is freed, which
+ * the session does as soon as its keys exist: a recording of the session
+ * cannot be opened later with the pre-shared key alone.
+ */
+#include <stdint.h>
+
+#define MIG_KEX_SHARE 32
+
+struct mig_kex;
+
+/* A fresh key pair and its public share; 0 or -ENOMEM (-EIO: libcrypto refused). */
+int mig_kex_new(struct mig_kex **ret_k, uint8_t share[MIG_KEX_SHARE]);
+/*
+ * The shared secret with the peer's share: 0, or -EPROTO for a share that
+ * gives the all-zero secret (a low-order point: a peer that would make the
+ * exchange contribute nothing), -EIO where libcrypto refused.
+ */
+int mig_kex_derive(struct mig_kex *k, const uint8_t peer[MIG_KEX_SHARE], uint8_t secret[32]);
+/* The pair, its private key wiped. NULL is a no-op. */
+void mig_kex_free(struct mig_kex *k);
+
+#endif

@@ -1,0 +1,431 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The gate (examples/migrate/gate.h) without KVM: a listener in this
+ * process, real sources (mig_session_connect) and strangers on threads.
+ * Strangers trickling their hellos do not keep a real source out; a
+ * session whose joins never come is dropped at its join deadline
+ * (--deadline included) while a real source gets in; a full house of
+ * silent connections gives way to one more; wrong proofs are counted by
+ * address and then turned away, timeouts never counted, a right proof
+ * clearing the count.  Each test checks what the taken session carries,
+ * a record from the source that got in.
+ */
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+
+#include "gate.h"
+#include "session.h"
+#include "test-util.h"
+
+static char sock_path[108];
+static struct mig_psk key_a, key_b;
+
+static void setup(void)
+{
+	unsigned int i;
+
+	snprintf(sock_path, sizeof(sock_path), "/tmp/kvmdirty-gate-%d", getpid());
+	key_a.len = key_b.len = MIG_PSK_LEN;
+	for (i = 0; i < MIG_PSK_LEN; i++) {
+		key_a.key[i] = (uint8_t)(i * 7 + 1);
+		key_b.key[i] = (uint8_t)(i * 7 + 2);
+	}
+}
+
+static int listener(void)
+{
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", sock_path);
+	unlink(sock_path);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&un, sizeof(un)), 0);
+	ck_assert_int_eq(listen(fd, 4), 0);
+	return fd;
+}
+
+static int dial(void)
+{
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", sock_path);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&un, sizeof(un)), 0);
+	return fd;
+}
+
+static void sleep_ms(unsigned int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* ---- the destination: the gate's taker on a thread ---- */
+
+struct taker {
+	struct mig_gate *gate;
+	struct mig_session s;
+	int ret;
+	char err[256];
+	pthread_mutex_t lock;
+	char log[64][256];
+	unsigned int lines;
+};
+
+static void taker_log(void *ctx, const char *line)
+{
+	struct taker *t = ctx;
+
+	ck_assert_ptr_null(strchr(line, '\n'));
+	pthread_mutex_lock(&t->lock);
+	if (t->lines < 64)
+		snprintf(t->log[t->lines++], sizeof(t->log[0]), "%s", line);
+	pthread_mutex_unlock(&t->lock);
+}
+
+static bool logged(struct taker *t, const char *what)
+{
+	bool found = false;
+	unsigned int i;
+
+	pthread_mutex_lock(&t->lock);
+	for (i = 0; i < t->lines && !found; i++)
+		found = strstr(t->log[i], what) != NULL;
+	pthread_mutex_unlock(&t->lock);
+	return found;
+}
+
+static void *taker_run(void *p)
+{
+	struct taker *t = p;
+
+	t->ret = mig_gate_take(t->gate, &t->s, t->err, sizeof(t->err));
+	return NULL;
+}
+
+static void taker_start(struct taker *t, int lfd, struct mig_session_opts *o, pthread_t *th)
+{
+	pthread_mutex_init(&t->lock, NULL);
+	o->log = taker_log;
+	o->log_ctx = t;
+	ck_assert_ok(mig_gate_new(lfd, o, &t->gate));
+	ck_assert_int_eq(pthread_create(th, NULL, taker_run, t), 0);
+}
+
+/* What the taken session carries: conns records, each its connection's index plus tag. */
+static void taker_check(struct taker *t, pthread_t th, unsigned int conns, uint32_t tag)
+{
+	unsigned int i;
+	uint32_t v;
+
+	pthread_join(th, NULL);
+	ck_assert_msg(t->ret == 0, "take: %s", t->err);
+	ck_assert_uint_eq(t->s.conns, conns);
+	for (i = 0; i < conns; i++) {
+		ck_assert_int_eq(mig_chan_read(t->s.chan[i], &v, sizeof(v)), (int)sizeof(v));
+		ck_assert_uint_eq(v, tag + i);
+		ck_assert_int_eq(mig_chan_read(t->s.chan[i], &v, sizeof(v)), 0);
+	}
+	mig_session_free(&t->s);
+	mig_gate_free(t->gate); /* its log lines stay for the test to look at */
+}
+
+/* ---- a real source ---- */
+
+struct source {
+	struct mig_session_opts o;
+	uint32_t tag;
+	unsigned int delay_joins_ms; /* before each connection after the first */
+	int ret;
+	char err[256];
+};
+
+static int source_dial(void *ctx, char *err, size_t len)
+{
+	struct source *src = ctx;
+
+	sleep_ms(src->delay_joins_ms);
+	return dial();
+}
+
+static void *source_run(void *p)
+{
+	struct source *src = p;
+	struct mig_session s;
+	unsigned int i;
+	int fd = dial();
+
+	src->ret = mig_session_connect(fd, &src->o, source_dial, src, &s, src->err, sizeof(src->err));
+	if (src->ret < 0)
+		close(fd);
+	for (i = 0; src->ret == 0 && i < s.conns; i++) {
+		uint32_t v = src->tag + i;
+		struct iovec iov = { &v, sizeof(v) };
+
+		ck_assert_ok(mig_chan_writev(s.chan[i], &iov, 1));
+		ck_assert_ok(mig_chan_close_write(s.chan[i]));
+	}
+	if (src->ret == 0) {
+		s.own_fd[0] = true; /* dial()'s */
+		mig_session_free(&s);
+	}
+	return NULL;
+}
+
+/* ---- strangers ---- */
+
+struct strangers {
+	unsigned int n;
+	unsigned int every_ms; /* a byte of a hello every so often */
+	bool join;	       /* a whole join hello naming no session, then silence */
+	bool stop; /* __atomic */
+	pthread_t th;
+};
+
+static void *strangers_run(void *p)
+{
+	struct strangers *st = p;
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION,
+			       .flags = MIG_S_PSK | MIG_S_JOIN, .conns = 2, .conn = 1 };
+	int fd[128];
+	size_t sent[128] = { 0 };
+	unsigned int i;
+
+	ck_assert_uint_le(st->n, 128);
+	memset(h.session, 0x5a, sizeof(h.session));
+	for (i = 0; i < st->n; i++)
+		fd[i] = dial();
+	while (!__atomic_load_n(&st->stop, __ATOMIC_ACQUIRE)) {
+		for (i = 0; i < st->n; i++) {
+			if (st->join) {
+				/* a bogus join, again and again: each as soon as the last one is refused */
+				char buf[512];
+
+				if (sent[i] && recv(fd[i], buf, sizeof(buf), MSG_DONTWAIT) != 0)
+					continue;
+				close(fd[i]);
+				fd[i] = dial();
+				sent[i] = (size_t)send(fd[i], &h, sizeof(h), MSG_NOSIGNAL);
+				continue;
+			}
+			if (sent[i] < sizeof(h) &&
+			    send(fd[i], (const char *)&h + sent[i], 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1)
+				sent[i]++;
+		}
+		sleep_ms(st->every_ms);
+	}
+	for (i = 0; i < st->n; i++)
+		close(fd[i]);
+	return NULL;
+}
+
+static void strangers_start(struct strangers *st)
+{
+	ck_assert_int_eq(pthread_create(&st->th, NULL, strangers_run, st), 0);
+}
+
+static void strangers_stop(struct strangers *st)
+{
+	__atomic_store_n(&st->stop, true, __ATOMIC_RELEASE);
+	pthread_join(st->th, NULL);
+}
+
+/*
+ * Sixteen connections trickling a byte of a hello every 100 ms, each
+ * within its budget for a good while (the budget 3 s): a real source
+ * still gets in, its record through, while they are all still there.
+ * One connection at a time, the source would wait behind them all and
+ * fail its own budget.
+ */
+START_TEST(tricklers_do_not_stall)
+{
+	struct mig_session_opts o = { .psk = &key_a, .encrypt = true, .timeout_ms = 5000, .handshake_ms = 3000 };
+	struct strangers st = { .n = 16, .every_ms = 100 };
+	struct source src = { .o = { .psk = &key_a, .encrypt = true, .conns = 2, .timeout_ms = 5000,
+				     .handshake_ms = 3000 },
+			      .tag = 100 };
+	struct taker t = { 0 };
+	pthread_t th, sth;
+	int lfd = listener();
+
+	taker_start(&t, lfd, &o, &th);
+	strangers_start(&st);
+	sleep_ms(300); /* they are all in, trickling */
+	ck_assert_int_eq(pthread_create(&sth, NULL, source_run, &src), 0);
+	pthread_join(sth, NULL);
+	ck_assert_msg(src.ret == 0, "source: %s", src.err);
+	taker_check(&t, th, 2, 100);
+	strangers_stop(&st);
+	close(lfd);
+}
+END_TEST
+
+/*
+ * A session whose second connection comes too late: dropped at the join
+ * deadline, the stream's deadline where shorter (deadline_ms 1000, the
+ * budget 3 s); its source told so.  Meanwhile bogus joins keep coming and
+ * a second real source gets in and is taken.
+ */
+START_TEST(join_phase_bounded)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .handshake_ms = 3000, .deadline_ms = 1000 };
+	struct strangers st = { .n = 4, .every_ms = 50, .join = true };
+	struct source late = { .o = { .psk = &key_a, .conns = 2, .timeout_ms = 5000, .handshake_ms = 3000 },
+			       .tag = 200,
+			       .delay_joins_ms = 1800 };
+	struct source good = { .o = { .psk = &key_a, .conns = 3, .timeout_ms = 5000, .handshake_ms = 3000 },
+			       .tag = 300 };
+	struct taker t = { 0 };
+	pthread_t th, lth, gth;
+	int lfd = listener();
+
+	taker_start(&t, lfd, &o, &th);
+	strangers_start(&st);
+	ck_assert_int_eq(pthread_create(&lth, NULL, source_run, &late), 0);
+	sleep_ms(1300); /* the late one's session dropped at 1000 ms */
+	ck_assert_msg(logged(&t, "1 of its 2 connections joined within 1000 ms"), "no drop logged");
+	ck_assert_int_eq(pthread_create(&gth, NULL, source_run, &good), 0);
+	pthread_join(gth, NULL);
+	ck_assert_msg(good.ret == 0, "source: %s", good.err);
+	taker_check(&t, th, 3, 300);
+	pthread_join(lth, NULL);
+	ck_assert_int_lt(late.ret, 0);
+	strangers_stop(&st);
+	ck_assert_msg(logged(&t, "does not join a session open here"), "bogus joins not refused");
+	close(lfd);
+}
+END_TEST
+
+/*
+ * Every slot held by a connection that sends nothing (their budget a
+ * minute): one more connection, and the oldest gives way, so a real
+ * source gets in.
+ */
+START_TEST(full_house_gives_way)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 60000 };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 60000, .handshake_ms = 60000 },
+			      .tag = 400 };
+	struct taker t = { 0 };
+	int fd[MIG_GATE_SLOTS + 8];
+	pthread_t th, sth;
+	unsigned int i, cut = 0;
+	int lfd = listener();
+
+	taker_start(&t, lfd, &o, &th);
+	for (i = 0; i < MIG_GATE_SLOTS + 8; i++)
+		fd[i] = dial();
+	ck_assert_int_eq(pthread_create(&sth, NULL, source_run, &src), 0);
+	pthread_join(sth, NULL);
+	ck_assert_msg(src.ret == 0, "source: %s", src.err);
+	taker_check(&t, th, 1, 400);
+	/* the first ones were cut to make room: their sockets ended */
+	for (i = 0; i < MIG_GATE_SLOTS + 8; i++) {
+		struct pollfd p = { .fd = fd[i], .events = POLLIN };
+		char c;
+
+		if (poll(&p, 1, 0) == 1 && recv(fd[i], &c, 1, MSG_DONTWAIT) == 0)
+			cut++;
+		close(fd[i]);
+	}
+	ck_assert_uint_ge(cut, 8);
+	close(lfd);
+}
+END_TEST
+
+/* A source with key, to completion or refusal, on this thread. */
+static int try_key(const struct mig_psk *key, char *err, size_t len)
+{
+	struct source src = { .o = { .psk = key, .conns = 1, .timeout_ms = 5000 }, .tag = 500 };
+
+	source_run(&src);
+	snprintf(err, len, "%s", src.err);
+	return src.ret;
+}
+
+/* Wait for the gate's count of wrong proofs from the (Unix) peers to reach n: its slot files it. */
+static void wait_count(struct mig_gate *gate, unsigned int n)
+{
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	unsigned int i;
+
+	for (i = 0; i < 1000 && mig_gate_wrong_proofs(gate, (struct sockaddr *)&un) != n; i++)
+		sleep_ms(10);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(gate, (struct sockaddr *)&un), n);
+}
+
+/*
+ * Wrong proofs: three are answered as such, counted against the address;
+ * the fourth connection is turned away unread; a hello left unfinished
+ * (a timeout) is not counted; once the wait is over a right proof gets in
+ * and clears the count.
+ */
+START_TEST(wrong_proofs_slowed_down)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .handshake_ms = 300 };
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC };
+	struct taker t = { 0 };
+	char err[256];
+	pthread_t th;
+	unsigned int i;
+	int lfd = listener(), fd;
+
+	taker_start(&t, lfd, &o, &th);
+	for (i = 0; i < MIG_GATE_FREE_GUESSES; i++) {
+		ck_assert_errno(try_key(&key_b, err, sizeof(err)), EACCES);
+		ck_assert_msg(strstr(err, "does not prove that it holds the key"), "%s", err);
+		wait_count(t.gate, i + 1);
+	}
+	/* the next one, right key or not, is turned away with the reason */
+	ck_assert_int_lt(try_key(&key_a, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "too many wrong proofs of the key from this address"), "%s", err);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&un), MIG_GATE_FREE_GUESSES);
+	sleep_ms(MIG_GATE_WAIT_MS + 200);
+	/* a hello cut off at its budget counts for nothing */
+	fd = dial();
+	ck_assert_int_eq(write(fd, &h, 8), 8);
+	ck_assert_int_ge(read(fd, err, sizeof(err)), 0);
+	close(fd);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&un), MIG_GATE_FREE_GUESSES);
+	/* the right key, once the wait is over: in, and the count cleared */
+	{
+		struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000 }, .tag = 600 };
+
+		source_run(&src);
+		ck_assert_msg(src.ret == 0, "source: %s", src.err);
+	}
+	pthread_join(th, NULL);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&un), 0);
+	t.ret == 0 ? (void)0 : ck_abort_msg("take: %s", t.err);
+	{
+		uint32_t v;
+
+		ck_assert_int_eq(mig_chan_read(t.s.chan[0], &v, sizeof(v)), (int)sizeof(v));
+		ck_assert_uint_eq(v, 600);
+	}
+	mig_session_free(&t.s);
+	mig_gate_free(t.gate);
+	close(lfd);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("gate");
+	TCase *tc = tcase_create("gate");
+
+	tcase_add_checked_fixture(tc, setup, NULL);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, tricklers_do_not_stall);
+	tcase_add_test(tc, join_phase_bounded);
+	tcase_add_test(tc, full_house_gives_way);
+	tcase_add_test(tc, wrong_proofs_slowed_down);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
