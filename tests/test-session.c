@@ -6,7 +6,8 @@
  * destination does not have, a session without the encryption the
  * destination requires, a recorded session played again, a destination
  * of another name and a version 1 hello; a fake destination learning
- * nothing to guess the key with; a recording opened with the key yielding
+ * nothing to guess the key with; a destination trickling its hello cut
+ * within the source's bound; a recording opened with the key yielding
  * nothing; connections that do not join the session refused while the
  * real ones join; and sealed records changed,
  * dropped, reordered, replayed, moved to another connection or cut off,
@@ -324,6 +325,48 @@ START_TEST(fake_destination_gets_nothing)
 	/* and nothing after the hello: no proof of the source's, no byte */
 	k = read(sv[1], more, sizeof(more));
 	ck_assert_msg(k == 0, "the source sent %zd bytes more", k);
+	close(sv[0]);
+	close(sv[1]);
+}
+END_TEST
+
+/*
+ * A destination trickling its hello, a byte each 50 ms (each byte well
+ * within the source's -T of 5000 ms): the source's handshake is bounded as
+ * a whole (twice handshake_ms, 2 x 300 ms here), so it gives up with
+ * -ETIMEDOUT long before the hello's 192 bytes are in, and sends nothing
+ * after its own hello.  Without the whole bound it waited for every byte.
+ */
+START_TEST(trickling_destination_bounded)
+{
+	struct side src = { .o = { .psk = &key_a, .timeout_ms = 5000, .handshake_ms = 300 } };
+	struct mig_hello theirs, fake = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION,
+					  .flags = MIG_S_PSK, .conns = 1 };
+	const uint8_t *b = (const uint8_t *)&fake;
+	uint8_t more[64];
+	size_t sent = 0;
+	pthread_t ts;
+	int sv[2];
+	ssize_t k;
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	src.fd = sv[0];
+	ck_assert_int_eq(pthread_create(&ts, NULL, source_run, &src), 0);
+	ck_assert_int_eq(read(sv[1], &theirs, sizeof(theirs)), (ssize_t)sizeof(theirs));
+	memcpy(fake.name, theirs.name, sizeof(fake.name));
+	memset(fake.share, 9, sizeof(fake.share));
+	/* a byte at a time until the source hangs up (its shutdown ends our sends) */
+	while (sent < sizeof(fake) && send(sv[1], b + sent, 1, MSG_NOSIGNAL) == 1) {
+		sent++;
+		usleep(50 * 1000);
+		if (recv(sv[1], more, sizeof(more), MSG_DONTWAIT) == 0)
+			break;
+	}
+	pthread_join(ts, NULL);
+	ck_assert_msg(src.ret == -ETIMEDOUT, "%d %s", src.ret, src.err);
+	ck_assert_msg(sent < sizeof(fake), "the source waited for all %zu bytes of a trickled hello", sent);
+	k = read(sv[1], more, sizeof(more));
+	ck_assert_msg(k <= 0, "the source sent %zd bytes after its hello", k);
 	close(sv[0]);
 	close(sv[1]);
 }
@@ -767,6 +810,7 @@ int main(void)
 	tcase_add_test(tc, plain_stream_refused_with_a_key);
 	tcase_add_test(tc, replayed_session_refused);
 	tcase_add_test(tc, fake_destination_gets_nothing);
+	tcase_add_test(tc, trickling_destination_bounded);
 	tcase_add_test(tc, names_bind_the_destination);
 	tcase_add_test(tc, version_1_refused);
 	tcase_add_test(tc, recording_and_key_open_nothing);
