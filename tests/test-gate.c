@@ -5,15 +5,23 @@
  * Strangers trickling their hellos do not keep a real source out; a
  * session whose joins never come is dropped at its join deadline
  * (--deadline included) while a real source gets in; a full house of
- * silent connections gives way to one more; wrong proofs are counted by
- * address and then turned away, timeouts never counted, a right proof
- * clearing the count.  Each test checks what the taken session carries,
- * a record from the source that got in.
+ * silent connections gives way to one more, also one that comes once the
+ * house is full and quiet; a peer opening connections as fast as it can
+ * cuts its own handshakes, not a real source's; wrong proofs are counted
+ * by peer and then turned away, a source of another key, one that gave
+ * up and a timeout never counted, a right proof clearing the count; and
+ * one local user's wrong proofs never hold back another's source.  Each
+ * test checks what the taken session carries, a record from the source
+ * that got in.
  */
 #include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/wait.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 
@@ -140,6 +148,7 @@ static void taker_check(struct taker *t, pthread_t th, unsigned int conns, uint3
 struct source {
 	struct mig_session_opts o;
 	uint32_t tag;
+	int fd; /* dialled already (else 0: dial() it) */
 	unsigned int delay_joins_ms; /* before each connection after the first */
 	int ret;
 	char err[256];
@@ -158,7 +167,7 @@ static void *source_run(void *p)
 	struct source *src = p;
 	struct mig_session s;
 	unsigned int i;
-	int fd = dial();
+	int fd = src->fd > 0 ? src->fd : dial();
 
 	src->ret = mig_session_connect(fd, &src->o, source_dial, src, &s, src->err, sizeof(src->err));
 	if (src->ret < 0)
@@ -338,37 +347,212 @@ START_TEST(full_house_gives_way)
 }
 END_TEST
 
+/*
+ * Every slot taken by a silent connection, the house quiet (no one else
+ * waiting when it filled): a real source that comes later still makes a
+ * handshake give way, well within its -T of 2 s (the destination's budget
+ * a minute).  A gate that looked at the listener only when the house
+ * filled would leave it in the backlog until its -T ran out.
+ */
+START_TEST(late_arrival_cuts_when_full)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 60000 };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 2000, .handshake_ms = 60000 },
+			      .tag = 450 };
+	struct taker t = { 0 };
+	int fd[MIG_GATE_SLOTS];
+	pthread_t th, sth;
+	unsigned int i;
+	int lfd = listener();
+
+	taker_start(&t, lfd, &o, &th);
+	for (i = 0; i < MIG_GATE_SLOTS; i++)
+		fd[i] = dial();
+	sleep_ms(500); /* all taken in, the taker back to waiting */
+	ck_assert_int_eq(pthread_create(&sth, NULL, source_run, &src), 0);
+	pthread_join(sth, NULL);
+	ck_assert_msg(src.ret == 0, "source: %s", src.err);
+	taker_check(&t, th, 1, 450);
+	for (i = 0; i < MIG_GATE_SLOTS; i++)
+		close(fd[i]);
+	close(lfd);
+}
+END_TEST
+
+/* A TCP listener on 127.0.0.1 (its port in *port), and a connection to it from the address from. */
+static int tcp_listener(uint16_t *port)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t l = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(listen(fd, 4), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sin, &l), 0);
+	*port = ntohs(sin.sin_port);
+	return fd;
+}
+
+static int tcp_dial(const char *from, uint16_t port)
+{
+	struct sockaddr_in me = { .sin_family = AF_INET }, to = { .sin_family = AF_INET, .sin_port = htons(port),
+								   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_eq(inet_pton(AF_INET, from, &me.sin_addr), 1);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0);
+	return fd;
+}
+
+/* One peer (127.0.0.2) keeping n connections open, each dialled again as soon as it is cut. */
+struct churn {
+	uint16_t port;
+	unsigned int n, dials;
+	bool stop; /* __atomic */
+	pthread_t th;
+};
+
+static void *churn_run(void *p)
+{
+	struct churn *c = p;
+	int fd[128];
+	unsigned int i;
+
+	for (i = 0; i < c->n; i++)
+		fd[i] = tcp_dial("127.0.0.2", c->port);
+	c->dials = c->n;
+	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
+		for (i = 0; i < c->n; i++) {
+			char b;
+
+			if (recv(fd[i], &b, 1, MSG_DONTWAIT) != 0)
+				continue;
+			close(fd[i]);
+			fd[i] = tcp_dial("127.0.0.2", c->port);
+			c->dials++;
+		}
+		sleep_ms(1);
+	}
+	for (i = 0; i < c->n; i++)
+		close(fd[i]);
+	return NULL;
+}
+
+/*
+ * A real source connects first, from 127.0.0.1, and sends its hello only
+ * half a second later; meanwhile one other peer, 127.0.0.2, keeps more
+ * connections open than there are slots, dialling again each one cut.
+ * The source's is the oldest handshake all along, but the cuts fall on
+ * the peer that holds the most slots: the source gets in.  Cutting the
+ * oldest whoever holds it, the source's would be the first to go.
+ */
+START_TEST(one_peer_cuts_its_own)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 60000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 470 };
+	struct churn c = { .n = MIG_GATE_SLOTS + 16 };
+	struct taker t = { 0 };
+	pthread_t th;
+	int lfd = tcp_listener(&c.port);
+
+	taker_start(&t, lfd, &o, &th);
+	src.fd = tcp_dial("127.0.0.1", c.port);
+	sleep_ms(100); /* taken in: the oldest slot */
+	ck_assert_int_eq(pthread_create(&c.th, NULL, churn_run, &c), 0);
+	sleep_ms(500);
+	source_run(&src);
+	__atomic_store_n(&c.stop, true, __ATOMIC_RELEASE);
+	pthread_join(c.th, NULL);
+	ck_assert_msg(src.ret == 0, "source (the other peer dialled %u times): %s", c.dials, src.err);
+	ck_assert_uint_gt(c.dials, c.n); /* it was cut, and dialled again */
+	taker_check(&t, th, 1, 470);
+	close(lfd);
+}
+END_TEST
+
 /* A source with key, to completion or refusal, on this thread. */
 static int try_key(const struct mig_psk *key, char *err, size_t len)
 {
-	struct source src = { .o = { .psk = key, .conns = 1, .timeout_ms = 5000 }, .tag = 500 };
+	struct source src = { .o = { .psk = key, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 500 };
 
 	source_run(&src);
 	snprintf(err, len, "%s", src.err);
 	return src.ret;
 }
 
-/* Wait for the gate's count of wrong proofs from the (Unix) peers to reach n: its slot files it. */
-static void wait_count(struct mig_gate *gate, unsigned int n)
+/*
+ * A guess of the key: a hello (a share of its own, the right name), the
+ * destination's hello and proof read, 32 bytes of guess sent, the answer
+ * read to the end.  proof false: it hangs up in place of a proof (what a
+ * source of another key does).  Raw syscalls only (it also runs in a child
+ * of another user).  The answer's status, or 1 where none came.
+ */
+static int guess(bool proof)
+{
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION, .flags = MIG_S_PSK,
+			       .conns = 1, .name = "gate" };
+	uint8_t back[sizeof(struct mig_hello) + MIG_PROOF], junk[MIG_PROOF];
+	struct mig_ack ack = { 0 };
+	size_t got = 0;
+	ssize_t k;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	memset(h.share, 9, sizeof(h.share));
+	memset(h.nonce, 3, sizeof(h.nonce));
+	memset(junk, 0x5a, sizeof(junk));
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", sock_path);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&un, sizeof(un)))
+		return 2;
+	/* a peer turned away may find the connection closed already: its refusal is there to read all the same */
+	(void)!send(fd, &h, sizeof(h), MSG_NOSIGNAL);
+	while (got < sizeof(back) && (k = read(fd, back + got, sizeof(back) - got)) > 0)
+		got += (size_t)k;
+	if (got >= sizeof(struct mig_hello) && ((struct mig_hello *)back)->flags & MIG_S_REFUSED) {
+		close(fd);
+		return 3; /* turned away */
+	}
+	if (got < sizeof(back)) {
+		close(fd);
+		return 2;
+	}
+	if (!proof) {
+		close(fd);
+		return 1;
+	}
+	if (send(fd, junk, sizeof(junk), MSG_NOSIGNAL) != (ssize_t)sizeof(junk))
+		return 2;
+	got = 0;
+	while (got < sizeof(ack) && (k = read(fd, (char *)&ack + got, sizeof(ack) - got)) > 0)
+		got += (size_t)k;
+	close(fd);
+	return got == sizeof(ack) ? ack.status : 1;
+}
+
+/* Wait for the gate's count of wrong proofs from the Unix peers of user uid to reach n: its slot files it. */
+static void wait_count(struct mig_gate *gate, uid_t uid, unsigned int n)
 {
 	struct sockaddr_un un = { .sun_family = AF_UNIX };
 	unsigned int i;
 
-	for (i = 0; i < 1000 && mig_gate_wrong_proofs(gate, (struct sockaddr *)&un) != n; i++)
+	for (i = 0; i < 1000 && mig_gate_wrong_proofs(gate, (struct sockaddr *)&un, uid) != n; i++)
 		sleep_ms(10);
-	ck_assert_uint_eq(mig_gate_wrong_proofs(gate, (struct sockaddr *)&un), n);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(gate, (struct sockaddr *)&un, uid), n);
 }
 
 /*
- * Wrong proofs: three are answered as such, counted against the address;
- * the fourth connection is turned away unread; a hello left unfinished
- * (a timeout) is not counted; once the wait is over a right proof gets in
- * and clears the count.
+ * Wrong proofs: a source of another key (it stops at the destination's
+ * proof) and a peer that hangs up in place of a proof test no guess and
+ * are not counted, nor a hello left unfinished (a timeout); three proofs
+ * that do not hold are answered as such and counted; the next connection
+ * is turned away unread; once the wait is over a right proof gets in and
+ * clears the count.
  */
 START_TEST(wrong_proofs_slowed_down)
 {
-	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .handshake_ms = 300 };
-	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .handshake_ms = 300, .name = "gate" };
+	uid_t me = geteuid();
 	struct mig_hello h = { .magic = MIG_SESSION_MAGIC };
 	struct taker t = { 0 };
 	char err[256];
@@ -377,31 +561,37 @@ START_TEST(wrong_proofs_slowed_down)
 	int lfd = listener(), fd;
 
 	taker_start(&t, lfd, &o, &th);
-	for (i = 0; i < MIG_GATE_FREE_GUESSES; i++) {
+	for (i = 0; i < MIG_GATE_FREE_GUESSES + 1; i++) {
 		ck_assert_errno(try_key(&key_b, err, sizeof(err)), EACCES);
 		ck_assert_msg(strstr(err, "does not prove that it holds the key"), "%s", err);
-		wait_count(t.gate, i + 1);
+		ck_assert_int_eq(guess(false), 1);
 	}
-	/* the next one, right key or not, is turned away with the reason */
-	ck_assert_int_lt(try_key(&key_a, err, sizeof(err)), 0);
-	ck_assert_msg(strstr(err, "too many wrong proofs of the key from this address"), "%s", err);
-	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&un), MIG_GATE_FREE_GUESSES);
-	sleep_ms(MIG_GATE_WAIT_MS + 200);
-	/* a hello cut off at its budget counts for nothing */
+	/* a hello cut off at its budget counts for nothing either */
 	fd = dial();
 	ck_assert_int_eq(write(fd, &h, 8), 8);
 	ck_assert_int_ge(read(fd, err, sizeof(err)), 0);
 	close(fd);
-	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&un), MIG_GATE_FREE_GUESSES);
+	sleep_ms(100);
+	wait_count(t.gate, me, 0);
+	for (i = 0; i < MIG_GATE_FREE_GUESSES; i++) {
+		ck_assert_int_eq(guess(true), -EACCES);
+		wait_count(t.gate, me, i + 1);
+	}
+	/* the next one, right key or not, is turned away with the reason */
+	ck_assert_int_lt(try_key(&key_a, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "too many wrong proofs of the key from this address"), "%s", err);
+	ck_assert_int_eq(guess(true), 3);
+	wait_count(t.gate, me, MIG_GATE_FREE_GUESSES);
+	sleep_ms(MIG_GATE_WAIT_MS + 200);
 	/* the right key, once the wait is over: in, and the count cleared */
 	{
-		struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000 }, .tag = 600 };
+		struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 600 };
 
 		source_run(&src);
 		ck_assert_msg(src.ret == 0, "source: %s", src.err);
 	}
 	pthread_join(th, NULL);
-	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&un), 0);
+	wait_count(t.gate, me, 0);
 	t.ret == 0 ? (void)0 : ck_abort_msg("take: %s", t.err);
 	{
 		uint32_t v;
@@ -411,6 +601,67 @@ START_TEST(wrong_proofs_slowed_down)
 	}
 	mig_session_free(&t.s);
 	mig_gate_free(t.gate);
+	close(lfd);
+}
+END_TEST
+
+/* n guesses of the key in a child, as user nobody (65534): 0 when each came out as want. */
+static int as_nobody(unsigned int n, int want)
+{
+	pid_t pid = fork();
+	int st;
+
+	if (pid == 0) {
+		unsigned int i;
+
+		if (setgid(65534) || setuid(65534))
+			_exit(10);
+		for (i = 0; i < n; i++)
+			if (guess(true) != want)
+				_exit(11 + (int)i);
+		_exit(0);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 100;
+}
+
+/*
+ * Another local user (nobody, 65534) sends wrong proofs until it is
+ * turned away: this user's source, of the right key, still gets in at
+ * once, its count untouched.  Were a Unix socket's peers all one, it
+ * would be turned away for a minute.  Needs root (to be another user);
+ * else it says so and checks nothing.
+ */
+START_TEST(other_user_cannot_hold_back)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .handshake_ms = 1000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 700 };
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	struct taker t = { 0 };
+	unsigned int i;
+	pthread_t th;
+	int lfd;
+
+	if (geteuid() != 0) {
+		fprintf(stderr, "other_user_cannot_hold_back: not root, cannot be another user: not run\n");
+		return;
+	}
+	lfd = listener();
+	ck_assert_int_eq(chmod(sock_path, 0777), 0);
+	taker_start(&t, lfd, &o, &th);
+	/* three guesses as nobody, counted (against whoever they are counted against) */
+	ck_assert_int_eq(as_nobody(MIG_GATE_FREE_GUESSES, -EACCES), 0);
+	for (i = 0; i < 1000 && mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&un, 65534) +
+					    mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&un, 0) <
+				    MIG_GATE_FREE_GUESSES;
+	     i++)
+		sleep_ms(10);
+	/* a fourth guess as nobody is turned away; this user's source gets in */
+	ck_assert_int_eq(as_nobody(1, 3), 0);
+	source_run(&src);
+	ck_assert_msg(src.ret == 0, "source: %s", src.err);
+	wait_count(t.gate, 65534, MIG_GATE_FREE_GUESSES);
+	taker_check(&t, th, 1, 700);
 	close(lfd);
 }
 END_TEST
@@ -425,7 +676,10 @@ int main(void)
 	tcase_add_test(tc, tricklers_do_not_stall);
 	tcase_add_test(tc, join_phase_bounded);
 	tcase_add_test(tc, full_house_gives_way);
+	tcase_add_test(tc, late_arrival_cuts_when_full);
+	tcase_add_test(tc, one_peer_cuts_its_own);
 	tcase_add_test(tc, wrong_proofs_slowed_down);
+	tcase_add_test(tc, other_user_cannot_hold_back);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

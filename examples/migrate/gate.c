@@ -107,15 +107,42 @@ static void log_line(struct mig_gate *gate, const char *fmt, ...)
 
 /* ---- wrong proofs, by address ---- */
 
-/* An address without its port: the key wrong proofs are counted under. */
-static void peer_key(const struct sockaddr *sa, uint8_t key[PEER_KEY])
+/*
+ * Who a peer is, for the wrong proofs it is counted and the slots it
+ * holds: an IPv4 address without its port; an IPv6 one by its /64 (one
+ * host or site can take a whole /64, so a finer key would be no bound);
+ * an IPv4-mapped IPv6 address as the IPv4 one it maps (a dual-stack
+ * listener's IPv4 peers are each their own, not all one /64); a Unix
+ * socket's peer by its user (uid, from SO_PEERCRED), so that one local
+ * user cannot have another's source counted or cut.
+ */
+static void peer_key(const struct sockaddr *sa, uid_t uid, uint8_t key[PEER_KEY])
 {
 	memset(key, 0, PEER_KEY);
 	key[0] = (uint8_t)sa->sa_family;
-	if (sa->sa_family == AF_INET)
+	if (sa->sa_family == AF_INET) {
 		memcpy(key + 1, &((const struct sockaddr_in *)sa)->sin_addr, 4);
-	else if (sa->sa_family == AF_INET6)
-		memcpy(key + 1, &((const struct sockaddr_in6 *)sa)->sin6_addr, 16);
+	} else if (sa->sa_family == AF_INET6) {
+		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+
+		if (IN6_IS_ADDR_V4MAPPED(a)) {
+			key[0] = AF_INET;
+			memcpy(key + 1, a->s6_addr + 12, 4);
+		} else {
+			memcpy(key + 1, a->s6_addr, 8);
+		}
+	} else {
+		memcpy(key + 1, &uid, sizeof(uid));
+	}
+}
+
+/* A Unix socket's peer's user; 0 (root) where the kernel does not say. */
+static uid_t peer_uid(int fd)
+{
+	struct ucred cr;
+	socklen_t l = sizeof(cr);
+
+	return getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &l) == 0 ? cr.uid : 0;
 }
 
 static void peer_name(const struct sockaddr *sa, char *buf, size_t len)
@@ -171,13 +198,13 @@ static uint64_t peer_wait(struct mig_gate *gate, const uint8_t key[PEER_KEY])
 	return p->last_ms + wait > now ? p->last_ms + wait - now : 0;
 }
 
-unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr *sa)
+unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr *sa, uid_t uid)
 {
 	uint8_t key[PEER_KEY];
 	struct peer *p;
 	unsigned int n;
 
-	peer_key(sa, key);
+	peer_key(sa, uid, key);
 	pthread_mutex_lock(&gate->lock);
 	p = peer_find(gate, key, false);
 	n = p ? p->wrong : 0;
@@ -340,18 +367,50 @@ static void *slot_run(void *arg)
 	return NULL;
 }
 
-/* Under the lock: cut the oldest handshake in progress, unless one is being cut already. */
+/* Under the lock: whether a cut handshake has still to end. */
+static bool cutting(struct mig_gate *gate)
+{
+	struct slot *sl;
+
+	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++)
+		if (sl->state == SLOT_BUSY && sl->cut)
+			return true;
+	return false;
+}
+
+/* Under the lock: the handshakes in progress from sl's address. */
+static unsigned int slots_of(struct mig_gate *gate, const struct slot *sl)
+{
+	const struct slot *o;
+	unsigned int n = 0;
+
+	for (o = gate->slot; o < gate->slot + MIG_GATE_SLOTS; o++)
+		if (o->state == SLOT_BUSY && o->fd >= 0 && !memcmp(o->peer, sl->peer, PEER_KEY))
+			n++;
+	return n;
+}
+
+/*
+ * Under the lock: cut a handshake in progress, unless one is being cut
+ * already: the oldest of the address that holds the most slots, so that
+ * one address opening connections as fast as it can cuts its own, never
+ * everyone else's.
+ */
 static void cut_oldest(struct mig_gate *gate)
 {
 	struct slot *sl, *old = NULL;
+	unsigned int most = 0, n;
 
+	if (cutting(gate))
+		return;
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++) {
-		if (sl->state != SLOT_BUSY)
+		if (sl->state != SLOT_BUSY || sl->fd < 0)
 			continue;
-		if (sl->cut)
-			return;
-		if (sl->fd >= 0 && (!old || sl->since_ms < old->since_ms))
+		n = slots_of(gate, sl);
+		if (!old || n > most || (n == most && sl->since_ms < old->since_ms)) {
 			old = sl;
+			most = n;
+		}
 	}
 	if (old) {
 		old->cut = true;
@@ -369,7 +428,7 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 	int ret;
 
 	*sl = (struct slot){ .gate = gate, .fd = fd, .since_ms = now_ms() };
-	peer_key(sa, sl->peer);
+	peer_key(sa, sa->sa_family == AF_UNIX ? peer_uid(fd) : 0, sl->peer);
 	peer_name(sa, sl->name, sizeof(sl->name));
 	pthread_mutex_lock(&gate->lock);
 	wait = peer_wait(gate, sl->peer);
@@ -510,7 +569,7 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 		struct slot *free_slot = NULL, *sl;
 		struct pending *done;
 		uint64_t next_ms, v;
-		int fd, ret, timeout;
+		int fd, ret, timeout, nfds;
 
 		reap(gate);
 		pthread_mutex_lock(&gate->lock);
@@ -532,14 +591,17 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 		for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS && !free_slot; sl++)
 			if (state_of(gate, sl) == SLOT_FREE)
 				free_slot = sl;
+		/*
+		 * Every slot taken: the listener is watched all the same (a
+		 * connection arriving later must cut a handshake too), unless
+		 * a cut is still ending (its slot is free in a moment).
+		 */
 		if (!free_slot) {
-			/* every slot taken: if someone waits, the oldest handshake gives way */
-			ret = poll(&pfd[1], 1, 0);
-			if (ret > 0) {
-				pthread_mutex_lock(&gate->lock);
-				cut_oldest(gate);
-				pthread_mutex_unlock(&gate->lock);
-			}
+			pthread_mutex_lock(&gate->lock);
+			nfds = cutting(gate) ? 1 : 2;
+			pthread_mutex_unlock(&gate->lock);
+		} else {
+			nfds = 2;
 		}
 		timeout = -1;
 		if (next_ms) {
@@ -547,15 +609,22 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 
 			timeout = next_ms > now ? (int)(next_ms - now > INT32_MAX ? INT32_MAX : next_ms - now) : 0;
 		}
-		ret = poll(pfd, free_slot ? 2 : 1, timeout);
+		ret = poll(pfd, nfds, timeout);
 		if (ret < 0 && errno != EINTR)
 			return mig_errf(err, len, -errno, "poll: %s", strerror(errno));
 		if (ret <= 0)
 			continue;
 		if (pfd[0].revents & POLLIN)
 			(void)!read(gate->efd, &v, sizeof(v));
-		if (!free_slot || !(pfd[1].revents & (POLLIN | POLLERR | POLLHUP)))
+		if (nfds < 2 || !(pfd[1].revents & (POLLIN | POLLERR | POLLHUP)))
 			continue;
+		if (!free_slot) {
+			/* someone waits: a handshake gives way */
+			pthread_mutex_lock(&gate->lock);
+			cut_oldest(gate);
+			pthread_mutex_unlock(&gate->lock);
+			continue;
+		}
 		fd = accept4(gate->lfd, (struct sockaddr *)&ss, &sl_len, SOCK_CLOEXEC);
 		if (fd < 0) {
 			if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED || errno == EPROTO ||

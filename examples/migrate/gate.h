@@ -10,23 +10,29 @@
  * - Every accepted connection's handshake runs on a thread of its own, up
  *   to MIG_GATE_SLOTS at once, each within one handshake's budget
  *   (mig_session_opts.handshake_ms, a few seconds, whatever the peer
- *   does).  With every slot taken and another connection waiting, the
- *   oldest handshake still in progress is cut: a peer must outpace real
- *   handshakes (a round trip each) to keep a real one out.
+ *   does).  With every slot taken and another connection waiting (or
+ *   one arriving later: the listener is watched all the while), a
+ *   handshake still in progress is cut (which one: below).
  * - A session's first connection, proven, waits for its others to join:
  *   all within mig_session_join_ms() (which --deadline also bounds), or
  *   it is dropped, its connections closed.  A join is matched to its
  *   session by the session's id and keyed by its secret; a connection
  *   that joins nothing costs only its own slot.
- * - Wrong proofs of the key are counted per peer address, the IP without
- *   its port (a Unix socket's peers are one address): a proof that does
- *   not hold, or the connection ended in place of a proof once the
- *   destination's was sent, which is what a source of another key does;
- *   never a wait that ran out, nor a cut.  After MIG_GATE_FREE_GUESSES, that address is turned away with a
- *   refusal, unread, until a wait doubling with each further wrong proof
- *   (MIG_GATE_WAIT_MS up to MIG_GATE_WAIT_MAX_MS) has passed since its
- *   last one.  A right proof clears the count.  The table keeps
- *   MIG_GATE_PEERS addresses, the least recent giving way.
+ * - Handshakes are told apart by peer (an IPv4 address, an IPv6 /64, a
+ *   Unix socket's user): when one must be cut, it is the oldest of the
+ *   peer holding the most slots, so that a peer opening connections as
+ *   fast as it can cuts its own handshakes, not another peer's.
+ * - Wrong proofs of the key are counted per peer: a proof that arrived
+ *   and does not hold.  A connection that ends in place of a proof (a
+ *   source of another key, which stops at the destination's proof; a
+ *   source that gave up waiting) tests no guess and is not counted, nor
+ *   is a wait that ran out, nor a cut.  After MIG_GATE_FREE_GUESSES, that
+ *   peer is turned away with a refusal, unread, until a wait doubling
+ *   with each further wrong proof (MIG_GATE_WAIT_MS up to
+ *   MIG_GATE_WAIT_MAX_MS) has passed since its last one.  A right proof
+ *   clears the count.  The table keeps MIG_GATE_PEERS peers, the least
+ *   recent giving way.  Peers behind one address (NAT) share its count:
+ *   a stranger there can keep them waiting, not learn the key.
  * - mig_gate_take() returns the first stream that is complete (a plain
  *   one where no key is required, or a session with all its connections
  *   proven and joined); every other handshake in progress is cut then,
@@ -38,6 +44,7 @@
  */
 #include <stdint.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 
 #include "session.h"
 
@@ -68,8 +75,11 @@ int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **re
  */
 int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, size_t len);
 
-/* Wrong proofs counted against a peer's address (sa: as accept(2) gives it) so far. */
-unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr *sa);
+/*
+ * Wrong proofs counted so far against a peer (sa: as accept(2) gives it;
+ * uid: a Unix socket's peer's user, ignored for other families).
+ */
+unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr *sa, uid_t uid);
 
 void mig_gate_free(struct mig_gate *gate);
 

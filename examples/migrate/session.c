@@ -543,8 +543,10 @@ static int check_hello(const struct mig_hello *h, const struct mig_session_opts 
 	if (h->version != MIG_SESSION_VERSION)
 		return mig_errf(err, len, -EPROTO, "hello.version: %u, this destination speaks session version %d",
 				h->version, MIG_SESSION_VERSION);
-	if (h->flags & ~MIG_S_FLAGS || h->reserved || h->name[MIG_NAME_MAX - 1])
+	if (h->flags & ~MIG_S_FLAGS || h->reserved)
 		return mig_errf(err, len, -EPROTO, "hello.flags: 0x%x or hello.reserved set", h->flags);
+	if (h->name[MIG_NAME_MAX - 1])
+		return mig_errf(err, len, -EPROTO, "hello.name: not terminated within its %d bytes", MIG_NAME_MAX);
 	if (o->psk && !(h->flags & MIG_S_PSK))
 		return mig_errf(err, len, -EACCES, "authentication: the peer has no key, this destination requires one "
 				"(--psk)");
@@ -654,10 +656,10 @@ static int dest_hello(struct mig_conn *c, int fd, const struct mig_hello *theirs
 		if (ret < 0) {
 			/*
 			 * Ended in place of a proof, once it had ours: what a
-			 * source of another key does.  A wait that ran out is
-			 * no guess.
+			 * source of another key does (it stops at our proof),
+			 * or one that gave up waiting.  No guess was tested,
+			 * so none is counted (gate.h), nor a wait that ran out.
 			 */
-			*wrong_proof = ret != -ETIMEDOUT;
 			ret = ret == -EPROTO ? -EACCES : ret;
 			goto out;
 		}

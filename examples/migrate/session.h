@@ -173,9 +173,9 @@ struct mig_greeting {
 	uint8_t secret[32];	/* a first connection, with a key: the secret its joins are keyed by */
 	bool join;		/* a join: its connection is s.conn[hello.conn] */
 	/*
-	 * The peer, having the destination's proof, sent a wrong one or
-	 * ended the connection in place of one (a guess, or another key; a
-	 * wait that ran out is neither).
+	 * The peer, having the destination's proof, sent one of its own that
+	 * does not hold: a guess of the key tested (a connection that ended
+	 * in place of a proof, or a wait that ran out, tested none).
 	 */
 	bool wrong_proof;
 };
