@@ -41,6 +41,13 @@
  *   backlog (MIG_GATE_BACKLOG) for the next mig_gate_take().
  *
  * Each refused connection is logged, one line, through o->log.
+ *
+ * Descriptors: a handshake in progress holds two (its socket and its
+ * io_uring), so a full house needs 2 * MIG_GATE_SLOTS beside the
+ * caller's own; accept(2) running out (EMFILE, ENFILE) cuts a handshake,
+ * a handshake whose io_uring cannot be made is refused.  Leave room
+ * (RLIMIT_NOFILE; kvmdirty-migrate raises its soft limit to 65536 where
+ * the hard one allows).
  */
 #include <stdint.h>
 #include <sys/socket.h>

@@ -74,6 +74,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -909,6 +910,22 @@ static int with_daemon(struct args *a, int (*cmd)(struct args *a))
 	return ret;
 }
 
+/*
+ * Room for descriptors: a gate's handshakes take two each (a socket, an
+ * io_uring), MIG_GATE_SLOTS of them, the backlog beside; the default soft
+ * limit of 1024 is raised towards the hard one (at most 65536), so a
+ * full house never fails for want of a descriptor.  Best effort.
+ */
+static void room_for_fds(void)
+{
+	struct rlimit r;
+
+	if (getrlimit(RLIMIT_NOFILE, &r) == 0 && r.rlim_cur < 65536 && r.rlim_cur < r.rlim_max) {
+		r.rlim_cur = r.rlim_max < 65536 ? r.rlim_max : 65536;
+		(void)setrlimit(RLIMIT_NOFILE, &r);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
@@ -917,6 +934,7 @@ int main(int argc, char **argv)
 
 	/* pagemap first: once not dumpable, a process that is not root cannot open it (hostmem.h) */
 	mig_pagemap_keep();
+	room_for_fds();
 	if (mig_psk_protect_process(err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		return 1;
