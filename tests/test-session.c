@@ -15,6 +15,8 @@
  * on, in both sealing modes.
  */
 #define _GNU_SOURCE /* memmem */
+#include <inttypes.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -504,6 +506,11 @@ struct joiner {
 	int lfd;
 	unsigned int intruders; /* connections to make first that do not join */
 	unsigned int refused;
+	/* joins through a relay: the source's end a socket pair, the destination's the socket at path */
+	bool relayed;
+	struct tap taps[2 * MIG_MAX_CONNS];
+	pthread_t tap_th[2 * MIG_MAX_CONNS];
+	unsigned int ntaps;
 };
 
 static int unix_connect(const char *path)
@@ -535,14 +542,30 @@ static int join_connect(void *ctx, char *err, size_t len)
 		close(fd);
 		j->intruders--;
 	}
+	if (j->relayed) {
+		int sv[2], fd = unix_connect(j->path), k;
+
+		ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+		j->taps[j->ntaps] = (struct tap){ .from = sv[1], .to = fd };
+		j->taps[j->ntaps + 1] = (struct tap){ .from = fd, .to = sv[1] };
+		for (k = 0; k < 2; k++, j->ntaps++)
+			ck_assert_int_eq(pthread_create(&j->tap_th[j->ntaps], NULL, tap_run, &j->taps[j->ntaps]), 0);
+		return sv[0];
+	}
 	return unix_connect(j->path);
 }
 
 static int join_accept(void *ctx, uint64_t timeout_ms, char *err, size_t len)
 {
 	struct joiner *j = ctx;
-	int fd = accept(j->lfd, NULL, NULL);
+	struct pollfd p = { .fd = j->lfd, .events = POLLIN };
+	int fd;
 
+	if (poll(&p, 1, (int)timeout_ms) != 1) {
+		snprintf(err, len, "no connection within %" PRIu64 " ms", timeout_ms);
+		return -ETIMEDOUT;
+	}
+	fd = accept(j->lfd, NULL, NULL);
 	return fd < 0 ? -errno : fd;
 }
 
@@ -615,6 +638,58 @@ START_TEST(joins_bound_to_the_session)
 	}
 	mig_session_free(&c.s);
 	mig_session_free(&s);
+	close(fd);
+	close(j.lfd);
+	unlink(j.path);
+}
+END_TEST
+
+/*
+ * The joins come another way than the first connection (through a relay
+ * whose source end has no address): the source names the destination once
+ * for the session, from its first connection, and the destination answers
+ * a join to the name its first connection matched, so they still join.
+ * Named from each connection's own address, a join would mean 'unix:' at
+ * a destination that is 'unix:PATH'.
+ */
+START_TEST(joins_come_another_way)
+{
+	struct joiner j = { .relayed = true };
+	struct connecting c = { .j = &j, .o = { .psk = &key_a, .conns = 3, .timeout_ms = 5000 } };
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000 };
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	struct mig_session s;
+	char err[256];
+	pthread_t th;
+	unsigned int i, v;
+	int fd;
+
+	snprintf(j.path, sizeof(j.path), "%s/sock", tmpdir);
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", j.path);
+	unlink(j.path);
+	j.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+	ck_assert_int_eq(bind(j.lfd, (struct sockaddr *)&un, sizeof(un)), 0);
+	ck_assert_int_eq(listen(j.lfd, 8), 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, connecting_run, &c), 0);
+	fd = accept(j.lfd, NULL, NULL);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_msg(mig_session_accept(fd, &o, join_accept, &j, &s, err, sizeof(err)) == 0, "%s", err);
+	pthread_join(th, NULL);
+	ck_assert_msg(c.ret == 0, "source: %s", c.err);
+	ck_assert_uint_eq(s.conns, 3);
+	for (i = 0; i < 3; i++) {
+		ck_assert_int_eq(mig_chan_read(s.chan[i], &v, sizeof(v)), (int)sizeof(v));
+		ck_assert_uint_eq(v, i);
+		ck_assert_int_eq(mig_chan_read(s.chan[i], &v, sizeof(v)), 0);
+	}
+	mig_session_free(&c.s);
+	mig_session_free(&s);
+	for (i = 0; i < j.ntaps; i++)
+		pthread_join(j.tap_th[i], NULL);
+	for (i = 0; i < j.ntaps; i += 2) {
+		close(j.taps[i].from);
+		close(j.taps[i].to);
+	}
 	close(fd);
 	close(j.lfd);
 	unlink(j.path);
@@ -815,6 +890,7 @@ int main(void)
 	tcase_add_test(tc, version_1_refused);
 	tcase_add_test(tc, recording_and_key_open_nothing);
 	tcase_add_test(tc, joins_bound_to_the_session);
+	tcase_add_test(tc, joins_come_another_way);
 	tcase_add_loop_test(tc, sealed_records_refused_in_flight, 0, 2);
 	suite_add_tcase(s, tc);
 	ret = run_suite(s);

@@ -389,7 +389,7 @@ static int source_prove(struct mig_conn *c, unsigned int i, const struct keys *k
  * (secret given) proves both.
  */
 static int source_hello(struct mig_session *s, unsigned int i, const struct mig_session_opts *o, uint8_t session[32],
-			uint8_t secret[32], char *err, size_t len)
+			uint8_t secret[32], char name[MIG_NAME_MAX], char *err, size_t len)
 {
 	bool psk = s->flags & MIG_S_PSK;
 	struct mig_kex *kex = NULL;
@@ -400,7 +400,10 @@ static int source_hello(struct mig_session *s, unsigned int i, const struct mig_
 
 	if (ret < 0)
 		return ret;
-	own_name(o, s->fd[i], true, mine.name);
+	/* the destination meant, named once for the session: a join that comes another way means the same one */
+	if (!i)
+		own_name(o, s->fd[0], true, name);
+	memcpy(mine.name, name, MIG_NAME_MAX);
 	if (i)
 		memcpy(mine.session, session, 32);
 	ret = send_all(s->conn[i], &mine, sizeof(mine), NULL, 0);
@@ -453,6 +456,7 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 {
 	struct mig_session *s = ret_s;
 	uint8_t session[32] = { 0 }, secret[32] = { 0 };
+	char name[MIG_NAME_MAX];
 	uint64_t end;
 	unsigned int i;
 	int ret;
@@ -478,7 +482,7 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 	/* the whole handshake, every connection's, within one bound: a trickling peer cannot hold the source */
 	end = now_ms() + 2 * handshake_ms(o);
 	mig_conn_set_deadline(s->conn[0], 2 * handshake_ms(o));
-	ret = source_hello(s, 0, o, session, secret, err, len);
+	ret = source_hello(s, 0, o, session, secret, name, err, len);
 	/* the key is not needed again: the session's keys exist, and joins prove the session's secret */
 	if (o->wipe_psk && o->psk)
 		mig_psk_clear((struct mig_psk *)o->psk);
@@ -497,7 +501,7 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 			break;
 		}
 		mig_conn_set_deadline(s->conn[i], end > now_ms() ? end - now_ms() : 1);
-		ret = source_hello(s, i, o, session, secret, err, len);
+		ret = source_hello(s, i, o, session, secret, name, err, len);
 	}
 	for (i = 0; ret == 0 && i < s->conns; i++)
 		mig_conn_set_deadline(s->conn[i], 0);
@@ -610,12 +614,14 @@ static int check_name(const struct mig_hello *theirs, const char mine[MIG_NAME_M
  * One connection's handshake from the destination's side, its hello read
  * and checked: our hello and, with a key, our proof; the peer's proof,
  * checked before anything else of it is read; our answer.  Conn 0 makes
- * the session's id (session); a join is keyed by the session secret.
- * *wrong_proof: the peer sent a proof, and it was wrong.
+ * the session's id (session); a join is keyed by the session secret and
+ * answers to the name its session's first connection matched (name; NULL
+ * on conn 0: our own, o->name or the address fd arrived at), whichever
+ * way it came.  *wrong_proof: the peer sent a proof, and it was wrong.
  */
 static int dest_hello(struct mig_conn *c, int fd, const struct mig_hello *theirs, const struct mig_session_opts *o,
-		      const uint8_t *secret, uint8_t session[32], struct keys *k, bool *wrong_proof, char *err,
-		      size_t len)
+		      const char *name, const uint8_t *secret, uint8_t session[32], struct keys *k, bool *wrong_proof,
+		      char *err, size_t len)
 {
 	bool psk = theirs->flags & MIG_S_PSK;
 	struct mig_kex *kex = NULL;
@@ -630,7 +636,10 @@ static int dest_hello(struct mig_conn *c, int fd, const struct mig_hello *theirs
 		refuse_hello(c, ret, "the destination failed");
 		goto out;
 	}
-	own_name(o, fd, false, mine.name);
+	if (name)
+		memcpy(mine.name, name, MIG_NAME_MAX);
+	else
+		own_name(o, fd, false, mine.name);
 	ret = check_name(theirs, mine.name, err, len);
 	if (ret < 0) {
 		refuse_hello(c, ret, err);
@@ -778,7 +787,7 @@ int mig_session_greet(int fd, const struct mig_session_opts *o, unsigned int how
 		return 0;
 	}
 	s->flags = h->flags;
-	ret = dest_hello(c, fd, h, o, NULL, g->session, &k, &g->wrong_proof, err, len);
+	ret = dest_hello(c, fd, h, o, NULL, NULL, g->session, &k, &g->wrong_proof, err, len);
 	/* past the handshake, the stream's own bound */
 	mig_conn_set_deadline(c, o->deadline_ms);
 	if (ret == 0 && (s->flags & MIG_S_PSK))
@@ -818,7 +827,8 @@ int mig_session_join(struct mig_greeting *g, const struct mig_greeting *first, c
 	}
 	g->s.flags = first->hello.flags;
 	memcpy(session, first->session, 32);
-	ret = dest_hello(c, g->s.fd[i], &g->hello, o, first->secret, session, &k, &g->wrong_proof, err, len);
+	ret = dest_hello(c, g->s.fd[i], &g->hello, o, first->hello.name, first->secret, session, &k, &g->wrong_proof,
+			 err, len);
 	if (ret == 0) {
 		mig_conn_set_deadline(c, o->deadline_ms);
 		if ((ret = open_chan(&g->s, i, &k, false)) < 0)

@@ -101,10 +101,13 @@ struct mig_session_opts {
 	void (*log)(void *ctx, const char *line);
 	void *log_ctx;
 	/*
-	 * source: the name of the destination it means (NULL: the address it
-	 * connected to, "IP:PORT", "[IPv6]:PORT" or "unix:PATH");
-	 * destination: its own (NULL: the address each connection arrived on,
-	 * in the same form).  A session whose names differ is refused.
+	 * source: the name of the destination it means (NULL: the address its
+	 * first connection connected to, "IP:PORT", "[IPv6]:PORT" or
+	 * "unix:PATH"), the same in every connection's hello; destination:
+	 * its own (NULL: the address the session's first connection arrived
+	 * on, in the same form; a join answers to the name its session's
+	 * first connection matched, whichever way it came).  A session whose
+	 * names differ is refused.
 	 */
 	const char *name;
 	/* source: wipe the key (psk, cast) once the session's keys exist: it is not needed again */

@@ -27,9 +27,16 @@ CASES = {
     "magic then close": lambda s: s.sendall(b"KVMDSES\0"),
     "reset before a byte": None,
     "hello, reset before proof": "rst-after-hello",
-    "hello, silent past -T": lambda s: (s.sendall(hello(flags=1)), time.sleep(4)),
+    "hello, silent past -T": lambda s: (s.sendall(good_hello(s)), time.sleep(4)),
     "no key at all (control)": lambda s: s.sendall(hello(flags=0)),
 }
+
+def good_hello(s):
+    """A well-formed keyed hello naming the listener (its address, as it names
+    itself without --name), so that it passes the hello's checks and the
+    listener goes on to send its hello and proof and wait for ours."""
+    host, port = s.getpeername()
+    return hello(flags=1, share=os.urandom(32), name=b"%s:%d" % (host.encode(), port))
 
 def run(name, act, keypath, port):
     log = tempfile.TemporaryFile()
@@ -42,7 +49,7 @@ def run(name, act, keypath, port):
         except OSError:
             time.sleep(0.05)
     if act == "rst-after-hello":
-        s.sendall(hello(flags=1)); s.recv(SIZE)
+        s.sendall(good_hello(s)); s.recv(SIZE)
         act = None
     if act is None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
