@@ -7,7 +7,9 @@
  * (--deadline included) while a real source gets in; a full house of
  * silent connections gives way to one more, also one that comes once the
  * house is full and quiet; a peer opening connections as fast as it can
- * cuts its own handshakes, not a real source's; wrong proofs are counted
+ * cuts its own handshakes, not a real source's, and strangers from many
+ * addresses, one connection each, wait for a real source's grace; wrong
+ * proofs are counted
  * by peer and then turned away, a source of another key, one that gave
  * up and a timeout never counted, a right proof clearing the count; and
  * one local user's wrong proofs never hold back another's source.  Each
@@ -405,22 +407,36 @@ static int tcp_dial(const char *from, uint16_t port)
 	return fd;
 }
 
-/* One peer (127.0.0.2) keeping n connections open, each dialled again as soon as it is cut. */
+/*
+ * Strangers keeping n connections open, each dialled again as soon as it
+ * is cut: all from 127.0.0.2, or (spread) each from an address of its
+ * own, 127.0.1.i.
+ */
 struct churn {
 	uint16_t port;
 	unsigned int n, dials;
+	bool spread;
 	bool stop; /* __atomic */
 	pthread_t th;
 };
+
+static const char *churn_from(const struct churn *c, unsigned int i, char buf[32])
+{
+	if (!c->spread)
+		return "127.0.0.2";
+	snprintf(buf, 32, "127.0.1.%u", i + 1);
+	return buf;
+}
 
 static void *churn_run(void *p)
 {
 	struct churn *c = p;
 	int fd[128];
 	unsigned int i;
+	char from[32];
 
 	for (i = 0; i < c->n; i++)
-		fd[i] = tcp_dial("127.0.0.2", c->port);
+		fd[i] = tcp_dial(churn_from(c, i, from), c->port);
 	c->dials = c->n;
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
 		for (i = 0; i < c->n; i++) {
@@ -429,7 +445,7 @@ static void *churn_run(void *p)
 			if (recv(fd[i], &b, 1, MSG_DONTWAIT) != 0)
 				continue;
 			close(fd[i]);
-			fd[i] = tcp_dial("127.0.0.2", c->port);
+			fd[i] = tcp_dial(churn_from(c, i, from), c->port);
 			c->dials++;
 		}
 		sleep_ms(1);
@@ -471,6 +487,38 @@ START_TEST(one_peer_cuts_its_own)
 }
 END_TEST
 
+/*
+ * Strangers from many addresses, one connection each and more of them
+ * than there are slots, dialling again each one cut, and a real source
+ * that connects first and sends its hello only 300 ms later: every peer
+ * holds one slot, so none is the busiest, but a handshake alone from its
+ * address is not cut within its grace (1 s, a fifth of the 5 s budget),
+ * so the source gets in.  Cutting the oldest of equals, the source's would
+ * go in the first milliseconds.
+ */
+START_TEST(many_addresses_wait_their_turn)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 5000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 480 };
+	struct churn c = { .n = MIG_GATE_SLOTS + 16, .spread = true };
+	struct taker t = { 0 };
+	pthread_t th;
+	int lfd = tcp_listener(&c.port);
+
+	taker_start(&t, lfd, &o, &th);
+	src.fd = tcp_dial("127.0.0.1", c.port);
+	sleep_ms(100); /* taken in */
+	ck_assert_int_eq(pthread_create(&c.th, NULL, churn_run, &c), 0);
+	sleep_ms(300);
+	source_run(&src);
+	__atomic_store_n(&c.stop, true, __ATOMIC_RELEASE);
+	pthread_join(c.th, NULL);
+	ck_assert_msg(src.ret == 0, "source (the strangers dialled %u times): %s", c.dials, src.err);
+	taker_check(&t, th, 1, 480);
+	close(lfd);
+}
+END_TEST
+
 /* A source with key, to completion or refusal, on this thread. */
 static int try_key(const struct mig_psk *key, char *err, size_t len)
 {
@@ -488,22 +536,19 @@ static int try_key(const struct mig_psk *key, char *err, size_t len)
  * source of another key does).  Raw syscalls only (it also runs in a child
  * of another user).  The answer's status, or 1 where none came.
  */
-static int guess(bool proof)
+static int guess_over(int fd, bool proof)
 {
-	struct sockaddr_un un = { .sun_family = AF_UNIX };
 	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION, .flags = MIG_S_PSK,
 			       .conns = 1, .name = "gate" };
 	uint8_t back[sizeof(struct mig_hello) + MIG_PROOF], junk[MIG_PROOF];
 	struct mig_ack ack = { 0 };
 	size_t got = 0;
 	ssize_t k;
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	memset(h.share, 9, sizeof(h.share));
 	memset(h.nonce, 3, sizeof(h.nonce));
 	memset(junk, 0x5a, sizeof(junk));
-	snprintf(un.sun_path, sizeof(un.sun_path), "%s", sock_path);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&un, sizeof(un)))
+	if (fd < 0)
 		return 2;
 	/* a peer turned away may find the connection closed already: its refusal is there to read all the same */
 	(void)!send(fd, &h, sizeof(h), MSG_NOSIGNAL);
@@ -528,6 +573,20 @@ static int guess(bool proof)
 		got += (size_t)k;
 	close(fd);
 	return got == sizeof(ack) ? ack.status : 1;
+}
+
+/* A guess over the test's Unix socket. */
+static int guess(bool proof)
+{
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", sock_path);
+	if (fd >= 0 && connect(fd, (struct sockaddr *)&un, sizeof(un))) {
+		close(fd);
+		fd = -1;
+	}
+	return guess_over(fd, proof);
 }
 
 /* Wait for the gate's count of wrong proofs from the Unix peers of user uid to reach n: its slot files it. */
@@ -605,6 +664,61 @@ START_TEST(wrong_proofs_slowed_down)
 }
 END_TEST
 
+/*
+ * Wrong proofs over IPv6 are counted against the whole address: three
+ * from ::1 count against ::1, not against ::2 of the same /64 (a
+ * neighbour on the LAN), and not against the IPv4 peers a v4-mapped
+ * address stands for.  Counted by /64, ::2 would be turned away for ::1's
+ * guesses.
+ */
+START_TEST(wrong_proofs_by_whole_address)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .handshake_ms = 1000, .name = "gate" };
+	struct sockaddr_in6 one = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT }, two = one,
+			    mapped = { .sin6_family = AF_INET6 };
+	struct sockaddr_in v4 = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 800 };
+	socklen_t l = sizeof(one);
+	struct taker t = { 0 };
+	pthread_t th;
+	unsigned int i;
+	int lfd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0), fd;
+
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&one, sizeof(one))) {
+		fprintf(stderr, "wrong_proofs_by_whole_address: no IPv6 loopback here: not run\n");
+		return;
+	}
+	ck_assert_int_eq(listen(lfd, 4), 0);
+	ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&one, &l), 0);
+	two.sin6_addr.s6_addr[15] = 2;
+	ck_assert_int_eq(inet_pton(AF_INET6, "::ffff:127.0.0.1", &mapped.sin6_addr), 1);
+	taker_start(&t, lfd, &o, &th);
+	for (i = 0; i < MIG_GATE_FREE_GUESSES; i++) {
+		fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		ck_assert_int_eq(connect(fd, (struct sockaddr *)&one, sizeof(one)), 0);
+		ck_assert_int_eq(guess_over(fd, true), -EACCES);
+	}
+	for (i = 0; i < 1000 && mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&one, 0) < MIG_GATE_FREE_GUESSES; i++)
+		sleep_ms(10);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&one, 0), MIG_GATE_FREE_GUESSES);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&two, 0), 0);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&mapped, 0), 0);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&v4, 0), 0);
+	/* the next from ::1 is turned away */
+	fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&one, sizeof(one)), 0);
+	ck_assert_int_eq(guess_over(fd, true), 3);
+	/* once the wait is over, the right key from ::1 gets in */
+	sleep_ms(MIG_GATE_WAIT_MS + 200);
+	src.fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_eq(connect(src.fd, (struct sockaddr *)&one, sizeof(one)), 0);
+	source_run(&src);
+	ck_assert_msg(src.ret == 0, "source: %s", src.err);
+	taker_check(&t, th, 1, 800);
+	close(lfd);
+}
+END_TEST
+
 /* n guesses of the key in a child, as user nobody (65534): 0 when each came out as want. */
 static int as_nobody(unsigned int n, int want)
 {
@@ -678,8 +792,10 @@ int main(void)
 	tcase_add_test(tc, full_house_gives_way);
 	tcase_add_test(tc, late_arrival_cuts_when_full);
 	tcase_add_test(tc, one_peer_cuts_its_own);
+	tcase_add_test(tc, many_addresses_wait_their_turn);
 	tcase_add_test(tc, wrong_proofs_slowed_down);
 	tcase_add_test(tc, other_user_cannot_hold_back);
+	tcase_add_test(tc, wrong_proofs_by_whole_address);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

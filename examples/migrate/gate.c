@@ -51,7 +51,8 @@ struct slot {
 	bool cut;	   /* shut down by the gate */
 	int fd;		   /* -1 once a session owns it */
 	uint64_t since_ms; /* accepted */
-	uint8_t peer[PEER_KEY];
+	uint8_t peer[PEER_KEY]; /* for the slots it holds: an IPv6 peer by its /64 */
+	uint8_t who[PEER_KEY];	/* for its wrong proofs: an IPv6 peer by its whole address */
 	char name[64]; /* the peer's address, for the log */
 	pthread_t thread;
 };
@@ -108,16 +109,19 @@ static void log_line(struct mig_gate *gate, const char *fmt, ...)
 /* ---- wrong proofs, by address ---- */
 
 /*
- * Who a peer is, for the wrong proofs it is counted and the slots it
- * holds: an IPv4 address without its port; an IPv6 one by its /64 (one
- * host or site can take a whole /64, so a finer key would be no bound);
- * an IPv4-mapped IPv6 address as the IPv4 one it maps (a dual-stack
- * listener's IPv4 peers are each their own, not all one /64); a Unix
- * socket's peer by its user (uid, from SO_PEERCRED), so that one local
- * user cannot have another's source counted or cut.
+ * Who a peer is.  An IPv4 address without its port; an IPv4-mapped IPv6
+ * address, or one of NAT64's 64:ff9b::/96, as the IPv4 one it carries (a
+ * dual-stack listener's IPv4 peers are each their own); a Unix socket's
+ * peer by its user (uid, from SO_PEERCRED), so that one local user cannot
+ * have another's source counted or cut.  An IPv6 address whole (whole:
+ * its wrong proofs, its grace) or by its /64 (the slots a peer holds: one
+ * host or site can take a whole /64, so a finer key would be no bound on
+ * how many it opens).
  */
-static void peer_key(const struct sockaddr *sa, uid_t uid, uint8_t key[PEER_KEY])
+static void peer_key(const struct sockaddr *sa, uid_t uid, bool whole, uint8_t key[PEER_KEY])
 {
+	static const uint8_t nat64[12] = { 0, 0x64, 0xff, 0x9b }; /* 64:ff9b::/96, RFC 6052 */
+
 	memset(key, 0, PEER_KEY);
 	key[0] = (uint8_t)sa->sa_family;
 	if (sa->sa_family == AF_INET) {
@@ -125,11 +129,11 @@ static void peer_key(const struct sockaddr *sa, uid_t uid, uint8_t key[PEER_KEY]
 	} else if (sa->sa_family == AF_INET6) {
 		const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
 
-		if (IN6_IS_ADDR_V4MAPPED(a)) {
+		if (IN6_IS_ADDR_V4MAPPED(a) || !memcmp(a->s6_addr, nat64, sizeof(nat64))) {
 			key[0] = AF_INET;
 			memcpy(key + 1, a->s6_addr + 12, 4);
 		} else {
-			memcpy(key + 1, a->s6_addr, 8);
+			memcpy(key + 1, a->s6_addr, whole ? 16 : 8);
 		}
 	} else {
 		memcpy(key + 1, &uid, sizeof(uid));
@@ -204,7 +208,7 @@ unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr 
 	struct peer *p;
 	unsigned int n;
 
-	peer_key(sa, uid, key);
+	peer_key(sa, uid, true, key);
 	pthread_mutex_lock(&gate->lock);
 	p = peer_find(gate, key, false);
 	n = p ? p->wrong : 0;
@@ -238,6 +242,10 @@ static int pending_open(struct mig_gate *gate, struct slot *sl, struct mig_greet
 {
 	struct pending *p, *old = NULL;
 
+	if (sl->cut) { /* its socket is shut down: a session filed now could only fail later */
+		mig_greeting_free(g);
+		return mig_errf(err, len, -ECONNABORTED, "cut as it was proven: the house was full");
+	}
 	for (p = gate->pending; p < gate->pending + MIG_GATE_PENDING; p++) {
 		if (!p->used)
 			break;
@@ -309,7 +317,10 @@ static int join(struct mig_gate *gate, struct slot *sl, struct mig_greeting *g, 
 		return ret;
 	pthread_mutex_lock(&gate->lock);
 	p = pending_find(gate, g->hello.session);
-	if (!p) {
+	if (sl->cut) {
+		mig_greeting_free(g);
+		ret = mig_errf(err, len, -ECONNABORTED, "connection %u: cut as it was proven", g->hello.conn);
+	} else if (!p) {
 		mig_greeting_free(g);
 		ret = mig_errf(err, len, -ETIMEDOUT, "connection %u: its session was dropped meanwhile", g->hello.conn);
 	} else if ((ret = mig_session_adopt(&p->first, p->joined, g, err, len)) == 0) {
@@ -344,12 +355,12 @@ static void *slot_run(void *arg)
 	}
 	pthread_mutex_lock(&gate->lock);
 	if (g && g->wrong_proof && !sl->cut) {
-		struct peer *p = peer_find(gate, sl->peer, true);
+		struct peer *p = peer_find(gate, sl->who, true);
 
 		p->wrong++;
 		p->last_ms = now_ms();
 	} else if (ret == 0 && gate->o.psk) {
-		struct peer *p = peer_find(gate, sl->peer, false);
+		struct peer *p = peer_find(gate, sl->who, false);
 
 		if (p)
 			p->wrong = 0;
@@ -367,46 +378,73 @@ static void *slot_run(void *arg)
 	return NULL;
 }
 
-/* Under the lock: whether a cut handshake has still to end. */
+/*
+ * Under the lock: whether a slot is free in a moment: a cut handshake has
+ * still to end, or one has ended and is not reaped yet (its thread wakes
+ * the taker).  No further handshake is cut meanwhile.
+ */
 static bool cutting(struct mig_gate *gate)
 {
 	struct slot *sl;
 
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++)
-		if (sl->state == SLOT_BUSY && sl->cut)
+		if ((sl->state == SLOT_BUSY && sl->cut) || sl->state == SLOT_DONE)
 			return true;
 	return false;
 }
 
 /* Under the lock: the handshakes in progress from sl's address. */
-static unsigned int slots_of(struct mig_gate *gate, const struct slot *sl)
+static unsigned int slots_of(struct mig_gate *gate, const struct slot *sl, bool whole)
 {
 	const struct slot *o;
 	unsigned int n = 0;
 
 	for (o = gate->slot; o < gate->slot + MIG_GATE_SLOTS; o++)
-		if (o->state == SLOT_BUSY && o->fd >= 0 && !memcmp(o->peer, sl->peer, PEER_KEY))
+		if (o->state == SLOT_BUSY && o->fd >= 0 &&
+		    !memcmp(whole ? o->who : o->peer, whole ? sl->who : sl->peer, PEER_KEY))
 			n++;
 	return n;
 }
 
 /*
- * Under the lock: cut a handshake in progress, unless one is being cut
- * already: the oldest of the address that holds the most slots, so that
- * one address opening connections as fast as it can cuts its own, never
- * everyone else's.
+ * A handshake alone from its address (the whole address: a neighbour on
+ * its /64 opening many does not take this from it) is not cut before it
+ * is this old, a fifth of the budget (1 s by default): strangers with
+ * many addresses, one handshake each, cannot cut a real source's before
+ * its round trips are done; they get through MIG_GATE_SLOTS handshakes a
+ * grace at most.  An address holding several is cut at once, its oldest
+ * first.
  */
-static void cut_oldest(struct mig_gate *gate)
+static uint64_t grace_ms(const struct mig_gate *gate)
+{
+	return (gate->o.handshake_ms ? gate->o.handshake_ms : MIG_HANDSHAKE_MS) / 5;
+}
+
+/*
+ * Under the lock: cut a handshake in progress, unless one is being cut
+ * already (or a slot is free in a moment): the oldest of the peer (an
+ * IPv6 /64) that holds the most slots, so that one peer opening
+ * connections as fast as it can cuts its own, never everyone else's; a
+ * handshake alone from its whole address only once past its grace.
+ * 0, or how long until one may be cut (none may now).
+ */
+static uint64_t cut_oldest(struct mig_gate *gate)
 {
 	struct slot *sl, *old = NULL;
+	uint64_t now = now_ms(), grace = grace_ms(gate), soon = 0;
 	unsigned int most = 0, n;
 
 	if (cutting(gate))
-		return;
+		return 0;
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++) {
 		if (sl->state != SLOT_BUSY || sl->fd < 0)
 			continue;
-		n = slots_of(gate, sl);
+		if (now < sl->since_ms + grace && slots_of(gate, sl, true) == 1) {
+			if (!soon || sl->since_ms + grace - now < soon)
+				soon = sl->since_ms + grace - now;
+			continue;
+		}
+		n = slots_of(gate, sl, false);
 		if (!old || n > most || (n == most && sl->since_ms < old->since_ms)) {
 			old = sl;
 			most = n;
@@ -416,7 +454,9 @@ static void cut_oldest(struct mig_gate *gate)
 		old->cut = true;
 		shutdown(old->fd, SHUT_RDWR);
 		pthread_cond_broadcast(&gate->opened);
+		return 0;
 	}
+	return soon;
 }
 
 /* A connection accepted: turned away if its address must wait, else a slot of its own. */
@@ -425,13 +465,16 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 	pthread_attr_t attr;
 	char why[160];
 	uint64_t wait;
+	uid_t uid;
 	int ret;
 
 	*sl = (struct slot){ .gate = gate, .fd = fd, .since_ms = now_ms() };
-	peer_key(sa, sa->sa_family == AF_UNIX ? peer_uid(fd) : 0, sl->peer);
+	uid = sa->sa_family == AF_UNIX ? peer_uid(fd) : 0;
+	peer_key(sa, uid, false, sl->peer);
+	peer_key(sa, uid, true, sl->who);
 	peer_name(sa, sl->name, sizeof(sl->name));
 	pthread_mutex_lock(&gate->lock);
-	wait = peer_wait(gate, sl->peer);
+	wait = peer_wait(gate, sl->who);
 	pthread_mutex_unlock(&gate->lock);
 	if (wait) {
 		snprintf(why, sizeof(why), "too many wrong proofs of the key from this address: try again in %" PRIu64 " ms",
@@ -562,6 +605,8 @@ static struct pending *sweep(struct mig_gate *gate, uint64_t *next_ms)
 
 int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, size_t len)
 {
+	uint64_t hold_ms = 0; /* full, nothing to cut before this: the listener is not watched till then */
+
 	for (;;) {
 		struct pollfd pfd[2] = { { .fd = gate->efd, .events = POLLIN }, { .fd = gate->lfd, .events = POLLIN } };
 		struct sockaddr_storage ss;
@@ -598,11 +643,14 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 		 */
 		if (!free_slot) {
 			pthread_mutex_lock(&gate->lock);
-			nfds = cutting(gate) ? 1 : 2;
+			nfds = cutting(gate) || hold_ms > now_ms() ? 1 : 2;
 			pthread_mutex_unlock(&gate->lock);
 		} else {
 			nfds = 2;
+			hold_ms = 0;
 		}
+		if (nfds == 1 && hold_ms > now_ms() && (!next_ms || hold_ms < next_ms))
+			next_ms = hold_ms;
 		timeout = -1;
 		if (next_ms) {
 			uint64_t now = now_ms();
@@ -619,10 +667,13 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 		if (nfds < 2 || !(pfd[1].revents & (POLLIN | POLLERR | POLLHUP)))
 			continue;
 		if (!free_slot) {
-			/* someone waits: a handshake gives way */
+			/* someone waits: a handshake gives way (or, all in their grace, one will) */
+			uint64_t soon;
+
 			pthread_mutex_lock(&gate->lock);
-			cut_oldest(gate);
+			soon = cut_oldest(gate);
 			pthread_mutex_unlock(&gate->lock);
+			hold_ms = soon ? now_ms() + soon : 0;
 			continue;
 		}
 		fd = accept4(gate->lfd, (struct sockaddr *)&ss, &sl_len, SOCK_CLOEXEC);

@@ -19,10 +19,16 @@
  *   session by the session's id and keyed by its secret; a connection
  *   that joins nothing costs only its own slot.
  * - Handshakes are told apart by peer (an IPv4 address, an IPv6 /64, a
- *   Unix socket's user): when one must be cut, it is the oldest of the
+ *   Unix socket's user).  When one must be cut, it is the oldest of the
  *   peer holding the most slots, so that a peer opening connections as
- *   fast as it can cuts its own handshakes, not another peer's.
- * - Wrong proofs of the key are counted per peer: a proof that arrived
+ *   fast as it can cuts its own handshakes, not another peer's; and a
+ *   handshake alone from its whole address is not cut before a grace of
+ *   a fifth of the budget (1 s by default), so that strangers with many
+ *   addresses, one connection each, cannot cut a real source's before its
+ *   round trips are done: while every handshake is in its grace, later
+ *   connections wait in the backlog.
+ * - Wrong proofs of the key are counted per address (an IPv6 one whole,
+ *   IPv4 as above, a Unix socket's user): a proof that arrived
  *   and does not hold.  A connection that ends in place of a proof (a
  *   source of another key, which stops at the destination's proof; a
  *   source that gave up waiting) tests no guess and is not counted, nor
@@ -30,7 +36,7 @@
  *   peer is turned away with a refusal, unread, until a wait doubling
  *   with each further wrong proof (MIG_GATE_WAIT_MS up to
  *   MIG_GATE_WAIT_MAX_MS) has passed since its last one.  A right proof
- *   clears the count.  The table keeps MIG_GATE_PEERS peers, the least
+ *   clears the count.  The table keeps MIG_GATE_PEERS addresses, the least
  *   recent giving way.  Peers behind one address (NAT) share its count:
  *   a stranger there can keep them waiting, not learn the key.
  * - mig_gate_take() returns the first stream that is complete (a plain
