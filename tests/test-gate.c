@@ -437,7 +437,7 @@ static void *churn_run(void *p)
 
 	for (i = 0; i < c->n; i++)
 		fd[i] = tcp_dial(churn_from(c, i, from), c->port);
-	c->dials = c->n;
+	__atomic_store_n(&c->dials, c->n, __ATOMIC_RELEASE);
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
 		for (i = 0; i < c->n; i++) {
 			char b;
@@ -446,7 +446,7 @@ static void *churn_run(void *p)
 				continue;
 			close(fd[i]);
 			fd[i] = tcp_dial(churn_from(c, i, from), c->port);
-			c->dials++;
+			__atomic_add_fetch(&c->dials, 1, __ATOMIC_RELEASE);
 		}
 		sleep_ms(1);
 	}
@@ -456,12 +456,14 @@ static void *churn_run(void *p)
 }
 
 /*
- * A real source connects first, from 127.0.0.1, and sends its hello only
- * half a second later; meanwhile one other peer, 127.0.0.2, keeps more
- * connections open than there are slots, dialling again each one cut.
- * The source's is the oldest handshake all along, but the cuts fall on
- * the peer that holds the most slots: the source gets in.  Cutting the
- * oldest whoever holds it, the source's would be the first to go.
+ * A real source connects first, from 127.0.0.1 (with a second, idle
+ * connection from there, so its handshake is not alone from its address
+ * and has no grace), and sends its hello only once the cuts have begun;
+ * meanwhile one other peer, 127.0.0.2, keeps more connections open than
+ * there are slots, dialling again each one cut.  The source's is the
+ * oldest handshake all along, but the cuts fall on the peer that holds
+ * the most slots: the source gets in.  Cutting the oldest whoever holds
+ * it, the source's would be the first to go.
  */
 START_TEST(one_peer_cuts_its_own)
 {
@@ -469,20 +471,26 @@ START_TEST(one_peer_cuts_its_own)
 	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 470 };
 	struct churn c = { .n = MIG_GATE_SLOTS + 16 };
 	struct taker t = { 0 };
+	unsigned int i;
 	pthread_t th;
-	int lfd = tcp_listener(&c.port);
+	int lfd = tcp_listener(&c.port), idle;
 
 	taker_start(&t, lfd, &o, &th);
 	src.fd = tcp_dial("127.0.0.1", c.port);
-	sleep_ms(100); /* taken in: the oldest slot */
+	idle = tcp_dial("127.0.0.1", c.port);
+	sleep_ms(100); /* taken in: the oldest slots */
 	ck_assert_int_eq(pthread_create(&c.th, NULL, churn_run, &c), 0);
-	sleep_ms(500);
+	/* the cuts have begun (one of the other peer's cut, and dialled again) before the source says a word */
+	for (i = 0; i < 3000 && __atomic_load_n(&c.dials, __ATOMIC_ACQUIRE) <= c.n; i++)
+		sleep_ms(10);
+	ck_assert_uint_gt(__atomic_load_n(&c.dials, __ATOMIC_ACQUIRE), c.n);
+	sleep_ms(300);
 	source_run(&src);
 	__atomic_store_n(&c.stop, true, __ATOMIC_RELEASE);
 	pthread_join(c.th, NULL);
 	ck_assert_msg(src.ret == 0, "source (the other peer dialled %u times): %s", c.dials, src.err);
-	ck_assert_uint_gt(c.dials, c.n); /* it was cut, and dialled again */
 	taker_check(&t, th, 1, 470);
+	close(idle);
 	close(lfd);
 }
 END_TEST
