@@ -500,13 +500,13 @@ END_TEST
  * than there are slots, dialling again each one cut, and a real source
  * that connects first and sends its hello only 300 ms later: every peer
  * holds one slot, so none is the busiest, but a handshake alone from its
- * address is not cut within its grace (1 s, a fifth of the 5 s budget),
- * so the source gets in.  Cutting the oldest of equals, the source's would
+ * address is not cut within its grace (3 s here, a fifth of the 15 s
+ * budget: room for a slow build), so the source gets in.  Cutting the oldest of equals, the source's would
  * go in the first milliseconds.
  */
 START_TEST(many_addresses_wait_their_turn)
 {
-	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 5000, .name = "gate" };
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 15000, .name = "gate" };
 	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 480 };
 	struct churn c = { .n = MIG_GATE_SLOTS + 16, .spread = true };
 	struct taker t = { 0 };
