@@ -398,6 +398,88 @@ START_TEST(names_bind_the_destination)
 }
 END_TEST
 
+static int unix_connect(const char *path);
+
+/* A Unix listener at tmpdir/<70 x 'p'><last>, its path in path. */
+static int long_listener(char last, char *path, size_t len)
+{
+	struct sockaddr_un un = { .sun_family = AF_UNIX };
+	char pad[71];
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+
+	memset(pad, 'p', 70);
+	pad[70] = 0;
+	snprintf(path, len, "%s/%s%c", tmpdir, pad, last);
+	ck_assert_uint_lt(strlen(path), sizeof(un.sun_path));
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", path);
+	unlink(path);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&un, sizeof(un)), 0);
+	ck_assert_int_eq(listen(fd, 4), 0);
+	return fd;
+}
+
+/*
+ * Default names from Unix paths longer than a hello's name, alike in
+ * their first 63 bytes: a source that dialled one (A) and is relayed to
+ * the other (B) is refused, the names told apart by a digest of the whole
+ * path; dialling B itself, it gets in (both ends name B alike).  Cut to
+ * 63 bytes, A and B were one name, and B took a session meant for A.
+ */
+START_TEST(long_addresses_kept_apart)
+{
+	char pa[160], pb[160];
+	int la = long_listener('A', pa, sizeof(pa)), lb = long_listener('B', pb, sizeof(pb));
+	struct side src = { .o = { .psk = &key_a, .timeout_ms = 5000 } },
+		    dst = { .o = { .psk = &key_a, .timeout_ms = 5000 } };
+	struct tap up, down;
+	pthread_t ts, tu, td;
+	int fa, fb, fd;
+
+	/* source -> A, relayed -> B */
+	src.fd = unix_connect(pa);
+	ck_assert_int_eq(pthread_create(&ts, NULL, source_run, &src), 0);
+	fa = accept(la, NULL, NULL);
+	fb = unix_connect(pb);
+	up = (struct tap){ .from = fa, .to = fb };
+	down = (struct tap){ .from = fb, .to = fa };
+	ck_assert_int_eq(pthread_create(&tu, NULL, tap_run, &up), 0);
+	ck_assert_int_eq(pthread_create(&td, NULL, tap_run, &down), 0);
+	fd = accept(lb, NULL, NULL);
+	dst.ret = mig_session_accept(fd, &dst.o, NULL, NULL, &dst.s, dst.err, sizeof(dst.err));
+	shutdown(fd, SHUT_RDWR);
+	pthread_join(ts, NULL);
+	shutdown(fa, SHUT_RDWR);
+	shutdown(fb, SHUT_RDWR);
+	pthread_join(tu, NULL);
+	pthread_join(td, NULL);
+	close(fa);
+	close(fb);
+	close(fd);
+	close(src.fd);
+	expect_side(&dst, "destination", -EACCES, "authentication: the source means 'unix:");
+	ck_assert_int_lt(src.ret, 0);
+	/* straight to B: in */
+	src = (struct side){ .o = { .psk = &key_a, .timeout_ms = 5000 } };
+	dst = (struct side){ .o = { .psk = &key_a, .timeout_ms = 5000 } };
+	src.fd = unix_connect(pb);
+	ck_assert_int_eq(pthread_create(&ts, NULL, source_run, &src), 0);
+	fd = accept(lb, NULL, NULL);
+	dst.ret = mig_session_accept(fd, &dst.o, NULL, NULL, &dst.s, dst.err, sizeof(dst.err));
+	if (dst.ret == 0) {
+		exchange(&dst, false);
+		mig_session_free(&dst.s);
+	}
+	pthread_join(ts, NULL);
+	ck_assert_msg(src.ret == 0 && dst.ret == 0, "%s / %s", src.err, dst.err);
+	close(fd);
+	close(src.fd);
+	close(la);
+	close(lb);
+	unlink(pa);
+	unlink(pb);
+}
+END_TEST
+
 /* A hello of session version 1 is refused by name. */
 START_TEST(version_1_refused)
 {
@@ -887,6 +969,7 @@ int main(void)
 	tcase_add_test(tc, fake_destination_gets_nothing);
 	tcase_add_test(tc, trickling_destination_bounded);
 	tcase_add_test(tc, names_bind_the_destination);
+	tcase_add_test(tc, long_addresses_kept_apart);
 	tcase_add_test(tc, version_1_refused);
 	tcase_add_test(tc, recording_and_key_open_nothing);
 	tcase_add_test(tc, joins_bound_to_the_session);

@@ -120,6 +120,15 @@ static void address_name(int fd, bool peer, char *buf, size_t len)
 
 	if (ret < 0) {
 		snprintf(buf, len, "?");
+	} else if (ss.ss_family == AF_UNIX && sl > offsetof(struct sockaddr_un, sun_path) + 1 &&
+		   !((struct sockaddr_un *)&ss)->sun_path[0]) {
+		/* abstract: "unix:@" and the name's bytes in hex (they may be anything) */
+		const uint8_t *a = (const uint8_t *)((struct sockaddr_un *)&ss)->sun_path + 1;
+		size_t n = sl - offsetof(struct sockaddr_un, sun_path) - 1, i, at;
+
+		at = (size_t)snprintf(buf, len, "unix:@");
+		for (i = 0; i < n && at + 3 <= len; i++)
+			at += (size_t)snprintf(buf + at, len - at, "%02x", a[i]);
 	} else if (ss.ss_family == AF_UNIX) {
 		snprintf(buf, len, "unix:%.*s", (int)(sl - offsetof(struct sockaddr_un, sun_path)),
 			 ((struct sockaddr_un *)&ss)->sun_path);
@@ -138,17 +147,35 @@ static void address_name(int fd, bool peer, char *buf, size_t len)
 	}
 }
 
-/* The name a side puts in its hello: the one given, else its end's address. */
+/*
+ * The name a side puts in its hello: the one given (at most MIG_NAME_MAX -
+ * 1 bytes, checked by the caller), else its end's address.  An address too
+ * long for the hello (a Unix socket's path can take 107 bytes) is not cut,
+ * which would make two paths of one long prefix one name: its first 22
+ * bytes, '~' and 40 hex digits of the SHA-256 of all of it.
+ */
 static void own_name(const struct mig_session_opts *o, int fd, bool source, char name[MIG_NAME_MAX])
 {
 	char buf[256];
+	size_t n;
 
 	memset(name, 0, MIG_NAME_MAX);
 	if (o->name)
 		snprintf(buf, sizeof(buf), "%s", o->name);
 	else
 		address_name(fd, source, buf, sizeof(buf));
-	memcpy(name, buf, strnlen(buf, MIG_NAME_MAX - 1));
+	n = strlen(buf);
+	if (n > MIG_NAME_MAX - 1) {
+		uint8_t md[32];
+		unsigned int i, mdlen = sizeof(md);
+
+		EVP_Digest(buf, n, md, &mdlen, EVP_sha256(), NULL);
+		n = 22;
+		buf[n++] = '~';
+		for (i = 0; i < 20; i++, n += 2)
+			snprintf(buf + n, 3, "%02x", md[i]);
+	}
+	memcpy(name, buf, n < MIG_NAME_MAX - 1 ? n : MIG_NAME_MAX - 1);
 }
 
 /* The connection's channel, under keys of its own for each direction. */

@@ -106,8 +106,9 @@ struct mig_session_opts {
 	 * "unix:PATH"), the same in every connection's hello; destination:
 	 * its own (NULL: the address the session's first connection arrived
 	 * on, in the same form; a join answers to the name its session's
-	 * first connection matched, whichever way it came).  A session whose
-	 * names differ is refused.
+	 * first connection matched, whichever way it came).  An address too
+	 * long for the hello is named by its first 22 bytes, '~' and 40 hex
+	 * digits of its SHA-256.  A session whose names differ is refused.
 	 */
 	const char *name;
 	/* source: wipe the key (psk, cast) once the session's keys exist: it is not needed again */
