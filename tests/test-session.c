@@ -685,39 +685,51 @@ static void *connecting_run(void *p)
 	return NULL;
 }
 
-START_TEST(joins_bound_to_the_session)
+/*
+ * A session of three connections from c's source, taken at j's socket
+ * with o: the destination's end in *s (its first fd in *fd), each
+ * connection's record read, each connection ended by its last record.
+ */
+static void take_joined(struct joiner *j, struct connecting *c, const struct mig_session_opts *o,
+			struct mig_session *s, int *fd)
 {
-	struct joiner j = { .intruders = 2 };
 	struct sockaddr_un un = { .sun_family = AF_UNIX };
-	struct connecting c = { .j = &j, .o = { .psk = &key_a, .encrypt = true, .conns = 3, .timeout_ms = 5000 } };
-	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .log = join_log, .log_ctx = &j };
-	struct mig_session s;
 	char err[256];
 	pthread_t th;
 	unsigned int i, v;
-	int fd;
 
-	snprintf(j.path, sizeof(j.path), "%s/sock", tmpdir);
-	snprintf(un.sun_path, sizeof(un.sun_path), "%s", j.path);
-	unlink(j.path);
-	j.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
-	ck_assert_int_eq(bind(j.lfd, (struct sockaddr *)&un, sizeof(un)), 0);
-	ck_assert_int_eq(listen(j.lfd, 8), 0);
-	ck_assert_int_eq(pthread_create(&th, NULL, connecting_run, &c), 0);
-	fd = accept(j.lfd, NULL, NULL);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_msg(mig_session_accept(fd, &o, join_accept, &j, &s, err, sizeof(err)) == 0, "%s", err);
+	snprintf(j->path, sizeof(j->path), "%s/sock", tmpdir);
+	snprintf(un.sun_path, sizeof(un.sun_path), "%s", j->path);
+	unlink(j->path);
+	j->lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+	ck_assert_int_eq(bind(j->lfd, (struct sockaddr *)&un, sizeof(un)), 0);
+	ck_assert_int_eq(listen(j->lfd, 8), 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, connecting_run, c), 0);
+	*fd = accept(j->lfd, NULL, NULL);
+	ck_assert_int_ge(*fd, 0);
+	ck_assert_msg(mig_session_accept(*fd, o, join_accept, j, s, err, sizeof(err)) == 0, "%s", err);
 	pthread_join(th, NULL);
-	ck_assert_msg(c.ret == 0, "source: %s", c.err);
-	ck_assert_uint_eq(s.conns, 3);
-	ck_assert_uint_eq(j.refused, 2);
-	ck_assert_uint_eq(s.flags, MIG_S_PSK | MIG_S_ENCRYPT);
+	ck_assert_msg(c->ret == 0, "source: %s", c->err);
+	ck_assert_uint_eq(s->conns, 3);
 	/* each connection under keys of its own, each ending with its last record */
 	for (i = 0; i < 3; i++) {
-		ck_assert_int_eq(mig_chan_read(s.chan[i], &v, sizeof(v)), (int)sizeof(v));
+		ck_assert_int_eq(mig_chan_read(s->chan[i], &v, sizeof(v)), (int)sizeof(v));
 		ck_assert_uint_eq(v, i);
-		ck_assert_int_eq(mig_chan_read(s.chan[i], &v, sizeof(v)), 0);
+		ck_assert_int_eq(mig_chan_read(s->chan[i], &v, sizeof(v)), 0);
 	}
+}
+
+START_TEST(joins_bound_to_the_session)
+{
+	struct joiner j = { .intruders = 2 };
+	struct connecting c = { .j = &j, .o = { .psk = &key_a, .encrypt = true, .conns = 3, .timeout_ms = 5000 } };
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .log = join_log, .log_ctx = &j };
+	struct mig_session s;
+	int fd;
+
+	take_joined(&j, &c, &o, &s, &fd);
+	ck_assert_uint_eq(j.refused, 2);
+	ck_assert_uint_eq(s.flags, MIG_S_PSK | MIG_S_ENCRYPT);
 	mig_session_free(&c.s);
 	mig_session_free(&s);
 	close(fd);
@@ -739,31 +751,11 @@ START_TEST(joins_come_another_way)
 	struct joiner j = { .relayed = true };
 	struct connecting c = { .j = &j, .o = { .psk = &key_a, .conns = 3, .timeout_ms = 5000 } };
 	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000 };
-	struct sockaddr_un un = { .sun_family = AF_UNIX };
 	struct mig_session s;
-	char err[256];
-	pthread_t th;
-	unsigned int i, v;
+	unsigned int i;
 	int fd;
 
-	snprintf(j.path, sizeof(j.path), "%s/sock", tmpdir);
-	snprintf(un.sun_path, sizeof(un.sun_path), "%s", j.path);
-	unlink(j.path);
-	j.lfd = socket(AF_UNIX, SOCK_STREAM, 0);
-	ck_assert_int_eq(bind(j.lfd, (struct sockaddr *)&un, sizeof(un)), 0);
-	ck_assert_int_eq(listen(j.lfd, 8), 0);
-	ck_assert_int_eq(pthread_create(&th, NULL, connecting_run, &c), 0);
-	fd = accept(j.lfd, NULL, NULL);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_msg(mig_session_accept(fd, &o, join_accept, &j, &s, err, sizeof(err)) == 0, "%s", err);
-	pthread_join(th, NULL);
-	ck_assert_msg(c.ret == 0, "source: %s", c.err);
-	ck_assert_uint_eq(s.conns, 3);
-	for (i = 0; i < 3; i++) {
-		ck_assert_int_eq(mig_chan_read(s.chan[i], &v, sizeof(v)), (int)sizeof(v));
-		ck_assert_uint_eq(v, i);
-		ck_assert_int_eq(mig_chan_read(s.chan[i], &v, sizeof(v)), 0);
-	}
+	take_joined(&j, &c, &o, &s, &fd);
 	mig_session_free(&c.s);
 	mig_session_free(&s);
 	for (i = 0; i < j.ntaps; i++)
