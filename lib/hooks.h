@@ -28,6 +28,14 @@ enum kd_hook_point {
 	KD_HOOK_HOLD,
 	/* a harvester found the vCPU in kvmdirty_vcpu_run() and is about to signal it; obj: the vCPU */
 	KD_HOOK_KICK,
+	/* a kicker counted its kick (kick_seq, kick_sigs) and has not signalled yet; obj: the vCPU */
+	KD_HOOK_KICK_SEND,
+	/* a vCPU thread waited out the kickers after a kick's EINTR, before taking the signal; obj: the vCPU */
+	KD_HOOK_EAT_KICK,
+	/* next() (or a count) is about to clear one chunk in KVM; obj: the tracker */
+	KD_HOOK_PROTECT,
+	/* sync fetched every region and is about to fan the pages out to the consumers; obj: the tracker */
+	KD_HOOK_FAN_OUT,
 };
 
 /* Returned by the ioctl hook to let the real ioctl run. */

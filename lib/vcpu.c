@@ -43,6 +43,7 @@ static void kick(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
 		KD_HOOK_POINT(KD_HOOK_KICK, v);
 		__atomic_or_fetch(&v->kick_sigs, 1ull << (signo - 1), __ATOMIC_RELAXED);
 		__atomic_add_fetch(&v->kick_seq, 1, __ATOMIC_SEQ_CST);
+		KD_HOOK_POINT(KD_HOOK_KICK_SEND, v);
 		if (!pthread_kill(v->thread, signo))
 			STORE(v->kicks, v->kicks + 1);
 	}
@@ -509,23 +510,40 @@ static int hold(struct kvmdirty_vcpu *v)
  * A thread that blocks the kick signal outside KVM_RUN (KVM_SET_SIGNAL_MASK
  * unblocks it inside) still has it pending after the EINTR, and every
  * KVM_RUN would end at once: take it.  Unblocked, its handler ran already.
+ *
+ * kick_sigs says which signals kicks were sent with.  The bit of the
+ * signal kicks use now stays set: a second kicker may have set it and
+ * counted its kick (kick_seq) but not signalled yet; its signal then ends
+ * the next KVM_RUN, whose EINTR sees the new kick_seq and comes back here
+ * for it.  Taking the bit here (as an exchange once did) left that signal
+ * with no bit to be eaten by, and the KVM_RUN after returned -EINTR to the
+ * VMM.  Bits of signals kicks no longer use are dropped once their
+ * signals are taken: the change waited out every kicker that read them.
  */
 static void eat_kick(struct kvmdirty_vcpu *v)
 {
-	/* every signal kicks were sent with: kicks may have been turned off or moved to another since */
-	uint64_t sigs = __atomic_exchange_n(&v->kick_sigs, 0, __ATOMIC_RELAXED);
+	int cur = __atomic_load_n(&v->owner->kick_signo, __ATOMIC_ACQUIRE), now;
+	uint64_t sigs = __atomic_load_n(&v->kick_sigs, __ATOMIC_RELAXED), old;
 	struct timespec zero = { 0, 0 };
-	sigset_t cur, these;
+	sigset_t cur_mask, these;
 	int signo;
 
-	if (!sigs || pthread_sigmask(SIG_BLOCK, NULL, &cur))
+	if (!sigs || pthread_sigmask(SIG_BLOCK, NULL, &cur_mask))
 		return;
 	sigemptyset(&these);
 	for (signo = 1; signo <= 64; signo++)
-		if ((sigs & (1ull << (signo - 1))) && sigismember(&cur, signo))
+		if ((sigs & (1ull << (signo - 1))) && sigismember(&cur_mask, signo))
 			sigaddset(&these, signo);
 	while (sigtimedwait(&these, NULL, &zero) > 0)
 		;
+	old = sigs & ~(cur ? 1ull << (cur - 1) : 0);
+	if (!old)
+		return;
+	__atomic_and_fetch(&v->kick_sigs, ~old, __ATOMIC_SEQ_CST);
+	/* kicks moved back to one of those meanwhile: its bit may be a new kicker's */
+	now = __atomic_load_n(&v->owner->kick_signo, __ATOMIC_SEQ_CST);
+	if (now != cur && now && (old & (1ull << (now - 1))))
+		__atomic_or_fetch(&v->kick_sigs, 1ull << (now - 1), __ATOMIC_SEQ_CST);
 }
 
 /*
@@ -578,6 +596,7 @@ static int run_loop(struct kvmdirty_vcpu *v)
 				 * takes a blocked one), not in the next KVM_RUN.
 				 */
 				wait_kickers(v);
+				KD_HOOK_POINT(KD_HOOK_EAT_KICK, v);
 				eat_kick(v);
 				continue;
 			}
@@ -681,7 +700,8 @@ int kd_vcpus_set_kick_signal(struct kd_vcpus *vs, int signo)
 	}
 	/* every kick runs under the lock: none with the old signal is under way once this returns */
 	pthread_mutex_lock(&vs->lock);
-	__atomic_store_n(&vs->kick_signo, signo, __ATOMIC_RELAXED);
+	/* release: a vCPU thread that reads the new signal sees every kick with the old one sent */
+	__atomic_store_n(&vs->kick_signo, signo, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&vs->lock);
 	return 0;
 }

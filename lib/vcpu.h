@@ -58,7 +58,7 @@ struct kvmdirty_vcpu {
 	int in_run, kickers, holding;
 	uint64_t kick_seq;  /* kicks sent */
 	uint64_t kick_seen; /* kick_seq when the thread last took an EINTR as the library's */
-	uint64_t kick_sigs; /* bit n: a kick was sent with signal n+1 and not yet eaten (kick_signo may have changed) */
+	uint64_t kick_sigs; /* bit n: kicks were sent with signal n+1 (kick_signo's bit stays; others go once eaten) */
 };
 
 /* The set's dirty-rate window and the quota a limited vCPU may save up. */

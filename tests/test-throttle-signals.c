@@ -556,7 +556,11 @@ static void ko_point(enum kd_hook_point p, void *obj)
  * clear until ko_finish().  moved: SIGUSR2 blocked too, and the first
  * kick stalled in ko_point().
  */
-static struct rig ko_start(bool moved)
+/*
+ * The common part: the rig, the vCPU at three times its limit, its thread
+ * (blocking SIGUSR1, and SIGUSR2 with also_usr2) started, 200 ms of it.
+ */
+static struct rig ko_setup(bool also_usr2)
 {
 	const uint64_t limit = 1000;
 	struct rig g = ring_rig(1, 4096, 0, 0);
@@ -580,12 +584,19 @@ static struct rig ko_start(bool moved)
 	ko = (typeof(ko)){ .tv = g.tv, .v = g.tv->vcpu[0] };
 	sigemptyset(&ko.set);
 	sigaddset(&ko.set, SIGUSR1);
-	if (moved)
+	if (also_usr2)
 		sigaddset(&ko.set, SIGUSR2);
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(ko.v, limit));
 	ck_assert_int_eq(pthread_create(&ko.th, NULL, ko_vcpu, NULL), 0);
 	/* 200 ms at three times the limit: 400 ms owed at the charge */
 	rig_pause_us(200000);
+	return g;
+}
+
+static struct rig ko_start(bool moved)
+{
+	struct rig g = ko_setup(moved);
+
 	if (moved)
 		kd_test_hooks_set(NULL, ko_point, false);
 	__atomic_store_n(&run_done_hook, ko_run_done, __ATOMIC_RELEASE);
@@ -650,6 +661,60 @@ START_TEST(kick_moved_leaks_eintr)
 }
 END_TEST
 
+/* ---- kick_between_wait_and_eat ---- */
+
+static struct {
+	int armed, kick1_hooked, at_eat, counted, eaten;
+} we;
+
+static void we_point(enum kd_hook_point p, void *obj)
+{
+	if (obj != ko.v)
+		return;
+	if (p == KD_HOOK_KICK && !__atomic_fetch_add(&we.kick1_hooked, 1, __ATOMIC_ACQ_REL)) {
+		/* the first kick: let the guest write a few dozen pages more for the next sync to charge */
+		wait_writes(ko.tv, 0, 30);
+	} else if (p == KD_HOOK_EAT_KICK && __atomic_exchange_n(&we.armed, 0, __ATOMIC_ACQ_REL)) {
+		/* the vCPU thread waited out the kickers of kick 1: until kick 2 is counted, not sent */
+		__atomic_store_n(&we.at_eat, 1, __ATOMIC_RELEASE);
+		wait_count(&we.counted, 1, 10000);
+	} else if (p == KD_HOOK_HOLD && __atomic_load_n(&we.counted, __ATOMIC_ACQUIRE)) {
+		/* past eat_kick(), held for its debt */
+		__atomic_store_n(&we.eaten, 1, __ATOMIC_RELEASE);
+	} else if (p == KD_HOOK_KICK_SEND && __atomic_load_n(&we.at_eat, __ATOMIC_ACQUIRE) &&
+		   !__atomic_exchange_n(&we.counted, 1, __ATOMIC_ACQ_REL)) {
+		/* kick 2: its bit set and kick_seq counted; the signal goes once kick 1's eat_kick() ran */
+		wait_count(&we.eaten, 1, 2000);
+	}
+}
+
+/*
+ * Kick 1 ends KVM_RUN; the vCPU thread (SIGUSR1 blocked outside KVM_RUN)
+ * waits out the kickers and is held before eat_kick() while a second sync
+ * charges the pages the guest wrote meanwhile and kicks again: kick 2 sets
+ * its bit and counts itself, and signals only once the thread went past
+ * eat_kick().  Kick 2's signal, pending, ends the next KVM_RUN; its EINTR
+ * must be taken as kick 2's too.  When eat_kick() took kick 2's bit with
+ * kick 1's, nothing ate that signal and the KVM_RUN after returned -EINTR.
+ */
+START_TEST(kick_between_wait_and_eat)
+{
+	struct kvmdirty_vcpu_stats st;
+	struct rig g;
+
+	we = (typeof(we)){ .armed = 1 };
+	g = ko_setup(false);
+	kd_test_hooks_set(NULL, we_point, false);
+	rig_sync_consume(&g);
+	ck_assert_msg(wait_count(&we.at_eat, 1, 10000), "kick 1's EINTR never reached eat_kick()");
+	rig_sync_consume(&g);
+	ck_assert_msg(__atomic_load_n(&we.counted, __ATOMIC_ACQUIRE), "the second sync sent no kick");
+	ck_assert_ok(kvmdirty_vcpu_stats(ko.v, &st, sizeof(st)));
+	ck_assert_msg(st.kicks == 2, "%" PRIu64 " kick(s) sent, not 2", st.kicks);
+	ko_finish(&g, "a second kick counted between wait_kickers() and eat_kick() of the first");
+}
+END_TEST
+
 int main(void)
 {
 	int skip = require_kvm("test-throttle-signals");
@@ -670,6 +735,7 @@ int main(void)
 #endif
 	tcase_add_test(tc, kick_off_leaks_eintr);
 	tcase_add_test(tc, kick_moved_leaks_eintr);
+	tcase_add_test(tc, kick_between_wait_and_eat);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
