@@ -23,8 +23,10 @@
  * - Changes: region add, remove, move and logging on/off, and tracker
  *   start and stop, may be called from any thread but not concurrently
  *   with each other.  They may run concurrently with everything below.
- * - The tracker's owner: sync and next, from one thread at a time (the
- *   migration thread, say).
+ * - Consumers (kvmdirty_consumer_*): each consumer's calls from one
+ *   thread at a time; different consumers of one tracker (the tracker's
+ *   own included, which kvmdirty_tracker_sync and _next act on) from
+ *   different threads at once, concurrently with everything else.
  * - Marks (kvmdirty_tracker_mark_dirty_*): any thread, any time, also
  *   while regions are added, moved or removed: a mark sees each region
  *   whole, before or after a change.
@@ -57,6 +59,7 @@ extern "C" {
 struct kvmdirty_vm;
 struct kvmdirty_region;
 struct kvmdirty_tracker;
+struct kvmdirty_consumer;
 struct kvmdirty_vcpu;
 struct kvm_run;
 
@@ -279,7 +282,8 @@ struct kvmdirty_tracker_opts {
 };
 
 /*
- * Create the VM's tracker (one per VM) and set KVM up for its mode: this
+ * Create the VM's tracker (one per VM: several readers of its log are its
+ * consumers, kvmdirty_consumer_new()) and set KVM up for its mode: this
  * enables manual protect, or the dirty ring, on the VM.  The ring can only
  * be enabled before the first vCPU exists, so create the tracker before
  * kvmdirty_vcpu_create()/_add() in every mode.  opts NULL means AUTO.
@@ -328,10 +332,14 @@ int kvmdirty_tracker_start(struct kvmdirty_tracker *tracker, struct kvmdirty_reg
 int kvmdirty_tracker_stop(struct kvmdirty_tracker *tracker, struct kvmdirty_region *region);
 
 /*
- * Pull what KVM has into the pending pages: KVM_GET_DIRTY_LOG for each
- * tracked region, or a harvest of every vCPU's ring and
- * KVM_RESET_DIRTY_RINGS; plus pages marked with kvmdirty_tracker_mark_*.
- * Returns how many pages became pending (were not already), or -errno.
+ * Sync, pending and next act on the tracker's own consumer
+ * (kvmdirty_tracker_consumer()); see "Consumers" below for others.
+ *
+ * Pull what KVM has into the pending pages of every consumer:
+ * KVM_GET_DIRTY_LOG for each tracked region, or a harvest of every vCPU's
+ * ring and KVM_RESET_DIRTY_RINGS; plus pages marked with
+ * kvmdirty_tracker_mark_*.  Returns how many pages became pending for the
+ * tracker's own consumer (were not already), or -errno.
  * Cost: the ioctls plus O(tracked regions), whatever the memslot count.
  *
  * A sync that fails partway (an ioctl error on one region) keeps every
@@ -422,6 +430,134 @@ struct kvmdirty_stats {
  */
 int kvmdirty_tracker_stats(const struct kvmdirty_tracker *tracker, struct kvmdirty_stats *ret_stats,
 			   size_t size);
+
+/* ---- Consumers of one tracker ----------------------------------------- */
+
+/*
+ * Several independent readers of one VM's dirty log: a migration, periodic
+ * snapshots, a display, a dirty-rate monitor.  Each consumer has its own
+ * pending pages and its own place in them: its sync followed by its next()
+ * calls hands out every page written since that page was last handed to
+ * it, once, whatever the other consumers do and whenever they join or
+ * leave.  KVM's work (the GET, ring harvest and reset, the CLEAR of each
+ * chunk) is done once for all of them: a sync by any consumer fetches and
+ * fans the pages out to every consumer's pending set, and a chunk one
+ * consumer protects stays protected for the others.  Marks reach every
+ * consumer.  The tracker's own calls (kvmdirty_tracker_sync, _next,
+ * _pending) act on its default consumer (kvmdirty_tracker_consumer()).
+ *
+ * Pages handed out stay owed by the consumer until it commits them;
+ * kvmdirty_consumer_abort() makes every page handed out since the last
+ * commit pending again, so an interrupted snapshot or a cancelled
+ * migration loses nothing and its next pass is complete.
+ *
+ * Memory: per tracked page, one bit (pending) for each consumer, two for
+ * one that owes (pending and owed).  The tracker's shared state is three
+ * bits a page (CLEAR_LOG; two otherwise), whatever the consumers.
+ */
+
+/* Flags of kvmdirty_consumer_new(). */
+enum {
+	/*
+	 * Join with nothing pending: every write after kvmdirty_consumer_new()
+	 * returned reaches the consumer (some earlier ones may too).  Without
+	 * it, every page of every tracked region is pending at first.
+	 */
+	KVMDIRTY_CONSUMER_EMPTY = 1u << 0,
+	/* Commit every page as it is handed out: nothing owed, no owed bitmap, abort returns 0. */
+	KVMDIRTY_CONSUMER_AUTOCOMMIT = 1u << 1,
+	/*
+	 * A counting consumer: kvmdirty_consumer_count() instead of next(),
+	 * for dirty rates.  It takes nothing from anyone (other consumers'
+	 * pages stay theirs) and owes nothing.
+	 */
+	KVMDIRTY_CONSUMER_COUNT = 1u << 2,
+};
+
+/*
+ * A new consumer of the tracker's log; the tracker's regions started later
+ * are wholly pending for it, as for every consumer.  Any thread, also
+ * while other consumers sync and hand out (it waits for a sync under way).
+ * Errors: -EINVAL NULL, unknown flags, or COUNT with AUTOCOMMIT; -ENOMEM.
+ */
+int kvmdirty_consumer_new(struct kvmdirty_tracker *tracker, uint32_t flags,
+			  struct kvmdirty_consumer **ret_consumer);
+
+/*
+ * End a consumer: its pending and owed pages are dropped (nothing owed
+ * survives it; the other consumers keep theirs).  Call it when no call of
+ * this consumer runs; other consumers may.  kvmdirty_tracker_free() frees
+ * the consumers still there.  NULL and the tracker's default consumer: no-op.
+ */
+void kvmdirty_consumer_free(struct kvmdirty_consumer *consumer);
+
+/* The consumer the tracker's own sync, next and pending act on; NULL for NULL. */
+struct kvmdirty_consumer *kvmdirty_tracker_consumer(const struct kvmdirty_tracker *tracker);
+
+/*
+ * kvmdirty_tracker_sync() for every consumer at once: fetches from KVM and
+ * fans out to every consumer; returns how many pages became pending for
+ * this one, or -errno as kvmdirty_tracker_sync().  Syncs of different
+ * consumers run one at a time; one returns once all an earlier one fetched
+ * has reached every consumer.
+ */
+int64_t kvmdirty_consumer_sync(struct kvmdirty_consumer *consumer);
+
+/*
+ * kvmdirty_tracker_next() for this consumer: hands out its pending pages,
+ * protect before read included, and (unless AUTOCOMMIT) records them as
+ * owed.  -EINVAL also for a counting consumer.
+ */
+int kvmdirty_consumer_next(struct kvmdirty_consumer *consumer, struct kvmdirty_range *ranges,
+			   size_t max_ranges, uint64_t max_pages);
+
+/* Pages pending for this consumer; O(1), from any thread; 0 for NULL. */
+uint64_t kvmdirty_consumer_pending(const struct kvmdirty_consumer *consumer);
+
+/*
+ * The pages handed out since the last commit are done with: forgotten.
+ * Returns how many there were.  Cost: the regions and the span of pages
+ * handed out since the last commit, never memory not handed out.
+ * -EINVAL for NULL.
+ */
+int64_t kvmdirty_consumer_commit(struct kvmdirty_consumer *consumer);
+
+/*
+ * What was done with the pages handed out since the last commit failed:
+ * every one of them is pending again, for this consumer only, and will be
+ * handed out again (protected again as needed; a write since is not lost
+ * either, as it is reported by a later sync).  Returns how many there
+ * were; the same cost as commit.  -EINVAL for NULL.
+ */
+int64_t kvmdirty_consumer_abort(struct kvmdirty_consumer *consumer);
+
+struct kvmdirty_consumer_info {
+	uint32_t flags;
+	uint64_t pending;
+	uint64_t owed;		/* handed out since the last commit */
+	uint64_t tracked_pages; /* pages of the tracked regions */
+	uint64_t bitmap_bytes;	/* the consumer's own bitmaps over them */
+};
+
+/* A consumer's counts and memory, from any thread; size as for kvmdirty_tracker_stats(). -EINVAL NULL or size 0. */
+int kvmdirty_consumer_info(const struct kvmdirty_consumer *consumer, struct kvmdirty_consumer_info *ret_info,
+			   size_t size);
+
+struct kvmdirty_count {
+	uint64_t pages;		/* distinct pages written over the interval */
+	uint64_t ns;		/* the interval: since the last count (or the consumer's creation) */
+	uint64_t pages_per_sec; /* pages over ns */
+};
+
+/*
+ * A counting consumer's measure: sync, then take every page it has
+ * pending at once (each protected again, so that a later write counts
+ * again) and report how many there were since the last count.  In
+ * DIRTY_RING mode, kvmdirty_vcpu_stats() splits the rate by vCPU (its
+ * dirtied count).  Errors: -EINVAL NULL, size 0, not a counting consumer;
+ * -errno of the sync or of KVM_CLEAR_DIRTY_LOG (the interval then goes on).
+ */
+int kvmdirty_consumer_count(struct kvmdirty_consumer *consumer, struct kvmdirty_count *ret_count, size_t size);
 
 /* ---- vCPUs ------------------------------------------------------------ */
 

@@ -5,6 +5,7 @@
  * check-then-commit: validate, check overlap, reserve, ioctl, then index,
  * all under the write lock so that readers see a region whole or not at all.
  */
+#define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,13 +52,31 @@ static int set_slot(struct kd_regions *rs, uint32_t slot, uint32_t flags, uint64
 	}
 }
 
+/*
+ * glibc's default rwlock prefers readers: with threads marking back to
+ * back a change never got the lock.  Writers first, and no reader takes
+ * either lock twice (a nested read would deadlock behind a waiting writer).
+ */
+static void rwlock_init_writers_first(pthread_rwlock_t *l)
+{
+	pthread_rwlockattr_t a;
+
+	pthread_rwlockattr_init(&a);
+#ifdef __GLIBC__
+	pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+#endif
+	pthread_rwlock_init(l, &a);
+	pthread_rwlockattr_destroy(&a);
+}
+
 void kd_regions_init(struct kd_regions *rs, struct kd_kvm *kvm)
 {
 	memset(rs, 0, sizeof(*rs));
 	rs->kvm = kvm;
 	kd_index_init(&rs->gpa_index);
 	kd_index_init(&rs->hva_index);
-	pthread_rwlock_init(&rs->lock, NULL);
+	rwlock_init_writers_first(&rs->lock);
+	rwlock_init_writers_first(&rs->mark_lock);
 }
 
 void kd_regions_fini(struct kd_regions *rs)
@@ -67,6 +86,7 @@ void kd_regions_fini(struct kd_regions *rs)
 	kd_index_fini(&rs->gpa_index);
 	kd_index_fini(&rs->hva_index);
 	pthread_rwlock_destroy(&rs->lock);
+	pthread_rwlock_destroy(&rs->mark_lock);
 	memset(rs, 0, sizeof(*rs));
 }
 
@@ -159,6 +179,7 @@ int kd_region_add(struct kd_regions *rs, uint64_t gpa, uint64_t size, void *hva,
 		return -EFAULT;
 
 	pthread_rwlock_wrlock(&rs->lock);
+	pthread_rwlock_wrlock(&rs->mark_lock);
 	if (kd_index_overlaps(&rs->gpa_index, gpa, size, KD_INDEX_NO_ID)) {
 		ret = -EEXIST;
 		goto out;
@@ -197,6 +218,7 @@ err_hva:
 err_gpa:
 	kd_index_remove(&rs->gpa_index, r->slot);
 out:
+	pthread_rwlock_unlock(&rs->mark_lock);
 	pthread_rwlock_unlock(&rs->lock);
 	return ret;
 }
@@ -213,12 +235,15 @@ int kd_region_remove(struct kd_regions *rs, struct kvmdirty_region *r)
 	ret = set_slot(rs, r->slot, r->flags, r->gpa, 0, r->hva);
 	if (ret < 0)
 		goto out;
+	/* the layer above takes the mark lock itself for what marks see of it */
 	if (rs->sink)
 		rs->sink->removed(rs->sink_ctx, r->slot);
+	pthread_rwlock_wrlock(&rs->mark_lock);
 	kd_index_remove(&rs->gpa_index, r->slot);
 	kd_index_remove(&rs->hva_index, r->slot);
 	slot_set(rs, r->slot, false);
 	rs->nr_regions--;
+	pthread_rwlock_unlock(&rs->mark_lock);
 	ret = 0;
 out:
 	pthread_rwlock_unlock(&rs->lock);
@@ -243,20 +268,27 @@ int kd_region_move(struct kd_regions *rs, struct kvmdirty_region *r, uint64_t ne
 		ret = -EEXIST;
 		goto out;
 	}
-	/* room for the move and for its undo, so that neither can fail */
+	/*
+	 * Room for the move and for its undo, so that neither can fail.  The
+	 * slot moves in KVM with marks held off: a mark resolves a guest
+	 * address where KVM has the region, never where a failed move would
+	 * have put it.
+	 */
+	pthread_rwlock_wrlock(&rs->mark_lock);
 	blocks = kd_index_blocks(r->gpa, r->size) + kd_index_blocks(new_gpa, r->size);
 	ret = kd_index_reserve(&rs->gpa_index, 2 * blocks);
-	if (ret)
-		goto out;
-	kd_index_remove(&rs->gpa_index, r->slot);
-	kd_index_insert(&rs->gpa_index, r->slot, new_gpa, r->size);
-	ret = set_slot(rs, r->slot, r->flags, new_gpa, r->size, r->hva);
-	if (ret < 0) {
+	if (ret == 0) {
 		kd_index_remove(&rs->gpa_index, r->slot);
-		kd_index_insert(&rs->gpa_index, r->slot, r->gpa, r->size);
-		goto out;
+		kd_index_insert(&rs->gpa_index, r->slot, new_gpa, r->size);
+		ret = set_slot(rs, r->slot, r->flags, new_gpa, r->size, r->hva);
+		if (ret < 0) {
+			kd_index_remove(&rs->gpa_index, r->slot);
+			kd_index_insert(&rs->gpa_index, r->slot, r->gpa, r->size);
+		} else {
+			r->gpa = new_gpa;
+		}
 	}
-	r->gpa = new_gpa;
+	pthread_rwlock_unlock(&rs->mark_lock);
 out:
 	pthread_rwlock_unlock(&rs->lock);
 	return ret;

@@ -7,16 +7,25 @@
  * KVM_SET_USER_MEMORY_REGION(2)) and the three lookups (slot id array,
  * gpa and hva hashed indexes).  Every change is check-then-commit.
  *
- * Locking: lock is taken for writing by every change (add, remove, move,
- * logging), around the ioctl and the index update, and for reading by
- * whoever must see regions and what hangs off them (a tracker's per-slot
- * state) stay put while it works: marks, sync, next, ring publishing.
+ * Locking, two reader-writer locks, both preferring writers (a change
+ * waits for the readers inside, never for readers that come after it),
+ * taken in this order:
+ *   lock       for writing by every change (add, remove, move, logging,
+ *              a tracker's start and stop); for reading by whoever walks
+ *              what hangs off regions (a tracker's sync, next, commit and
+ *              abort, which may take a while over large bitmaps);
+ *   mark_lock  for reading by marks and ring publishing, which are short;
+ *              for writing, inside lock, by the part of a change that
+ *              alters what they see: the indexes, a region's gpa, the set
+ *              of tracked slots.  So a mark never waits behind a walk of
+ *              memory: a change first waits out the walkers holding only
+ *              lock, then takes mark_lock for the moment it edits.
  * Plain lookups (from_gpa and friends) take no lock: the caller keeps
  * them apart from changes.
  *
  * News goes up through a sink the layer above installs: a region going
  * away (after KVM dropped the slot) and dirty logging switched (after KVM
- * did it), both called with lock held for writing.
+ * did it), both called with lock held for writing and mark_lock not held.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -55,6 +64,7 @@ struct kd_regions {
 	struct kd_index gpa_index;
 	struct kd_index hva_index;
 	pthread_rwlock_t lock;
+	pthread_rwlock_t mark_lock;
 	const struct kd_region_sink *sink;
 	void *sink_ctx;
 };
@@ -101,6 +111,23 @@ static inline void kd_regions_wrlock(struct kd_regions *rs)
 static inline void kd_regions_unlock(struct kd_regions *rs)
 {
 	pthread_rwlock_unlock(&rs->lock);
+}
+
+/* Marks and ring publishing. */
+static inline void kd_regions_mark_rdlock(struct kd_regions *rs)
+{
+	pthread_rwlock_rdlock(&rs->mark_lock);
+}
+
+/* What marks see changes: with lock held for writing. */
+static inline void kd_regions_mark_wrlock(struct kd_regions *rs)
+{
+	pthread_rwlock_wrlock(&rs->mark_lock);
+}
+
+static inline void kd_regions_mark_unlock(struct kd_regions *rs)
+{
+	pthread_rwlock_unlock(&rs->mark_lock);
 }
 
 #endif

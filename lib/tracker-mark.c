@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: MIT
 /*
  * Marks: writes the VMM made itself (emulated devices, DMA), by guest
- * physical or host address, from any thread.  A mark holds the regions
- * lock for reading, so a region added, moved or removed meanwhile is seen
- * whole before or after the change, never half way.  Its cost is bounded
+ * physical or host address, from any thread.  A mark holds the regions'
+ * mark lock for reading, so a region added, moved or removed meanwhile is
+ * seen whole before or after the change, never half way; a change holds
+ * that lock only while it edits (never while a sync walks memory).  Its cost is bounded
  * by the smaller of the range's pages and the tracked regions: a long
  * range over holes walks the tracked regions instead of the holes.
  */
@@ -85,12 +86,12 @@ static int mark_range(struct kvmdirty_tracker *t, uint64_t addr, uint64_t len, b
 	ps = t->page_size;
 	first = addr & ~(ps - 1);
 	last = (addr + len - 1) & ~(ps - 1);
-	kd_regions_rdlock(t->regions);
+	kd_regions_mark_rdlock(t->regions);
 	if ((last - first) / ps >= t->nr_tracked)
 		mark_by_regions(t, first, last, by_hva);
 	else
 		mark_by_pages(t, first, last, by_hva);
-	kd_regions_unlock(t->regions);
+	kd_regions_mark_unlock(t->regions);
 	return 0;
 }
 

@@ -24,12 +24,12 @@ static void ring_pages(void *ctx, struct kvmdirty_vcpu *vcpu, const struct kd_ri
 	struct kvmdirty_tracker *t = ctx;
 	uint32_t i;
 
-	kd_regions_rdlock(t->regions);
+	kd_regions_mark_rdlock(t->regions);
 	for (i = 0; i < n; i++)
 		/* address space 0 only: the library makes no other */
 		if (!(e[i].slot >> 16))
 			kd_track_mark(t, e[i].slot, e[i].offset, e[i].offset + 1);
-	kd_regions_unlock(t->regions);
+	kd_regions_mark_unlock(t->regions);
 	STAT_ADD(t, ring_harvested, n);
 }
 
@@ -66,7 +66,7 @@ const struct kd_ring_sink kd_track_ring_sink = {
  * sync anyway.  One whose "on" fails stays off, marked as the library's
  * doing (log_off_ours), all pending at every sync, and is retried next.
  */
-int kd_track_reprotect(struct kvmdirty_tracker *t, uint64_t *fresh)
+int kd_track_reprotect(struct kvmdirty_tracker *t, const struct kvmdirty_consumer *self, uint64_t *fresh)
 {
 	int ret, first = 0;
 	uint32_t i;
@@ -96,7 +96,7 @@ int kd_track_reprotect(struct kvmdirty_tracker *t, uint64_t *fresh)
 			first = first ? first : ret;
 			continue;
 		}
-		*fresh += kd_track_rearm(t, tr);
+		*fresh += kd_track_rearm(t, t->tracked[i], self);
 	}
 	t->reprotecting = false;
 	kd_regions_unlock(t->regions);

@@ -6,13 +6,6 @@
 
 #include "tracker.h"
 
-uint64_t *kd_bitmap_alloc(uint64_t nbits)
-{
-	size_t bytes = (KVMDIRTY_BITMAP_WORDS(nbits) * 8 + 63) & ~(size_t)63;
-
-	return aligned_alloc(64, bytes ? bytes : 64);
-}
-
 static void bitmap_zero(uint64_t *map, uint64_t nbits)
 {
 	memset(map, 0, KVMDIRTY_BITMAP_WORDS(nbits) * 8);
@@ -20,9 +13,8 @@ static void bitmap_zero(uint64_t *map, uint64_t nbits)
 
 void kd_track_state_free(struct kd_track_region *tr)
 {
-	free(tr->pending);
 	free(tr->async);
-	free(tr->kvm_bmap);
+	free(tr->fresh);
 	free(tr->to_clear);
 	memset(tr, 0, sizeof(*tr));
 }
@@ -42,30 +34,25 @@ int kd_track_state_new(struct kvmdirty_tracker *t, uint64_t npages, struct kd_tr
 	bool bitmap_mode = t->mode != KVMDIRTY_MODE_DIRTY_RING;
 	struct kd_track_region n = { .npages = npages };
 
-	n.pending = kd_bitmap_alloc(npages);
 	n.async = kd_bitmap_alloc(npages);
-	if (bitmap_mode) {
-		n.kvm_bmap = kd_bitmap_alloc(npages);
+	n.fresh = kd_bitmap_alloc(npages);
+	if (bitmap_mode)
 		n.to_clear = kd_bitmap_alloc(npages);
-	}
-	if (!n.pending || !n.async || (bitmap_mode && (!n.kvm_bmap || !n.to_clear))) {
+	if (!n.async || !n.fresh || (bitmap_mode && !n.to_clear)) {
 		kd_track_state_free(&n);
 		return -ENOMEM;
 	}
 	bitmap_zero(n.async, npages);
+	bitmap_zero(n.fresh, npages); /* ring mode keeps it zero between syncs */
 	/*
 	 * With INITIALLY_SET, KVM starts the slot all dirty and unprotected:
 	 * take that as fetched, so that the first pass clears (protects) each
 	 * chunk before handing it out and the next GET reports only what was
 	 * written after, instead of every page a second time.  Clearing a
-	 * bit not fetched is safe here because every page is pending and is
-	 * handed out only after its chunk's clear.
+	 * bit not fetched is safe here because every page is pending for
+	 * every consumer and is handed out only after its chunk's clear.
 	 */
 	to_clear_after_arm(t, &n);
-	/* the first pass reports every page */
-	bitmap_zero(n.pending, npages);
-	kvmdirty_bitmap_set(n.pending, 0, npages);
-	n.pending_count = npages;
 	*ret = n;
 	return 0;
 }
@@ -85,59 +72,79 @@ uint32_t kd_track_lower_bound(const struct kvmdirty_tracker *t, uint32_t slot)
 	return lo;
 }
 
-static void total_add(struct kvmdirty_tracker *t, int64_t n)
+/*
+ * Every consumer's state first (the part that can fail), then, with marks
+ * held off, the region joins the list marks walk.
+ */
+int kd_track_install(struct kvmdirty_tracker *t, uint32_t slot, const struct kd_track_region *tr)
 {
-	__atomic_store_n(&t->pending_total, t->pending_total + (uint64_t)n, __ATOMIC_RELAXED);
-}
+	uint32_t pos = kd_track_lower_bound(t, slot), i;
+	struct kd_cons_slot *cs;
+	int ret;
 
-void kd_track_add_pending(struct kvmdirty_tracker *t, struct kd_track_region *tr, uint64_t n)
-{
-	tr->pending_count += n;
-	total_add(t, (int64_t)n);
-}
+	for (i = 0; i < t->nr_consumers; i++) {
+		struct kvmdirty_consumer *c = t->consumers[i];
 
-void kd_track_sub_pending(struct kvmdirty_tracker *t, struct kd_track_region *tr, uint64_t n)
-{
-	tr->pending_count -= n;
-	total_add(t, -(int64_t)n);
-}
-
-void kd_track_install(struct kvmdirty_tracker *t, uint32_t slot, const struct kd_track_region *tr)
-{
-	uint32_t pos = kd_track_lower_bound(t, slot);
-
+		ret = kd_cons_slot_new(c, tr->npages, true, &c->slots[slot]);
+		if (ret < 0) {
+			while (i--)
+				kd_cons_slot_drop(t->consumers[i], slot);
+			return ret;
+		}
+		cs = &c->slots[slot];
+		kd_cons_add_pending(c, cs, (int64_t)tr->npages);
+	}
+	kd_regions_mark_wrlock(t->regions);
 	t->slots[slot] = *tr;
 	t->slots[slot].tracking = true;
 	memmove(t->tracked + pos + 1, t->tracked + pos, (t->nr_tracked - pos) * sizeof(*t->tracked));
 	t->tracked[pos] = (uint16_t)slot;
 	t->nr_tracked++;
-	total_add(t, (int64_t)tr->pending_count);
+	kd_regions_mark_unlock(t->regions);
+	return 0;
+}
+
+/* Out of the list marks walk; its bitmaps are freed after, with marks going on. */
+static void untrack(struct kvmdirty_tracker *t, uint32_t slot)
+{
+	uint32_t pos;
+
+	kd_regions_mark_wrlock(t->regions);
+	pos = kd_track_lower_bound(t, slot);
+	memmove(t->tracked + pos, t->tracked + pos + 1, (t->nr_tracked - pos - 1) * sizeof(*t->tracked));
+	t->nr_tracked--;
+	t->slots[slot].tracking = false;
+	kd_regions_mark_unlock(t->regions);
 }
 
 void kd_track_drop(struct kvmdirty_tracker *t, uint32_t slot)
 {
 	struct kd_track_region *tr = &t->slots[slot];
-	uint32_t pos;
+	uint32_t i;
 
 	if (!tr->tracking)
 		return;
-	pos = kd_track_lower_bound(t, slot);
-	memmove(t->tracked + pos, t->tracked + pos + 1, (t->nr_tracked - pos - 1) * sizeof(*t->tracked));
-	t->nr_tracked--;
-	total_add(t, -(int64_t)tr->pending_count);
+	for (i = 0; i < t->nr_consumers; i++)
+		kd_cons_slot_drop(t->consumers[i], slot);
+	untrack(t, slot);
 	kd_track_state_free(tr);
 }
 
-uint64_t kd_track_rearm(struct kvmdirty_tracker *t, struct kd_track_region *tr)
+uint64_t kd_track_rearm(struct kvmdirty_tracker *t, uint32_t slot, const struct kvmdirty_consumer *self)
 {
-	uint64_t fresh = tr->npages - tr->pending_count;
+	struct kd_track_region *tr = &t->slots[slot];
+	uint64_t mine = 0, n;
+	uint32_t i;
 
-	kvmdirty_bitmap_set(tr->pending, 0, tr->npages);
-	kd_track_add_pending(t, tr, fresh);
+	for (i = 0; i < t->nr_consumers; i++) {
+		n = kd_cons_all_pending(t->consumers[i], slot, tr->npages);
+		if (t->consumers[i] == self)
+			mine = n;
+	}
 	to_clear_after_arm(t, tr);
 	tr->log_off = tr->log_off_ours = false;
 	tr->log_lost = false;
-	return fresh;
+	return mine;
 }
 
 void kd_track_mark(struct kvmdirty_tracker *t, uint32_t slot, uint64_t first, uint64_t end)

@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: MIT
 /*
- * sync: pull what KVM has into the pending pages.  Walks the tracked
- * regions only (a sorted list of their slot ids), so untracked memslots
- * cost nothing.  Every bit fetched is made pending at once, with its
- * counts: a sync that fails partway keeps what it fetched (in DIRTY_LOG
- * mode KVM has already cleared those bits) and returns the error.
+ * sync: pull what KVM has and fan it out to every consumer's pending
+ * pages, whichever consumer asked.  Walks the tracked regions only (a
+ * sorted list of their slot ids), so untracked memslots cost nothing.
+ * Every bit fetched is made pending at once, with its counts: a sync that
+ * fails partway keeps what it fetched (in DIRTY_LOG mode KVM has already
+ * cleared those bits) and returns the error.
  */
+#include <string.h>
 #include <errno.h>
 
 #include "dirty-log.h"
@@ -13,41 +15,36 @@
 #include "hooks.h"
 #include "tracker.h"
 
-/* pending |= kvm_bmap (and to_clear |= kvm_bmap): the words KVM reported, found with the zero skip. */
-static uint64_t merge_log(struct kd_track_region *tr, bool manual)
+/* to_clear |= fresh: the words KVM reported, found with the zero skip. */
+static void merge_to_clear(struct kd_track_region *tr)
 {
-	uint64_t words = KVMDIRTY_BITMAP_WORDS(tr->npages), nbits = words * 64, fresh = 0, b;
+	uint64_t nbits = KVMDIRTY_BITMAP_WORDS(tr->npages) * 64, b;
 
-	for (b = kvmdirty_bitmap_next_set(tr->kvm_bmap, 0, nbits); b < nbits;
-	     b = kvmdirty_bitmap_next_set(tr->kvm_bmap, (b / 64 + 1) * 64, nbits)) {
-		size_t i = b / 64;
-		uint64_t v = tr->kvm_bmap[i];
-
-		fresh += (uint64_t)__builtin_popcountll(v & ~tr->pending[i]);
-		tr->pending[i] |= v;
-		if (manual)
-			tr->to_clear[i] |= v;
-	}
-	return fresh;
+	for (b = kvmdirty_bitmap_next_set(tr->fresh, 0, nbits); b < nbits;
+	     b = kvmdirty_bitmap_next_set(tr->fresh, (b / 64 + 1) * 64, nbits))
+		tr->to_clear[b / 64] |= tr->fresh[b / 64];
 }
 
-/* Every page of tr pending; returns how many were not. */
-static uint64_t all_pending(struct kvmdirty_tracker *t, struct kd_track_region *tr)
+enum fetched {
+	FETCHED_NONE,	/* fresh holds nothing of this sync */
+	FETCHED_BITMAP, /* fresh holds what to fan out */
+	FETCHED_ALL,	/* every page, for every consumer */
+};
+
+/*
+ * Pull one region from KVM into fresh.  In CLEAR_LOG, the GET and its
+ * merge into to_clear are one step under log_lock, so that no clear lands
+ * between them (doc/consumers.md, C3).
+ */
+static int fetch_region(struct kvmdirty_tracker *t, uint32_t slot, struct kd_track_region *tr,
+			uint64_t *kernel_ns, enum fetched *what)
 {
-	uint64_t fresh = tr->npages - tr->pending_count;
+	uint64_t t0;
+	int ret;
 
-	kvmdirty_bitmap_set(tr->pending, 0, tr->npages);
-	kd_track_add_pending(t, tr, fresh);
-	return fresh;
-}
-
-/* Pull one region from KVM: returns the pages that became pending, or -errno. */
-static int64_t fetch_region(struct kvmdirty_tracker *t, uint32_t slot, struct kd_track_region *tr,
-			    uint64_t *kernel_ns)
-{
-	uint64_t t0 = kd_now_ns(), n;
-	int ret = kd_log_get(t->kvm, slot, tr->kvm_bmap);
-
+	pthread_mutex_lock(&t->log_lock);
+	t0 = kd_now_ns();
+	ret = kd_log_get(t->kvm, slot, tr->fresh);
 	*kernel_ns += kd_now_ns() - t0;
 	if (ret == -ENOENT) {
 		/*
@@ -59,17 +56,16 @@ static int64_t fetch_region(struct kvmdirty_tracker *t, uint32_t slot, struct kd
 		tr->log_lost = true;
 		if (tr->to_clear)
 			kvmdirty_bitmap_clear(tr->to_clear, 0, tr->npages);
-		return (int64_t)all_pending(t, tr);
-	}
-	if (ret < 0)
-		return ret;
-	n = merge_log(tr, t->mode == KVMDIRTY_MODE_CLEAR_LOG);
-	kd_track_add_pending(t, tr, n);
-	if (tr->log_lost) {
+		*what = FETCHED_ALL;
+		ret = 0;
+	} else if (ret == 0) {
+		if (t->mode == KVMDIRTY_MODE_CLEAR_LOG)
+			merge_to_clear(tr);
+		*what = tr->log_lost ? FETCHED_ALL : FETCHED_BITMAP;
 		tr->log_lost = false;
-		n += all_pending(t, tr);
 	}
-	return (int64_t)n;
+	pthread_mutex_unlock(&t->log_lock);
+	return ret;
 }
 
 /* Dirty rate: pages made pending over the last KD_RATE_SAMPLES syncs' span. */
@@ -90,48 +86,96 @@ static void rate_sample(struct kvmdirty_tracker *t, uint64_t now, uint64_t pages
 		STAT_SET(t, dirty_rate, sum * 1000000000ull / (now - t->rate_ns[oldest]));
 }
 
-KD_EXPORT int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *t)
+/* Zero the words of fresh that hold bits (ring mode keeps it zero between syncs). */
+static void fresh_zero(struct kd_track_region *tr)
 {
+	uint64_t nbits = KVMDIRTY_BITMAP_WORDS(tr->npages) * 64, b;
+
+	for (b = kvmdirty_bitmap_next_set(tr->fresh, 0, nbits); b < nbits;
+	     b = kvmdirty_bitmap_next_set(tr->fresh, (b / 64 + 1) * 64, nbits))
+		tr->fresh[b / 64] = 0;
+}
+
+/*
+ * Fetch one region (KVM's log, the pages other threads reported) and fan
+ * it out to every consumer; returns what became pending for self.
+ */
+static uint64_t sync_region(struct kvmdirty_tracker *t, struct kvmdirty_consumer *self, uint32_t slot,
+			    uint64_t *kernel_ns, int *err)
+{
+	struct kd_track_region *tr = &t->slots[slot];
+	enum fetched what = FETCHED_NONE;
+	uint64_t mine = 0, n;
+	bool took = false;
+	uint32_t i;
+	int ret;
+
+	if (tr->log_off) {
+		what = FETCHED_ALL;
+	} else if (t->mode != KVMDIRTY_MODE_DIRTY_RING && !*err) {
+		ret = fetch_region(t, slot, tr, kernel_ns, &what);
+		if (ret < 0)
+			*err = ret; /* no more GETs; what other threads reported is still taken */
+	}
+	if (__atomic_exchange_n(&tr->async_any, 0, __ATOMIC_ACQ_REL)) {
+		/* the GET's bits stay; anything else in fresh is a failed GET's */
+		if (what == FETCHED_NONE && t->mode != KVMDIRTY_MODE_DIRTY_RING)
+			memset(tr->fresh, 0, KVMDIRTY_BITMAP_WORDS(tr->npages) * 8);
+		kvmdirty_bitmap_take(tr->fresh, tr->async, 0, tr->npages);
+		took = true;
+		if (what == FETCHED_NONE)
+			what = FETCHED_BITMAP;
+	}
+	if (what == FETCHED_NONE)
+		return 0;
+	KD_HOOK_POINT(KD_HOOK_FAN_OUT, t);
+	for (i = 0; i < t->nr_consumers; i++) {
+		struct kvmdirty_consumer *c = t->consumers[i];
+
+		pthread_mutex_lock(&c->lock);
+		if (what == FETCHED_ALL)
+			n = kd_cons_all_pending(c, slot, tr->npages);
+		else
+			n = kd_cons_fan_out(c, slot, tr->fresh, tr->npages);
+		pthread_mutex_unlock(&c->lock);
+		if (c == self)
+			mine = n;
+	}
+	if (t->mode == KVMDIRTY_MODE_DIRTY_RING && took)
+		fresh_zero(tr);
+	return mine;
+}
+
+int64_t kd_cons_sync(struct kvmdirty_consumer *c)
+{
+	struct kvmdirty_tracker *t = c->t;
 	uint64_t t0, now, kernel_ns = 0, fresh = 0, syncs;
 	int ret = 0, r;
 	uint32_t i;
 
-	if (!t)
-		return -EINVAL;
 	t0 = kd_now_ns();
-	/* test build only: the clears next() was made to defer */
-	ret = kd_track_late_flush(t);
-	if (ret < 0)
-		return ret;
 	if (t->mode == KVMDIRTY_MODE_DIRTY_RING)
 		/* a reset failure is reported as a loss too, and handled just below */
 		ret = kd_vcpus_harvest(t->vcpus, &kernel_ns);
+	/*
+	 * One sync at a time, from the re-protect to the last fan-out: a
+	 * consumer's sync returns only once whatever an earlier one fetched
+	 * has reached it, and joins see no fan-out half done.
+	 */
+	pthread_mutex_lock(&t->sync_lock);
 	/* entries lost since the last sync: protect again before taking anything */
-	r = kd_track_reprotect(t, &fresh);
+	r = kd_track_reprotect(t, c, &fresh);
 	if (r < 0 && !ret)
 		ret = r;
 	KD_HOOK_POINT(KD_HOOK_SYNC_FETCH, t);
 
 	kd_regions_rdlock(t->regions);
-	for (i = 0; i < t->nr_tracked; i++) {
-		struct kd_track_region *tr = &t->slots[t->tracked[i]];
-		int64_t n;
-
-		if (tr->log_off) {
-			fresh += all_pending(t, tr);
-		} else if (t->mode != KVMDIRTY_MODE_DIRTY_RING && !ret) {
-			n = fetch_region(t, t->tracked[i], tr, &kernel_ns);
-			if (n < 0)
-				ret = (int)n; /* no more GETs; what other threads reported is still taken */
-			else
-				fresh += (uint64_t)n;
-		}
-		if (__atomic_exchange_n(&tr->async_any, 0, __ATOMIC_ACQ_REL)) {
-			n = (int64_t)kvmdirty_bitmap_take(tr->pending, tr->async, 0, tr->npages);
-			kd_track_add_pending(t, tr, (uint64_t)n);
-			fresh += (uint64_t)n;
-		}
-	}
+	/* test build only: the clears next() was made to defer */
+	r = kd_track_late_flush(t);
+	if (r < 0 && !ret)
+		ret = r;
+	for (i = 0; i < t->nr_tracked; i++)
+		fresh += sync_region(t, c, t->tracked[i], &kernel_ns, &ret);
 	kd_regions_unlock(t->regions);
 
 	syncs = STAT_ADD(t, syncs, 1) + 1;
@@ -141,5 +185,11 @@ KD_EXPORT int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *t)
 	now = kd_now_ns();
 	STAT_SET(t, last_sync_lib_ns, now - t0 - kernel_ns);
 	rate_sample(t, now, fresh, syncs);
+	pthread_mutex_unlock(&t->sync_lock);
 	return ret < 0 ? ret : (int64_t)fresh;
+}
+
+KD_EXPORT int64_t kvmdirty_tracker_sync(struct kvmdirty_tracker *t)
+{
+	return t ? kd_cons_sync(t->dflt) : -EINVAL;
 }

@@ -35,7 +35,7 @@ static void on_region_logging(void *ctx, uint32_t slot, bool on)
 		return;
 	tr = &t->slots[slot];
 	if (on) {
-		kd_track_rearm(t, tr);
+		kd_track_rearm(t, slot, NULL);
 	} else {
 		tr->log_off = true;
 		/* KVM dropped the slot's log: nothing fetched is left to clear */
@@ -100,8 +100,14 @@ int kd_tracker_new(struct kd_kvm *kvm, struct kd_regions *regions, struct kd_vcp
 	t->tracked = calloc(t->nr_slots ? t->nr_slots : 1, sizeof(*t->tracked));
 	pthread_mutex_init(&t->reaper_lock, NULL);
 	pthread_cond_init(&t->reaper_cond, NULL);
+	pthread_mutex_init(&t->sync_lock, NULL);
+	pthread_mutex_init(&t->log_lock, NULL);
 	ret = -ENOMEM;
 	if (!t->slots || !t->tracked)
+		goto err;
+	/* the tracker's own consumer, which its sync and next act on */
+	ret = kd_cons_new(t, KVMDIRTY_CONSUMER_AUTOCOMMIT, true, &t->dflt);
+	if (ret < 0)
 		goto err;
 	ret = enable_mode(kvm, vcpus, &o);
 	if (ret < 0)
@@ -120,6 +126,11 @@ int kd_tracker_new(struct kd_kvm *kvm, struct kd_regions *regions, struct kd_vcp
 	*ret_tracker = t;
 	return 0;
 err:
+	if (t->dflt)
+		kd_cons_free(t->dflt);
+	free(t->consumers);
+	pthread_mutex_destroy(&t->sync_lock);
+	pthread_mutex_destroy(&t->log_lock);
 	pthread_mutex_destroy(&t->reaper_lock);
 	pthread_cond_destroy(&t->reaper_cond);
 	free(t->slots);
@@ -142,6 +153,11 @@ void kd_tracker_free(struct kvmdirty_tracker *t)
 	kd_regions_unlock(t->regions);
 	kd_regions_set_sink(t->regions, NULL, NULL);
 	kd_track_late_free(t);
+	while (t->nr_consumers) /* the default one, and any the VMM left */
+		kd_cons_free(t->consumers[t->nr_consumers - 1]);
+	free(t->consumers);
+	pthread_mutex_destroy(&t->sync_lock);
+	pthread_mutex_destroy(&t->log_lock);
 	pthread_mutex_destroy(&t->reaper_lock);
 	pthread_cond_destroy(&t->reaper_cond);
 	free(t->slots);
@@ -157,10 +173,12 @@ KD_EXPORT enum kvmdirty_mode kvmdirty_tracker_mode(const struct kvmdirty_tracker
 static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 {
 	struct kd_track_region n;
+	bool was_on;
 	int ret;
 
 	if (!kd_region_valid(t->regions, r))
 		return -EINVAL;
+	was_on = kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY;
 	if (t->slots[r->slot].tracking)
 		return 0;
 	ret = kd_track_state_new(t, r->size / t->page_size, &n);
@@ -183,8 +201,14 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 		return ret;
 	}
 	kd_regions_wrlock(t->regions);
-	kd_track_install(t, r->slot, &n);
+	ret = kd_track_install(t, r->slot, &n);
 	kd_regions_unlock(t->regions);
+	if (ret < 0) {
+		if (!was_on)
+			kd_region_set_logging(t->regions, r, false);
+		kd_track_state_free(&n);
+		return ret;
+	}
 	return 0;
 }
 
@@ -240,7 +264,7 @@ KD_EXPORT int kvmdirty_tracker_stop(struct kvmdirty_tracker *t, struct kvmdirty_
 
 KD_EXPORT uint64_t kvmdirty_tracker_pending(const struct kvmdirty_tracker *t)
 {
-	return t ? __atomic_load_n(&t->pending_total, __ATOMIC_RELAXED) : 0;
+	return t ? kvmdirty_consumer_pending(t->dflt) : 0;
 }
 
 KD_EXPORT int kvmdirty_tracker_stats(const struct kvmdirty_tracker *t, struct kvmdirty_stats *ret_stats,

@@ -6,26 +6,41 @@
  * The tracker: one view of what is dirty, whatever the backend.  Its
  * files split by job: tracker.c (life: new, free, start, stop, what the
  * regions layer reports), tracker-state.c (per-region state, shared by
- * all), tracker-sync.c, tracker-next.c (handing out, with its protect
- * step), tracker-mark.c, tracker-ring.c (what the rings report, the
- * reaper, re-protecting after lost entries).
+ * all), tracker-cstate.c (each consumer's own state, joining, leaving),
+ * tracker-sync.c (fetch and fan-out), tracker-next.c (handing out, with
+ * its protect step), tracker-consumer.c (the consumers' API: commit,
+ * abort, counts), tracker-mark.c, tracker-ring.c (what the rings report,
+ * the reaper, re-protecting after lost entries).
  *
- * Per tracked region, by slot id:
- *   pending   pages synced and not yet handed out; touched by sync and
- *             next only (one thread at a time), and by region changes,
- *             which hold the regions lock for writing;
+ * Consumers (tracker-consumer.c) each have their own pending pages,
+ * cursor and pages owed (handed out, not yet committed); the tracker
+ * keeps what is shared: the fetch from KVM, done once per sync for all of
+ * them, fanned out to every consumer's pending set.
+ *
+ * Per tracked region, by slot id, shared by all consumers:
  *   async     pages reported by other threads: ring harvests and marks;
- *             set atomically, moved into pending by sync (fetch-and-clear);
- *   kvm_bmap  the KVM_GET_DIRTY_LOG buffer, owned and reused;
+ *             set atomically, taken by sync (fetch-and-clear);
+ *   fresh     what one sync fetched (KVM's bitmap, the async pages taken),
+ *             being fanned out; all zero between syncs in ring mode;
  *   to_clear  (CLEAR_LOG) bits fetched from KVM and not yet cleared
  *             there: only these are ever passed to KVM_CLEAR_DIRTY_LOG,
  *             so no dirty bit KVM has not reported yet is cleared.
+ * Per consumer and tracked region (struct kd_cons_slot): pending, and
+ * owed unless the consumer commits as it goes: two bits a page at most.
  *
- * Locking: the per-slot state and the list of tracked slots live and die
- * under the regions lock (kd_regions_rdlock for use: sync, next, marks,
- * ring publishing; the write side is held by region changes, start and
- * stop).  The vCPU set's lock orders ring harvests; it is taken before
- * the regions lock, never while holding it.
+ * Locks, in the order they are taken (doc/consumers.md says why):
+ *   sync_lock        one sync at a time, from its re-protect through its
+ *                    fan-out; consumers join and leave under it;
+ *   regions lock     read: sync, next, commit, abort, join, leave; write:
+ *                    region changes, start, stop, re-protect;
+ *   consumer lock    its pending and owed: its own calls, and a fan-out
+ *                    into it;
+ *   log_lock         to_clear and every KVM_CLEAR_DIRTY_LOG; a GET and
+ *                    its merge into to_clear.
+ * Marks and ring publishing take the regions' mark_lock alone; start,
+ * stop and removal take it, inside the regions lock, to change the list
+ * of tracked slots.  The vCPU set's lock orders ring harvests; it is
+ * taken before the regions' locks, never while holding one.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -37,11 +52,9 @@
 
 struct kd_track_region {
 	uint64_t npages;
-	uint64_t *pending;
 	uint64_t *async;
-	uint64_t *kvm_bmap;
+	uint64_t *fresh;
 	uint64_t *to_clear;
-	uint64_t pending_count;
 	uint32_t async_any; /* atomic: async may hold bits */
 	bool tracking;
 	/* logging is off: every page is pending at every sync */
@@ -50,6 +63,30 @@ struct kd_track_region {
 	bool log_off_ours;
 	/* GET said ENOENT (logging off behind the library): all pending when it works again */
 	bool log_lost;
+};
+
+/* One consumer's state in one tracked region. */
+struct kd_cons_slot {
+	uint64_t *pending;
+	uint64_t *owed; /* NULL: the consumer commits as it goes */
+	uint64_t pending_count;
+	uint64_t owed_count;
+	uint64_t owed_lo, owed_hi; /* owed's words outside [lo, hi) are zero */
+	bool listed;		   /* in the consumer's owed list */
+};
+
+struct kvmdirty_consumer {
+	struct kvmdirty_tracker *t;
+	uint32_t flags;
+	pthread_mutex_t lock;
+	struct kd_cons_slot *slots; /* nr_slots entries, by slot id */
+	uint64_t pending_total;	    /* written under lock (or the regions lock for writing); read by anyone */
+	uint64_t owed_total;
+	uint32_t cursor_slot;
+	uint64_t cursor_page;
+	uint16_t *owed_list; /* slots that may hold owed pages */
+	uint32_t nr_owed_list;
+	uint64_t count_ns; /* counting consumers: when the last count was taken */
 };
 
 #define KD_RATE_SAMPLES 8
@@ -67,9 +104,12 @@ struct kvmdirty_tracker {
 	uint32_t nr_slots;
 	uint16_t *tracked; /* slot ids of tracked regions, ascending */
 	uint32_t nr_tracked;
-	uint64_t pending_total; /* written by sync, next and changes; read by anyone */
-	uint32_t cursor_slot;
-	uint64_t cursor_page;
+
+	pthread_mutex_t sync_lock;
+	pthread_mutex_t log_lock;
+	struct kvmdirty_consumer **consumers;
+	uint32_t nr_consumers, consumers_cap;
+	struct kvmdirty_consumer *dflt; /* what the tracker's own calls act on */
 
 	/* ring entries were lost: sync re-protects every tracked region first */
 	uint32_t lost;
@@ -86,7 +126,7 @@ struct kvmdirty_tracker {
 	pthread_cond_t reaper_cond;
 
 #ifdef KD_TEST_HOOKS
-	/* clears deferred by the clear_late hook: the real clear path, reordered */
+	/* clears deferred by the clear_late hook (under log_lock): the real clear path, reordered */
 	struct kd_late_clear {
 		uint32_t slot;
 		uint64_t chunk;
@@ -105,29 +145,48 @@ int kd_tracker_new(struct kd_kvm *kvm, struct kd_regions *regions, struct kd_vcp
 void kd_tracker_free(struct kvmdirty_tracker *t);
 
 /* tracker-state.c */
-uint64_t *kd_bitmap_alloc(uint64_t nbits);
 int kd_track_state_new(struct kvmdirty_tracker *t, uint64_t npages, struct kd_track_region *ret);
 void kd_track_state_free(struct kd_track_region *tr);
-/* with the regions lock held for writing */
-void kd_track_install(struct kvmdirty_tracker *t, uint32_t slot, const struct kd_track_region *tr);
+/* with the regions lock held for writing: -ENOMEM and nothing changed, or tracked */
+int kd_track_install(struct kvmdirty_tracker *t, uint32_t slot, const struct kd_track_region *tr);
 void kd_track_drop(struct kvmdirty_tracker *t, uint32_t slot);
-/* every page of a tracked region pending again, as after start (logging back on); returns how many were not */
-uint64_t kd_track_rearm(struct kvmdirty_tracker *t, struct kd_track_region *tr);
-/* with the regions lock held for reading: pages reported by any thread */
+/* every page of a tracked region pending again for every consumer, as after start (logging back on);
+ * returns how many were not for self (NULL: 0) */
+uint64_t kd_track_rearm(struct kvmdirty_tracker *t, uint32_t slot, const struct kvmdirty_consumer *self);
+/* with the regions' mark lock held for reading: pages reported by any thread */
 void kd_track_mark(struct kvmdirty_tracker *t, uint32_t slot, uint64_t first, uint64_t end);
-void kd_track_add_pending(struct kvmdirty_tracker *t, struct kd_track_region *tr, uint64_t n);
-void kd_track_sub_pending(struct kvmdirty_tracker *t, struct kd_track_region *tr, uint64_t n);
 /* index of the first tracked slot >= slot */
 uint32_t kd_track_lower_bound(const struct kvmdirty_tracker *t, uint32_t slot);
+
+/* tracker-cstate.c: a consumer's own state; fan-out with sync_lock and the regions lock held for reading */
+uint64_t *kd_bitmap_alloc(uint64_t nbits);
+bool kd_cons_owes(const struct kvmdirty_consumer *c);
+void kd_cons_add_owed(struct kvmdirty_consumer *c, struct kd_cons_slot *cs, int64_t n);
+int kd_cons_new(struct kvmdirty_tracker *t, uint32_t flags, bool dflt, struct kvmdirty_consumer **ret);
+void kd_cons_free(struct kvmdirty_consumer *c);
+/* one region's state for c, every page pending or none; -ENOMEM */
+int kd_cons_slot_new(struct kvmdirty_consumer *c, uint64_t npages, bool all, struct kd_cons_slot *ret);
+void kd_cons_slot_drop(struct kvmdirty_consumer *c, uint32_t slot);
+/* every page of slot pending for c; returns how many were not */
+uint64_t kd_cons_all_pending(struct kvmdirty_consumer *c, uint32_t slot, uint64_t npages);
+/* c's pending |= fresh over npages; returns how many were not pending */
+uint64_t kd_cons_fan_out(struct kvmdirty_consumer *c, uint32_t slot, const uint64_t *fresh, uint64_t npages);
+void kd_cons_add_pending(struct kvmdirty_consumer *c, struct kd_cons_slot *cs, int64_t n);
+/* under c's lock: [first, first + n) of slot handed out, owed until commit or abort */
+void kd_cons_owe(struct kvmdirty_consumer *c, uint32_t slot, uint64_t first, uint64_t n);
+/* with the regions lock held for reading, c's lock held: protect [first, first + n) (tracker-next.c) */
+int kd_track_protect(struct kvmdirty_tracker *t, uint32_t slot, uint64_t first, uint64_t n, uint64_t *done);
+int64_t kd_cons_sync(struct kvmdirty_consumer *c);
+int kd_cons_next(struct kvmdirty_consumer *c, struct kvmdirty_range *out, size_t max, uint64_t max_pages);
 
 /* tracker-ring.c */
 extern const struct kd_ring_sink kd_track_ring_sink;
 int kd_track_reaper_start(struct kvmdirty_tracker *t, uint32_t ms);
 void kd_track_reaper_stop(struct kvmdirty_tracker *t);
 /* if entries were lost: logging off and on for every tracked region, each wholly pending */
-int kd_track_reprotect(struct kvmdirty_tracker *t, uint64_t *fresh);
+int kd_track_reprotect(struct kvmdirty_tracker *t, const struct kvmdirty_consumer *self, uint64_t *fresh);
 
-/* tracker-next.c: the test build's deferred clears, issued (sync calls it first) */
+/* tracker-next.c: the test build's deferred clears, issued (sync calls it first, with the regions lock read) */
 #ifdef KD_TEST_HOOKS
 int kd_track_late_flush(struct kvmdirty_tracker *t);
 void kd_track_late_free(struct kvmdirty_tracker *t);

@@ -36,6 +36,7 @@ struct copy {
 struct rig {
 	struct testvm *tv;
 	struct kvmdirty_tracker *t;
+	struct kvmdirty_consumer *c; /* NULL: the tracker's own calls */
 	struct copy copies[RIG_MAX_REGIONS];
 	unsigned int nr;
 	uint64_t handed_out;
@@ -109,7 +110,8 @@ static inline void rig_consume(struct rig *g)
 	struct kvmdirty_range rg[64];
 	int n;
 
-	while ((n = kvmdirty_tracker_next(g->t, rg, 64, 4096)) > 0) {
+	while ((n = g->c ? kvmdirty_consumer_next(g->c, rg, 64, 4096) : kvmdirty_tracker_next(g->t, rg, 64, 4096)) >
+	       0) {
 		rig_read(g, rg, n);
 		rig_pause_us(g->delay_us);
 	}
@@ -119,7 +121,7 @@ static inline void rig_consume(struct rig *g)
 
 static inline void rig_sync(struct rig *g)
 {
-	int64_t n = kvmdirty_tracker_sync(g->t);
+	int64_t n = g->c ? kvmdirty_consumer_sync(g->c) : kvmdirty_tracker_sync(g->t);
 
 	ck_assert_msg(n >= 0, "kvmdirty_tracker_sync: %" PRId64 " (%s)", n, strerror((int)-n));
 }

@@ -13,22 +13,8 @@
 #include "kvm-uapi.h"
 #include "rig.h"
 #include "rng.h"
+#include "track-modes.h"
 #include "vcpu.h"
-
-#define MODES 3
-static const enum kvmdirty_mode modes[MODES] = { KVMDIRTY_MODE_CLEAR_LOG, KVMDIRTY_MODE_DIRTY_LOG,
-						 KVMDIRTY_MODE_DIRTY_RING };
-
-static const char *mode_name(enum kvmdirty_mode m)
-{
-	return m == KVMDIRTY_MODE_CLEAR_LOG ? "clear-log" : m == KVMDIRTY_MODE_DIRTY_LOG ? "dirty-log" : "dirty-ring";
-}
-
-/* Every test starts and ends with the hooks off, even when run without fork. */
-static void hooks_off(void)
-{
-	kd_test_hooks_set(NULL, NULL, false);
-}
 
 static struct testvm *new_tracked(enum kvmdirty_mode mode, unsigned int vcpus)
 {
