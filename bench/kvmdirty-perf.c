@@ -3,7 +3,7 @@
  * kvmdirty-perf: dirty logging performance, laid out like the kernel's
  * dirty_log_perf_test so that runs can be compared side by side.
  *
- *   kvmdirty-perf [-v VCPUS] [-b BYTES_PER_VCPU] [-i ITERATIONS] [-M MODE] [-c CHUNK_PAGES]
+ *   kvmdirty-perf [-v VCPUS] [-b BYTES_PER_VCPU] [-i ITERATIONS] [-M MODE] [-c CHUNK_PAGES] [-C CONSUMERS]
  *
  * MODE is dirty_log_test's: dirty-log (KVM_GET_DIRTY_LOG alone), clear-log
  * (manual protect: GET + CLEAR), dirty-ring.  Each vCPU writes one word
@@ -14,6 +14,15 @@
  * slots (GET, and in clear-log mode one CLEAR of the whole bitmap per
  * slot, as dirty_log_perf_test does), so both see the same dirty pattern.
  * The last line compares the two.
+ *
+ * With -C N (N > 1), the iterations alternate instead between N consumers
+ * of the tracker (its own and N - 1 that owe their pages, joined empty
+ * before the guest writes) and the tracker's own consumer alone: one sync,
+ * then every page handed out to each consumer, and the owing ones commit.
+ * The last line gives the ratio of the two and each consumer's memory:
+ *
+ *   perf mode=... consumers=N vcpus=... gib=... sync_ms=... one_consumer_ms=... vs_one_consumer=...
+ *   bits_per_page=... pages=...
  */
 #include <errno.h>
 #include <getopt.h>
@@ -147,6 +156,48 @@ static int bare_collect(struct perf *p, bool clear, double *get_s, double *clear
 	return 0;
 }
 
+/* Every page pending for c handed out; returns the pages, or -errno. */
+static int64_t drain(struct kvmdirty_consumer *c)
+{
+	struct kvmdirty_range rg[256];
+	int64_t pages = 0;
+	int k, i;
+
+	while ((k = kvmdirty_consumer_next(c, rg, 256, 0)) > 0)
+		for (i = 0; i < k; i++)
+			pages += (int64_t)rg[i].npages;
+	return k < 0 ? k : pages;
+}
+
+/* -C: one sync, every page to each consumer, commits; pages handed to the first. */
+static int multi_collect(struct perf *p, struct kvmdirty_consumer **extra, unsigned int n, double *s,
+			 uint64_t *pages)
+{
+	double t0 = now_s();
+	int64_t r = kvmdirty_tracker_sync(p->tv->tracker);
+	unsigned int i;
+
+	if (r >= 0)
+		r = drain(kvmdirty_tracker_consumer(p->tv->tracker));
+	if (r < 0)
+		return (int)r;
+	*pages = (uint64_t)r;
+	for (i = 0; i < n; i++) {
+		r = drain(extra[i]);
+		if (r >= 0)
+			r = kvmdirty_consumer_commit(extra[i]);
+		if (r < 0)
+			return (int)r;
+		if ((uint64_t)r != *pages) {
+			fprintf(stderr, "kvmdirty-perf: consumer %u was handed %" PRId64 " pages, the first %" PRIu64 "\n",
+				i + 1, r, *pages);
+			return -EIO;
+		}
+	}
+	*s = now_s() - t0;
+	return 0;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -163,7 +214,9 @@ static double median(double *v, uint64_t n)
 
 int main(int argc, char **argv)
 {
-	uint64_t vcpus = 1, bytes = 1ull << 30, iters = 3, chunk = 0;
+	uint64_t vcpus = 1, bytes = 1ull << 30, iters = 3, chunk = 0, consumers = 1;
+	struct kvmdirty_consumer *extra[63];
+	double bits_per_page = 0;
 	struct testvm_opts o = { .track = true };
 	const char *mode_name = "clear-log";
 	double t0, lib_get = 0, lib_clear = 0, bare_get = 0, bare_clear = 0, floor_s, lib_s;
@@ -176,7 +229,7 @@ int main(int argc, char **argv)
 	unsigned int i;
 	int c, ret;
 
-	while ((c = getopt(argc, argv, "v:b:i:M:c:h")) != -1) {
+	while ((c = getopt(argc, argv, "v:b:i:M:c:C:h")) != -1) {
 		switch (c) {
 		case 'v':
 			if (cli_number("kvmdirty-perf", "-v", optarg, 1, GUEST_MAX_VCPUS, &vcpus))
@@ -197,9 +250,13 @@ int main(int argc, char **argv)
 		case 'M':
 			mode_name = optarg;
 			break;
+		case 'C':
+			if (cli_number("kvmdirty-perf", "-C", optarg, 1, 64, &consumers))
+				return 2;
+			break;
 		default:
 			fprintf(stderr, "usage: kvmdirty-perf [-v VCPUS] [-b BYTES_PER_VCPU] [-i ITERATIONS] "
-					"[-M dirty-log|clear-log|dirty-ring] [-c CLEAR_CHUNK_PAGES]\n");
+					"[-M dirty-log|clear-log|dirty-ring] [-c CLEAR_CHUNK_PAGES] [-C CONSUMERS]\n");
 			return c == 'h' ? 0 : 2;
 		}
 	}
@@ -274,7 +331,38 @@ int main(int argc, char **argv)
 		ret = lib_collect(&p, &g, &cl, &n);
 	}
 
-	for (it = 1; it <= 2 * iters && !ret && !p.error; it++) {
+	for (it = 1; it <= 2 * iters && !ret && !p.error && consumers > 1; it++) {
+		unsigned int n = it % 2 ? (unsigned int)consumers - 1 : 0, k;
+		double dm, t = 0;
+		uint64_t pages = 0;
+
+		/* the others join empty before the guest writes (not timed) */
+		for (k = 0; k < n && !ret; k++)
+			ret = kvmdirty_consumer_new(p.tv->tracker, KVMDIRTY_CONSUMER_EMPTY, &extra[k]);
+		if (ret < 0)
+			break;
+		if (n) {
+			struct kvmdirty_consumer_info in;
+
+			kvmdirty_consumer_info(extra[0], &in, sizeof(in));
+			bits_per_page = in.tracked_pages ? 8.0 * in.bitmap_bytes / in.tracked_pages : 0;
+		}
+		dm = dirty_memory(&p);
+		if (p.error)
+			break;
+		ret = multi_collect(&p, extra, n, &t, &pages);
+		for (k = 0; k < n; k++)
+			kvmdirty_consumer_free(extra[k]);
+		if (n) {
+			lib_it[(it - 1) / 2] = t;
+			pages_total += pages;
+		} else {
+			bare_it[(it - 1) / 2] = t;
+		}
+		printf("Iteration %" PRIu64 " dirty memory time: %.6fs, %u consumer(s): %.6fs\n", (it + 1) / 2, dm,
+		       n + 1, t);
+	}
+	for (it = 1; it <= 2 * iters && !ret && !p.error && consumers == 1; it++) {
 		double dm = dirty_memory(&p), g = 0, cl = 0;
 		uint64_t n = 0;
 
@@ -320,7 +408,12 @@ int main(int argc, char **argv)
 	/* per-iteration medians: sync + handing out every page, against the bare ioctls */
 	lib_s = median(lib_it, iters);
 	floor_s = median(bare_it, iters);
-	if (o.track_opts.mode == KVMDIRTY_MODE_DIRTY_RING)
+	if (consumers > 1)
+		printf("perf mode=%s consumers=%" PRIu64 " vcpus=%u gib=%.2f sync_ms=%.3f one_consumer_ms=%.3f "
+		       "vs_one_consumer=%.3f bits_per_page=%.2f pages=%" PRIu64 "\n",
+		       mode_name, consumers, p.vcpus, (double)(p.vcpus * bytes) / (1 << 30), lib_s * 1e3, floor_s * 1e3,
+		       lib_s / floor_s, bits_per_page, pages_total / iters);
+	else if (o.track_opts.mode == KVMDIRTY_MODE_DIRTY_RING)
 		printf("perf mode=%s vcpus=%u gib=%.2f sync_ms=%.3f floor_ms=n/a overhead=n/a pages=%" PRIu64
 		       " harvested_pages_per_s=%.0f ring_full_exits=%" PRIu64 "\n",
 		       mode_name, p.vcpus, (double)(p.vcpus * bytes) / (1 << 30), lib_s * 1e3, pages_total / iters,
