@@ -32,6 +32,8 @@ enum kd_hook_point {
 	KD_HOOK_KICK_SEND,
 	/* a vCPU thread waited out the kickers after a kick's EINTR, before taking the signal; obj: the vCPU */
 	KD_HOOK_EAT_KICK,
+	/* ... took the signals, and is about to forget those kicks no longer use; obj: the vCPU */
+	KD_HOOK_KICK_FORGET,
 	/* next() (or a count) is about to clear one chunk in KVM; obj: the tracker */
 	KD_HOOK_PROTECT,
 	/* sync fetched every region and is about to fan the pages out to the consumers; obj: the tracker */

@@ -522,7 +522,8 @@ static int hold(struct kvmdirty_vcpu *v)
  */
 static void eat_kick(struct kvmdirty_vcpu *v)
 {
-	int cur = __atomic_load_n(&v->owner->kick_signo, __ATOMIC_ACQUIRE), now;
+	uint32_t gen = __atomic_load_n(&v->owner->kick_gen, __ATOMIC_ACQUIRE);
+	int cur = __atomic_load_n(&v->owner->kick_signo, __ATOMIC_ACQUIRE);
 	uint64_t sigs = __atomic_load_n(&v->kick_sigs, __ATOMIC_RELAXED), old;
 	struct timespec zero = { 0, 0 };
 	sigset_t cur_mask, these;
@@ -539,11 +540,11 @@ static void eat_kick(struct kvmdirty_vcpu *v)
 	old = sigs & ~(cur ? 1ull << (cur - 1) : 0);
 	if (!old)
 		return;
+	KD_HOOK_POINT(KD_HOOK_KICK_FORGET, v);
 	__atomic_and_fetch(&v->kick_sigs, ~old, __ATOMIC_SEQ_CST);
-	/* kicks moved back to one of those meanwhile: its bit may be a new kicker's */
-	now = __atomic_load_n(&v->owner->kick_signo, __ATOMIC_SEQ_CST);
-	if (now != cur && now && (old & (1ull << (now - 1))))
-		__atomic_or_fetch(&v->kick_sigs, 1ull << (now - 1), __ATOMIC_SEQ_CST);
+	/* kicks moved (perhaps back to one of those) meanwhile: a bit may be a new kicker's; keep them all */
+	if (__atomic_load_n(&v->owner->kick_gen, __ATOMIC_SEQ_CST) != gen)
+		__atomic_or_fetch(&v->kick_sigs, old, __ATOMIC_SEQ_CST);
 }
 
 /*
@@ -701,6 +702,7 @@ int kd_vcpus_set_kick_signal(struct kd_vcpus *vs, int signo)
 	/* every kick runs under the lock: none with the old signal is under way once this returns */
 	pthread_mutex_lock(&vs->lock);
 	/* release: a vCPU thread that reads the new signal sees every kick with the old one sent */
+	__atomic_store_n(&vs->kick_gen, vs->kick_gen + 1, __ATOMIC_SEQ_CST);
 	__atomic_store_n(&vs->kick_signo, signo, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&vs->lock);
 	return 0;

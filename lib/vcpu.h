@@ -111,6 +111,7 @@ struct kd_vcpus {
 	uint64_t kernel_ns; /* in KVM_RESET_DIRTY_RINGS, for kd_vcpus_harvest() */
 	uint64_t win_start; /* the rate window's start, CLOCK_MONOTONIC ns */
 	int kick_signo;	    /* signal that takes a vCPU over its limit out of KVM_RUN; 0: none */
+	uint32_t kick_gen;  /* kick_signo's changes, counted (atomic) */
 };
 
 void kd_vcpus_init(struct kd_vcpus *vs, struct kd_kvm *kvm);

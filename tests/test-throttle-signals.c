@@ -558,7 +558,8 @@ static void ko_point(enum kd_hook_point p, void *obj)
  */
 /*
  * The common part: the rig, the vCPU at three times its limit, its thread
- * (blocking SIGUSR1, and SIGUSR2 with also_usr2) started, 200 ms of it.
+ * (blocking SIGUSR1, and SIGUSR2 and SIGRTMIN with also_usr2) started,
+ * 200 ms of it.
  */
 static struct rig ko_setup(bool also_usr2)
 {
@@ -571,6 +572,7 @@ static struct rig ko_setup(bool also_usr2)
 
 	sigaction(SIGUSR1, &sa, NULL);
 	sigaction(SIGUSR2, &sa, NULL);
+	sigaction(SIGRTMIN, &sa, NULL);
 	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, SIGUSR1));
 	ck_assert_ok(testvm_add_memory(g.tv, L_GPA, 4096 * PAGE, 0, &ma, &ra));
 	rig_add_copy(&g, ra, false, false);
@@ -584,8 +586,10 @@ static struct rig ko_setup(bool also_usr2)
 	ko = (typeof(ko)){ .tv = g.tv, .v = g.tv->vcpu[0] };
 	sigemptyset(&ko.set);
 	sigaddset(&ko.set, SIGUSR1);
-	if (also_usr2)
+	if (also_usr2) {
 		sigaddset(&ko.set, SIGUSR2);
+		sigaddset(&ko.set, SIGRTMIN);
+	}
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(ko.v, limit));
 	ck_assert_int_eq(pthread_create(&ko.th, NULL, ko_vcpu, NULL), 0);
 	/* 200 ms at three times the limit: 400 ms owed at the charge */
@@ -715,6 +719,64 @@ START_TEST(kick_between_wait_and_eat)
 }
 END_TEST
 
+/* ---- kicks_moved_back_while_forgetting ---- */
+
+static struct {
+	struct handoff at_eat, at_forget;
+	int kick1_hooked, eat_armed, forget_armed;
+} mb = { .at_eat = HANDOFF_INIT, .at_forget = HANDOFF_INIT };
+
+static void mb_point(enum kd_hook_point p, void *obj)
+{
+	if (obj != ko.v)
+		return;
+	if (p == KD_HOOK_KICK && !__atomic_fetch_add(&mb.kick1_hooked, 1, __ATOMIC_ACQ_REL)) {
+		/* kick 1: let the guest write a few dozen pages more for the next sync to charge */
+		wait_writes(ko.tv, 0, 30);
+	} else if (p == KD_HOOK_EAT_KICK && __atomic_exchange_n(&mb.eat_armed, 0, __ATOMIC_ACQ_REL)) {
+		handoff_post(&mb.at_eat);
+		handoff_wait_go(&mb.at_eat, 10000);
+	} else if (p == KD_HOOK_KICK_FORGET && __atomic_exchange_n(&mb.forget_armed, 0, __ATOMIC_ACQ_REL)) {
+		handoff_post(&mb.at_forget);
+		handoff_wait_go(&mb.at_forget, 10000);
+	}
+}
+
+/*
+ * Kick 1 goes with SIGUSR1; before the vCPU thread takes its signal the
+ * VMM moves kicks to SIGUSR2, so SIGUSR1's bit is to be forgotten once
+ * its signal is taken.  Just before it is, the VMM moves kicks back to
+ * SIGUSR1, a sync kicks with it (kick 2, its signal pending, blocked), and
+ * the VMM moves kicks on to SIGRTMIN.  Forgetting SIGUSR1's bit then
+ * drops kick 2's: its signal ends the next KVM_RUN with nothing to eat it
+ * by, and the KVM_RUN after returns -EINTR.
+ */
+START_TEST(kicks_moved_back_while_forgetting)
+{
+	struct kvmdirty_vcpu_stats st;
+	struct rig g;
+
+	mb.kick1_hooked = 0;
+	mb.at_eat.posted = mb.at_eat.go = mb.at_forget.posted = mb.at_forget.go = 0;
+	__atomic_store_n(&mb.eat_armed, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&mb.forget_armed, 1, __ATOMIC_RELEASE);
+	g = ko_setup(true);
+	kd_test_hooks_set(NULL, mb_point, false);
+	rig_sync_consume(&g); /* kick 1, SIGUSR1 */
+	handoff_wait_posted(&mb.at_eat);
+	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, SIGUSR2));
+	handoff_go(&mb.at_eat);
+	handoff_wait_posted(&mb.at_forget);
+	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, SIGUSR1));
+	rig_sync_consume(&g); /* kick 2, SIGUSR1 */
+	ck_assert_ok(kvmdirty_vm_set_kick_signal(g.tv->vm, SIGRTMIN));
+	handoff_go(&mb.at_forget);
+	ck_assert_ok(kvmdirty_vcpu_stats(ko.v, &st, sizeof(st)));
+	ck_assert_msg(st.kicks == 2, "%" PRIu64 " kick(s) sent, not 2", st.kicks);
+	ko_finish(&g, "kicks moved back to an old signal, a kick with it, and moved on, as the old one's bit went");
+}
+END_TEST
+
 int main(void)
 {
 	int skip = require_kvm("test-throttle-signals");
@@ -736,6 +798,7 @@ int main(void)
 	tcase_add_test(tc, kick_off_leaks_eintr);
 	tcase_add_test(tc, kick_moved_leaks_eintr);
 	tcase_add_test(tc, kick_between_wait_and_eat);
+	tcase_add_test(tc, kicks_moved_back_while_forgetting);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
