@@ -409,11 +409,12 @@ int kvmdirty_tracker_mark_dirty_hva(struct kvmdirty_tracker *tracker, const void
 
 struct kvmdirty_stats {
 	uint64_t syncs;
-	uint64_t last_sync_pages;     /* pages made pending by the last sync */
+	uint64_t last_sync_pages;     /* pages reported dirty by the last sync, for all consumers (each page once
+				       * until it is protected again) */
 	uint64_t total_sync_pages;
 	uint64_t last_sync_kernel_ns; /* inside KVM ioctls during the last sync */
 	uint64_t last_sync_lib_ns;    /* the rest of the last sync */
-	uint64_t dirty_rate;	      /* pages/s over the last syncs (up to 8, at least 1 ms) */
+	uint64_t dirty_rate;	      /* pages/s brought by the last syncs (up to 8, at least 1 ms) */
 	uint64_t clear_calls;	      /* KVM_CLEAR_DIRTY_LOG issued */
 	uint64_t ring_harvested;      /* ring entries collected */
 	uint64_t ring_full_exits;     /* KVM_EXIT_DIRTY_RING_FULL handled */

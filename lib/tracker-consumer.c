@@ -179,17 +179,21 @@ KD_EXPORT int kvmdirty_consumer_count(struct kvmdirty_consumer *c, struct kvmdir
 			ret = kd_track_protect(t, slot, b, 1, &done);
 		if (ret < 0)
 			break;
-		out.pages += cs->pending_count;
+		/* taken: counted now, or at the next count if a later region's clear fails */
+		c->count_carry += cs->pending_count;
 		kvmdirty_bitmap_clear(cs->pending, 0, npages);
 		kd_cons_add_pending(c, cs, -(int64_t)cs->pending_count);
 	}
 	out.ns = now - c->count_ns;
-	if (ret >= 0)
+	if (ret >= 0) {
+		out.pages = c->count_carry;
+		c->count_carry = 0;
 		c->count_ns = now;
+	}
 	pthread_mutex_unlock(&c->lock);
 	kd_regions_unlock(t->regions);
 	if (ret < 0)
-		return ret; /* pages a failed CLEAR would have covered stay pending */
+		return ret; /* pages a failed CLEAR would have covered stay pending; the interval goes on */
 	out.pages_per_sec = out.ns ? (uint64_t)((__uint128_t)out.pages * 1000000000u / out.ns) : 0;
 	memcpy(ret_count, &out, size < sizeof(out) ? size : sizeof(out));
 	return 0;

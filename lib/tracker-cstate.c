@@ -79,6 +79,9 @@ void kd_cons_slot_drop(struct kvmdirty_consumer *c, uint32_t slot)
 
 	if (cs->listed)
 		unlist(c, slot);
+	/* a region later given the same slot id starts from its head, not from this one's place */
+	if (c->cursor_slot == slot)
+		c->cursor_page = 0;
 	kd_cons_add_pending(c, cs, -(int64_t)cs->pending_count);
 	kd_cons_add_owed(c, cs, -(int64_t)cs->owed_count);
 	free(cs->pending);

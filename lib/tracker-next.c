@@ -169,6 +169,8 @@ int kd_cons_next(struct kvmdirty_consumer *c, struct kvmdirty_range *out, size_t
 	/* resume at the cursor; if its region went, at the next tracked one */
 	first_idx = kd_track_lower_bound(t, c->cursor_slot);
 	start_page = first_idx < nt && t->tracked[first_idx] == c->cursor_slot ? c->cursor_page : 0;
+	if (start_page > t->slots[c->cursor_slot].npages)
+		start_page = 0;
 	if (first_idx == nt)
 		first_idx = 0;
 	/* one lap from the cursor, ending with the cursor region's head */

@@ -66,7 +66,8 @@ const struct kd_ring_sink kd_track_ring_sink = {
  * sync anyway.  One whose "on" fails stays off, marked as the library's
  * doing (log_off_ours), all pending at every sync, and is retried next.
  */
-int kd_track_reprotect(struct kvmdirty_tracker *t, const struct kvmdirty_consumer *self, uint64_t *fresh)
+int kd_track_reprotect(struct kvmdirty_tracker *t, const struct kvmdirty_consumer *self, uint64_t *fresh,
+		       uint64_t *fetched)
 {
 	int ret, first = 0;
 	uint32_t i;
@@ -97,6 +98,7 @@ int kd_track_reprotect(struct kvmdirty_tracker *t, const struct kvmdirty_consume
 			continue;
 		}
 		*fresh += kd_track_rearm(t, t->tracked[i], self);
+		*fetched += tr->npages;
 	}
 	t->reprotecting = false;
 	kd_regions_unlock(t->regions);

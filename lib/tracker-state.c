@@ -31,14 +31,14 @@ static void to_clear_after_arm(const struct kvmdirty_tracker *t, struct kd_track
 
 int kd_track_state_new(struct kvmdirty_tracker *t, uint64_t npages, struct kd_track_region *ret)
 {
-	bool bitmap_mode = t->mode != KVMDIRTY_MODE_DIRTY_RING;
+	bool manual = t->mode == KVMDIRTY_MODE_CLEAR_LOG;
 	struct kd_track_region n = { .npages = npages };
 
 	n.async = kd_bitmap_alloc(npages);
 	n.fresh = kd_bitmap_alloc(npages);
-	if (bitmap_mode)
+	if (manual)
 		n.to_clear = kd_bitmap_alloc(npages);
-	if (!n.async || !n.fresh || (bitmap_mode && !n.to_clear)) {
+	if (!n.async || !n.fresh || (manual && !n.to_clear)) {
 		kd_track_state_free(&n);
 		return -ENOMEM;
 	}

@@ -15,14 +15,21 @@
 #include "hooks.h"
 #include "tracker.h"
 
-/* to_clear |= fresh: the words KVM reported, found with the zero skip. */
-static void merge_to_clear(struct kd_track_region *tr)
+/*
+ * to_clear |= fresh: the words KVM reported, found with the zero skip.
+ * Returns the bits that were not there: a page fetched and not yet
+ * cleared is reported by every GET until it is, and counts once.
+ */
+static uint64_t merge_to_clear(struct kd_track_region *tr)
 {
-	uint64_t nbits = KVMDIRTY_BITMAP_WORDS(tr->npages) * 64, b;
+	uint64_t nbits = KVMDIRTY_BITMAP_WORDS(tr->npages) * 64, b, n = 0;
 
 	for (b = kvmdirty_bitmap_next_set(tr->fresh, 0, nbits); b < nbits;
-	     b = kvmdirty_bitmap_next_set(tr->fresh, (b / 64 + 1) * 64, nbits))
+	     b = kvmdirty_bitmap_next_set(tr->fresh, (b / 64 + 1) * 64, nbits)) {
+		n += (uint64_t)__builtin_popcountll(tr->fresh[b / 64] & ~tr->to_clear[b / 64]);
 		tr->to_clear[b / 64] |= tr->fresh[b / 64];
+	}
+	return n;
 }
 
 enum fetched {
@@ -37,7 +44,7 @@ enum fetched {
  * between them (doc/consumers.md, C3).
  */
 static int fetch_region(struct kvmdirty_tracker *t, uint32_t slot, struct kd_track_region *tr,
-			uint64_t *kernel_ns, enum fetched *what)
+			uint64_t *kernel_ns, enum fetched *what, uint64_t *fetched)
 {
 	uint64_t t0;
 	int ret;
@@ -60,7 +67,9 @@ static int fetch_region(struct kvmdirty_tracker *t, uint32_t slot, struct kd_tra
 		ret = 0;
 	} else if (ret == 0) {
 		if (t->mode == KVMDIRTY_MODE_CLEAR_LOG)
-			merge_to_clear(tr);
+			*fetched += merge_to_clear(tr);
+		else
+			*fetched += kvmdirty_bitmap_count(tr->fresh, 0, tr->npages);
 		*what = tr->log_lost ? FETCHED_ALL : FETCHED_BITMAP;
 		tr->log_lost = false;
 	}
@@ -68,7 +77,7 @@ static int fetch_region(struct kvmdirty_tracker *t, uint32_t slot, struct kd_tra
 	return ret;
 }
 
-/* Dirty rate: pages made pending over the last KD_RATE_SAMPLES syncs' span. */
+/* Dirty rate: pages fetched over the last KD_RATE_SAMPLES syncs' span. */
 static void rate_sample(struct kvmdirty_tracker *t, uint64_t now, uint64_t pages, uint64_t syncs)
 {
 	unsigned int count, oldest, i;
@@ -101,11 +110,11 @@ static void fresh_zero(struct kd_track_region *tr)
  * it out to every consumer; returns what became pending for self.
  */
 static uint64_t sync_region(struct kvmdirty_tracker *t, struct kvmdirty_consumer *self, uint32_t slot,
-			    uint64_t *kernel_ns, int *err)
+			    uint64_t *kernel_ns, uint64_t *fetched, int *err)
 {
 	struct kd_track_region *tr = &t->slots[slot];
 	enum fetched what = FETCHED_NONE;
-	uint64_t mine = 0, n;
+	uint64_t mine = 0, got = 0, n;
 	bool took = false;
 	uint32_t i;
 	int ret;
@@ -113,7 +122,7 @@ static uint64_t sync_region(struct kvmdirty_tracker *t, struct kvmdirty_consumer
 	if (tr->log_off) {
 		what = FETCHED_ALL;
 	} else if (t->mode != KVMDIRTY_MODE_DIRTY_RING && !*err) {
-		ret = fetch_region(t, slot, tr, kernel_ns, &what);
+		ret = fetch_region(t, slot, tr, kernel_ns, &what, &got);
 		if (ret < 0)
 			*err = ret; /* no more GETs; what other threads reported is still taken */
 	}
@@ -121,13 +130,15 @@ static uint64_t sync_region(struct kvmdirty_tracker *t, struct kvmdirty_consumer
 		/* the GET's bits stay; anything else in fresh is a failed GET's */
 		if (what == FETCHED_NONE && t->mode != KVMDIRTY_MODE_DIRTY_RING)
 			memset(tr->fresh, 0, KVMDIRTY_BITMAP_WORDS(tr->npages) * 8);
-		kvmdirty_bitmap_take(tr->fresh, tr->async, 0, tr->npages);
+		got += kvmdirty_bitmap_take(tr->fresh, tr->async, 0, tr->npages);
 		took = true;
 		if (what == FETCHED_NONE)
 			what = FETCHED_BITMAP;
 	}
 	if (what == FETCHED_NONE)
 		return 0;
+	/* what this sync brought, whoever had it pending already: the statistics' figure */
+	*fetched += what == FETCHED_ALL ? tr->npages : got;
 	KD_HOOK_POINT(KD_HOOK_FAN_OUT, t);
 	for (i = 0; i < t->nr_consumers; i++) {
 		struct kvmdirty_consumer *c = t->consumers[i];
@@ -149,7 +160,7 @@ static uint64_t sync_region(struct kvmdirty_tracker *t, struct kvmdirty_consumer
 int64_t kd_cons_sync(struct kvmdirty_consumer *c)
 {
 	struct kvmdirty_tracker *t = c->t;
-	uint64_t t0, now, kernel_ns = 0, fresh = 0, syncs;
+	uint64_t t0, now, kernel_ns = 0, fresh = 0, fetched = 0, syncs;
 	int ret = 0, r;
 	uint32_t i;
 
@@ -164,7 +175,7 @@ int64_t kd_cons_sync(struct kvmdirty_consumer *c)
 	 */
 	pthread_mutex_lock(&t->sync_lock);
 	/* entries lost since the last sync: protect again before taking anything */
-	r = kd_track_reprotect(t, c, &fresh);
+	r = kd_track_reprotect(t, c, &fresh, &fetched);
 	if (r < 0 && !ret)
 		ret = r;
 	KD_HOOK_POINT(KD_HOOK_SYNC_FETCH, t);
@@ -175,16 +186,16 @@ int64_t kd_cons_sync(struct kvmdirty_consumer *c)
 	if (r < 0 && !ret)
 		ret = r;
 	for (i = 0; i < t->nr_tracked; i++)
-		fresh += sync_region(t, c, t->tracked[i], &kernel_ns, &ret);
+		fresh += sync_region(t, c, t->tracked[i], &kernel_ns, &fetched, &ret);
 	kd_regions_unlock(t->regions);
 
 	syncs = STAT_ADD(t, syncs, 1) + 1;
-	STAT_SET(t, last_sync_pages, fresh);
-	STAT_ADD(t, total_sync_pages, fresh);
+	STAT_SET(t, last_sync_pages, fetched);
+	STAT_ADD(t, total_sync_pages, fetched);
 	STAT_SET(t, last_sync_kernel_ns, kernel_ns);
 	now = kd_now_ns();
 	STAT_SET(t, last_sync_lib_ns, now - t0 - kernel_ns);
-	rate_sample(t, now, fresh, syncs);
+	rate_sample(t, now, fetched, syncs);
 	pthread_mutex_unlock(&t->sync_lock);
 	return ret < 0 ? ret : (int64_t)fresh;
 }

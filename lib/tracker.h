@@ -86,7 +86,8 @@ struct kvmdirty_consumer {
 	uint64_t cursor_page;
 	uint16_t *owed_list; /* slots that may hold owed pages */
 	uint32_t nr_owed_list;
-	uint64_t count_ns; /* counting consumers: when the last count was taken */
+	uint64_t count_ns;    /* counting consumers: when the last count was taken */
+	uint64_t count_carry; /* pages taken by a count that failed later on, for the next */
 };
 
 #define KD_RATE_SAMPLES 8
@@ -184,7 +185,8 @@ extern const struct kd_ring_sink kd_track_ring_sink;
 int kd_track_reaper_start(struct kvmdirty_tracker *t, uint32_t ms);
 void kd_track_reaper_stop(struct kvmdirty_tracker *t);
 /* if entries were lost: logging off and on for every tracked region, each wholly pending */
-int kd_track_reprotect(struct kvmdirty_tracker *t, const struct kvmdirty_consumer *self, uint64_t *fresh);
+int kd_track_reprotect(struct kvmdirty_tracker *t, const struct kvmdirty_consumer *self, uint64_t *fresh,
+		       uint64_t *fetched);
 
 /* tracker-next.c: the test build's deferred clears, issued (sync calls it first, with the regions lock read) */
 #ifdef KD_TEST_HOOKS

@@ -20,6 +20,7 @@
  * doc/consumers.md names the invariant each test guards.
  */
 #include <pthread.h>
+#include <linux/kvm.h>
 
 #include "hooks.h"
 #include "rig.h"
@@ -698,6 +699,118 @@ START_TEST(counting)
 }
 END_TEST
 
+/*
+ * A consumer's place (cursor) in a region that is removed, and the slot id
+ * given to a smaller region: the next hand-out must start at that
+ * region's head and stay inside it.  Each consumer's cursor went stale
+ * this way (ranges past the end of the region, a pending count wrapped).
+ */
+START_TEST(slot_reused_cursor)
+{
+	struct testvm_opts o = { .nr_vcpus = 1, .track = true, .track_opts = { .mode = modes[_i] } };
+	struct kvmdirty_region *r1, *r2;
+	struct kvmdirty_consumer *c[2];
+	struct kvmdirty_range rg[64];
+	struct testvm *tv;
+	void *m1, *m2;
+	uint64_t total;
+	int i, n, k;
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &tv));
+	ck_assert_ok(testvm_add_memory(tv, R_GPA, R_SIZE, 0, &m1, &r1));
+	ck_assert_ok(kvmdirty_tracker_start(tv->tracker, r1));
+	c[0] = kvmdirty_tracker_consumer(tv->tracker);
+	ck_assert_ok(kvmdirty_consumer_new(tv->tracker, 0, &c[1]));
+	for (i = 0; i < 2; i++) {
+		uint8_t seen[R_SIZE / PAGE] = { 0 };
+
+		ck_assert_uint_eq(take(c[i], 1500, seen), 1500);
+	}
+	ck_assert_ok(kvmdirty_region_remove(tv->vm, r1));
+	ck_assert_ok(testvm_add_memory(tv, DEV_GPA, DEV_SIZE, 0, &m2, &r2));
+	ck_assert_uint_eq(kvmdirty_region_slot(r2), kvmdirty_region_slot(r1));
+	ck_assert_ok(kvmdirty_tracker_start(tv->tracker, r2));
+	for (i = 0; i < 2; i++) {
+		ck_assert_uint_eq(kvmdirty_consumer_pending(c[i]), DEV_SIZE / PAGE);
+		total = 0;
+		while ((n = kvmdirty_consumer_next(c[i], rg, 64, 0)) > 0)
+			for (k = 0; k < n; k++) {
+				ck_assert_msg(rg[k].region == r2 && rg[k].page + rg[k].npages <= DEV_SIZE / PAGE,
+					      "consumer %d: range [%" PRIu64 ", +%" PRIu64 ") outside the %" PRIu64
+					      "-page region",
+					      i, rg[k].page, rg[k].npages, (uint64_t)(DEV_SIZE / PAGE));
+				total += rg[k].npages;
+			}
+		ck_assert_int_eq(n, 0);
+		ck_assert_uint_eq(total, DEV_SIZE / PAGE);
+		ck_assert_uint_eq(kvmdirty_consumer_pending(c[i]), 0);
+	}
+	testvm_free(tv);
+	testvm_unmap(m1, R_SIZE);
+	testvm_unmap(m2, DEV_SIZE);
+}
+END_TEST
+
+/* ---- a count whose clear fails partway ---- */
+
+static uint32_t fail_clear_slot = UINT32_MAX;
+
+static int fail_clear(int fd, unsigned long req, void *arg)
+{
+	(void)fd;
+	if (req == KVM_CLEAR_DIRTY_LOG && ((struct kvm_clear_dirty_log *)arg)->slot == fail_clear_slot)
+		return -EIO;
+	return KD_HOOK_PASS;
+}
+
+/*
+ * CLEAR_LOG, two regions wholly pending for a counting consumer; its
+ * count's clear fails in the second.  The pages the count took from the
+ * first (cleared, gone from its pending set) must be in the next count:
+ * they were dropped before.  A sync of a consumer that has every page
+ * pending already still reports, in the statistics, what it fetched.
+ */
+START_TEST(count_fails_partway)
+{
+	struct testvm_opts o = { .nr_vcpus = 1, .track = true, .track_opts = { .mode = KVMDIRTY_MODE_CLEAR_LOG } };
+	struct kvmdirty_consumer *cnt, *idle;
+	struct kvmdirty_region *r1, *r2;
+	struct kvmdirty_stats st;
+	struct kvmdirty_count k;
+	struct testvm *tv;
+	void *m1, *m2;
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &tv));
+	ck_assert_ok(testvm_add_memory(tv, R_GPA, 1 << 20, 0, &m1, &r1));
+	ck_assert_ok(testvm_add_memory(tv, DEV_GPA, DEV_SIZE, 0, &m2, &r2));
+	ck_assert_ok(kvmdirty_tracker_start(tv->tracker, r1));
+	ck_assert_ok(kvmdirty_tracker_start(tv->tracker, r2));
+	ck_assert_ok(kvmdirty_consumer_new(tv->tracker, KVMDIRTY_CONSUMER_COUNT, &cnt));
+	ck_assert_ok(kvmdirty_consumer_new(tv->tracker, 0, &idle));
+	fail_clear_slot = kvmdirty_region_slot(r2);
+	kd_test_hooks_set(fail_clear, NULL, false);
+	ck_assert_errno(kvmdirty_consumer_count(cnt, &k, sizeof(k)), EIO);
+	hooks_off();
+	ck_assert_ok(kvmdirty_consumer_count(cnt, &k, sizeof(k)));
+	ck_assert_msg(k.pages == 512, "the count after a failed one: %" PRIu64 " pages, not the 512 pending at first",
+		      k.pages);
+	/* the device writes 3 pages; the idle consumer (everything still pending) syncs */
+	memset(m2, 7, 3 * PAGE);
+	ck_assert_ok(kvmdirty_tracker_mark_dirty_hva(tv->tracker, m2, 3 * PAGE));
+	ck_assert_int_eq(kvmdirty_consumer_sync(idle), 0);
+	ck_assert_ok(kvmdirty_tracker_stats(tv->tracker, &st, sizeof(st)));
+	ck_assert_msg(st.last_sync_pages == 3, "last_sync_pages %" PRIu64 " after a sync that fetched 3 marked pages",
+		      st.last_sync_pages);
+	ck_assert_ok(kvmdirty_consumer_count(cnt, &k, sizeof(k)));
+	ck_assert_uint_eq(k.pages, 3);
+	testvm_free(tv);
+	testvm_unmap(m1, 1 << 20);
+	testvm_unmap(m2, DEV_SIZE);
+}
+END_TEST
+
 START_TEST(bad_calls)
 {
 	struct kvmdirty_consumer *c;
@@ -754,6 +867,8 @@ int main(void)
 	tcase_add_test(tc, fetch_to_clear_window);
 	tcase_add_test(tc, join_empty_in_fetch_to_clear_window);
 	tcase_add_loop_test(tc, counting, 0, MODES);
+	tcase_add_loop_test(tc, slot_reused_cursor, 0, MODES);
+	tcase_add_test(tc, count_fails_partway);
 	tcase_add_test(tc, bad_calls);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
