@@ -299,8 +299,16 @@ int kd_region_set_logging_locked(struct kd_regions *rs, struct kvmdirty_region *
 	uint32_t flags = enable ? r->flags | KVMDIRTY_REGION_LOG_DIRTY : r->flags & ~KVMDIRTY_REGION_LOG_DIRTY;
 	int ret;
 
-	if (flags == r->flags)
+	if (flags == r->flags) {
+		/*
+		 * Off already: the layer above still hears it, for logging
+		 * it switched off itself (and meant to switch back on) is the
+		 * caller's choice from now on.
+		 */
+		if (!enable && rs->sink)
+			rs->sink->logging(rs->sink_ctx, r->slot, false);
 		return 0;
+	}
 	ret = set_slot(rs, r->slot, flags, r->gpa, r->size, r->hva);
 	if (ret < 0)
 		return ret;

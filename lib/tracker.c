@@ -37,7 +37,9 @@ static void on_region_logging(void *ctx, uint32_t slot, bool on)
 	if (on) {
 		kd_track_rearm(t, slot, NULL);
 	} else {
+		/* the VMM's choice now, also where a re-protect had switched it off and meant to retry */
 		tr->log_off = true;
+		tr->log_off_ours = false;
 		/* KVM dropped the slot's log: nothing fetched is left to clear */
 		if (tr->to_clear)
 			kvmdirty_bitmap_clear(tr->to_clear, 0, tr->npages);

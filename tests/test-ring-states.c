@@ -240,9 +240,12 @@ static int f3_ioctl(int fd, unsigned long req, void *arg)
 
 /*
  * A re-protect whose "logging on" KVM refuses once: the region stays all
- * pending meanwhile, and the next sync switches logging back on.
+ * pending meanwhile, and the next sync switches logging back on; unless
+ * (vmm_off) the VMM switches the region's logging off meanwhile, which
+ * is then its choice: the library must leave it off (it switched it back
+ * on, the VMM's "off" having returned 0 as a no-op).
  */
-START_TEST(reprotect_half_failed)
+static void reprotect_half_failed(bool vmm_off)
 {
 	uint64_t pages = 512;
 	struct rig g = ring_rig(1, 4096, 0, 0);
@@ -271,6 +274,8 @@ START_TEST(reprotect_half_failed)
 	       s < 0 ? strerror((int)-s) : "ok", f3.enables_failed, kvmdirty_region_flags(r));
 	ck_assert_int_eq(f3.enables_failed, 1);
 	rig_consume(&g);
+	if (vmm_off)
+		ck_assert_ok(kvmdirty_region_set_logging(g.tv->vm, r, false));
 	/* the guest is idle from here; KVM is healthy again */
 	for (i = 0; i < 3; i++) {
 		rig_sync_consume(&g);
@@ -279,12 +284,28 @@ START_TEST(reprotect_half_failed)
 		       st.last_sync_pages, kvmdirty_region_flags(r),
 		       kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY ? "on" : "OFF");
 	}
-	ck_assert_msg(kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY,
-		      "a tracked region's logging stayed off after a transient failure; every sync reports all "
-		      "%" PRIu64 " of its pages", pages);
+	if (vmm_off)
+		ck_assert_msg(!(kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY),
+			      "the library switched logging back on after the VMM switched it off");
+	else
+		ck_assert_msg(kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY,
+			      "a tracked region's logging stayed off after a transient failure; every sync reports all "
+			      "%" PRIu64 " of its pages", pages);
+	rig_expect_fresh(&g, "after the last sync");
 	testvm_free(g.tv);
 	testvm_unmap(mem, pages * PAGE);
 	rig_free(&g);
+}
+
+START_TEST(reprotect_half_failed_retried)
+{
+	reprotect_half_failed(false);
+}
+END_TEST
+
+START_TEST(reprotect_half_failed_then_vmm_off)
+{
+	reprotect_half_failed(true);
 }
 END_TEST
 
@@ -598,7 +619,8 @@ int main(int argc, char **argv)
 	} else {
 		tcase_add_loop_test(tc, failed_reset_then_other_ring, 0, 2);
 		tcase_add_loop_test(tc, vcpu_fd_registered_again, 0, 2);
-		tcase_add_test(tc, reprotect_half_failed);
+		tcase_add_test(tc, reprotect_half_failed_retried);
+		tcase_add_test(tc, reprotect_half_failed_then_vmm_off);
 		tcase_add_test(tc, lookups_during_reprotect);
 		tcase_add_loop_test(tc, logging_off_during_reprotect, 0, 2);
 	}
