@@ -41,7 +41,8 @@ static void kick(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
 	__atomic_add_fetch(&v->kickers, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&v->in_run, __ATOMIC_SEQ_CST) && !pthread_equal(v->thread, pthread_self())) {
 		KD_HOOK_POINT(KD_HOOK_KICK, v);
-		__atomic_or_fetch(&v->kick_sigs, 1ull << (signo - 1), __ATOMIC_RELAXED);
+		/* seq_cst: a vCPU thread whose drop of old bits reads this one then sees the change before it */
+		__atomic_or_fetch(&v->kick_sigs, 1ull << (signo - 1), __ATOMIC_SEQ_CST);
 		__atomic_add_fetch(&v->kick_seq, 1, __ATOMIC_SEQ_CST);
 		KD_HOOK_POINT(KD_HOOK_KICK_SEND, v);
 		if (!pthread_kill(v->thread, signo))
@@ -701,9 +702,10 @@ int kd_vcpus_set_kick_signal(struct kd_vcpus *vs, int signo)
 	}
 	/* every kick runs under the lock: none with the old signal is under way once this returns */
 	pthread_mutex_lock(&vs->lock);
-	/* release: a vCPU thread that reads the new signal sees every kick with the old one sent */
-	__atomic_store_n(&vs->kick_gen, vs->kick_gen + 1, __ATOMIC_SEQ_CST);
-	__atomic_store_n(&vs->kick_signo, signo, __ATOMIC_RELEASE);
+	/* a vCPU thread that reads the new signal sees every kick with the old one sent */
+	__atomic_store_n(&vs->kick_signo, signo, __ATOMIC_SEQ_CST);
+	/* after the signal: a thread that sees the new count sees the new signal too */
+	__atomic_store_n(&vs->kick_gen, vs->kick_gen + 1, __ATOMIC_RELEASE);
 	pthread_mutex_unlock(&vs->lock);
 	return 0;
 }
