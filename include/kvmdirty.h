@@ -461,8 +461,12 @@ int kvmdirty_tracker_stats(const struct kvmdirty_tracker *tracker, struct kvmdir
 enum {
 	/*
 	 * Join with nothing pending: every write after kvmdirty_consumer_new()
-	 * returned reaches the consumer (some earlier ones may too).  Without
-	 * it, every page of every tracked region is pending at first.
+	 * returned reaches the consumer (some earlier ones may too).  In
+	 * CLEAR_LOG mode the pages fetched and not yet protected again are
+	 * pending at first (a write to them would leave no trace): all of a
+	 * region just started, with INITIALLY_SET, until some consumer's first
+	 * pass handed it out.  Without the flag, every page of every tracked
+	 * region is pending at first.
 	 */
 	KVMDIRTY_CONSUMER_EMPTY = 1u << 0,
 	/* Commit every page as it is handed out: nothing owed, no owed bitmap, abort returns 0. */
