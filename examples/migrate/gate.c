@@ -74,6 +74,7 @@ struct mig_gate {
 	struct slot slot[MIG_GATE_SLOTS];
 	struct pending pending[MIG_GATE_PENDING];
 	struct peer peer[MIG_GATE_PEERS];
+	bool taken; /* under lock: a stream was taken; handshakes still going are cut, and told so */
 };
 
 static uint64_t now_ms(void)
@@ -351,6 +352,18 @@ static void *slot_run(void *arg)
 	} else if (ret == 0) {
 		pthread_mutex_lock(&gate->lock);
 		ret = pending_open(gate, sl, g, err, sizeof(err));
+		if (ret < 0 && sl->cut && gate->taken && sl->fd >= 0) {
+			/*
+			 * Cut because another stream was taken: the handshake
+			 * ended at its read without an answer of its own; say why
+			 * (best effort, never waiting on the peer).
+			 */
+			struct mig_ack ack = { .status = -ECANCELED };
+
+			snprintf(ack.message, sizeof(ack.message), "the destination took another stream first");
+			(void)!send(sl->fd, &ack, sizeof(ack), MSG_DONTWAIT | MSG_NOSIGNAL);
+			ret = mig_errf(err, sizeof(err), -ECANCELED, "%s", ack.message);
+		}
 		pthread_mutex_unlock(&gate->lock);
 	}
 	pthread_mutex_lock(&gate->lock);
@@ -556,11 +569,13 @@ static void cut_all(struct mig_gate *gate, struct pending *keep)
 	struct slot *sl;
 
 	pthread_mutex_lock(&gate->lock);
+	gate->taken = true;
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++)
 		if (sl->state == SLOT_BUSY && !sl->cut) {
 			sl->cut = true;
+			/* reading only: its thread still answers the peer (slot_run()) */
 			if (sl->fd >= 0)
-				shutdown(sl->fd, SHUT_RDWR);
+				shutdown(sl->fd, SHUT_RD);
 		}
 	pthread_cond_broadcast(&gate->opened);
 	pthread_mutex_unlock(&gate->lock);
