@@ -13,10 +13,8 @@
  * lives in tracker-cstate.c; this file is the API over it.
  */
 #include <errno.h>
-#include <stdlib.h>
 #include <string.h>
 
-#include "dirty-log.h"
 #include "export.h"
 #include "tracker.h"
 
