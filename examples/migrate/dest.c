@@ -693,6 +693,18 @@ static int handoff(const struct mig_guest *g, const struct mig_recv_opts *o, str
 	return -ECANCELED;
 }
 
+/* How the stream ended here, as an event: completed (the guest runs here) or failed (dropped). */
+static void dest_event(struct mig_status *st, const struct mig_recv_result *res, int ret, const char *err)
+{
+	char why[2 * MIG_EVENT_LINE / 3];
+
+	mig_event_str(why, sizeof(why), err);
+	if (ret == 0 && res->outcome == MIG_OUTCOME_HERE)
+		mig_status_event(st, "completed", "\"side\":\"destination\"");
+	else if (res->outcome != MIG_OUTCOME_UNKNOWN)
+		mig_status_event(st, "failed", "\"side\":\"destination\",\"outcome\":\"dropped\",\"error\":\"%s\"", why);
+}
+
 void mig_recv_session_opts(const struct mig_recv_opts *o, struct mig_session_opts *so)
 {
 	*so = (struct mig_session_opts){ .psk = o->psk, .encrypt = o->encrypt, .timeout_ms = o->timeout_ms,
@@ -731,6 +743,8 @@ int mig_recv_session(const struct mig_guest *g, struct mig_session *s, const str
 		ret = handoff(g, o, s, fresh, res, err, len);
 	}
 out:
+	if (o->status)
+		dest_event(o->status, res, ret, err);
 	end_writing(s);
 	mig_session_free(s);
 	free(fresh);

@@ -89,7 +89,7 @@ static enum mig_outcome await(const struct mig_handoff *h, const char *awaiting,
 	enum mig_outcome o = mig_status_unknown(h->st, h->fd, why);
 	bool said = false;
 	struct mig_ack m;
-	char line[320], what[200];
+	char line[320], what[200], esc[300];
 	int ret;
 
 	mig_conn_set_deadline(c, h->timeout_ms);
@@ -107,6 +107,9 @@ static enum mig_outcome await(const struct mig_handoff *h, const char *awaiting,
 			snprintf(line, sizeof(line), "the outcome is unknown (%s): the guest stays paused here until told",
 				 what);
 			mig_status_unknown(h->st, h->fd, what);
+			mig_event_str(esc, sizeof(esc), what);
+			mig_status_event(h->st, "unknown", "\"side\":\"%s\",\"why\":\"%s\"",
+					 h->st->dest ? "destination" : "source", esc);
 			if (h->unknown)
 				h->unknown(h->ctx, line);
 			said = true;
@@ -178,13 +181,18 @@ enum mig_outcome mig_handoff_source(const struct mig_handoff *h, struct mig_hand
 	} else {
 		t1 = now_ms();
 		ret_t->ready_ms = t1 - t0;
-		/* from here the destination may run the guest: never again here, unless it says it dropped it */
-		ret = msg_send(h, MIG_MSG_COMMIT, 0, "commit");
-		if (ret < 0) {
+		mig_status_event(h->st, "ready", "\"side\":\"source\",\"ready_ms\":%.1f", ret_t->ready_ms);
+		if (!mig_status_commit_point(h->st)) {
+			/* a cancel came first: COMMIT is never sent, and the destination drops its copy */
+			ret_t->cancelled = true;
+			o = source_keeps(h, "cancelled before COMMIT: the guest runs here", true);
+		} else if ((ret = msg_send(h, MIG_MSG_COMMIT, 0, "commit")) < 0) {
 			/* not sent: the destination never reads a COMMIT, so it never runs the guest */
 			mig_chan_strerror(h->ch, ret, why, sizeof(why));
 			o = source_keeps(h, why, false);
 		} else {
+			/* from here the destination may run the guest: never again here, unless it says it dropped it */
+			mig_status_event(h->st, "commit", "\"side\":\"source\"");
 			/* an ACK decides; a message that is not one (a READY repeated) is passed over */
 			o = await(h, "the ACK of COMMIT", "COMMIT sent, awaiting its ACK", source_decide, source_resolved);
 		}
@@ -202,8 +210,10 @@ static enum mig_outcome dest_decide(const struct mig_handoff *h, struct mig_ack 
 	enum mig_outcome o;
 	char why[160];
 
-	if (msg_valid(m) && m->kind == MIG_MSG_COMMIT)
+	if (msg_valid(m) && m->kind == MIG_MSG_COMMIT) {
+		mig_status_event(h->st, "commit", "\"side\":\"destination\"");
 		o = mig_status_decide(h->st, MIG_OUTCOME_HERE, "committed: the guest runs here");
+	}
 	else if (msg_valid(m) && m->kind == MIG_MSG_ABORT)
 		o = mig_status_decide(h->st, MIG_OUTCOME_THERE, "the source aborted: the guest runs there");
 	else {
@@ -244,6 +254,7 @@ enum mig_outcome mig_handoff_dest(const struct mig_handoff *h, char *err, size_t
 		mig_chan_strerror(h->ch, ret, why, sizeof(why));
 		o = mig_status_decide(h->st, MIG_OUTCOME_THERE, why);
 	} else {
+		mig_status_event(h->st, "ready", "\"side\":\"destination\"");
 		o = await(h, "COMMIT or ABORT", "READY sent, awaiting COMMIT or ABORT", dest_decide, dest_resolved);
 	}
 	mig_status_why(h->st, err, len);

@@ -10,6 +10,7 @@
  *   source                                   its guest
  *   any failure before READY arrived         runs here (ABORT sent, best effort)
  *   REFUSED                                  runs here
+ *   READY, a cancel asked for before it      runs here (ABORT sent)
  *   READY, COMMIT could not be sent          runs here
  *   COMMIT sent, ACK status 0                moved: dropped here
  *   COMMIT sent, ACK status < 0              runs here (the destination dropped it)
@@ -56,6 +57,7 @@ struct mig_handoff {
 struct mig_handoff_times {
 	double ready_ms;  /* from the call to READY's arrival (source) */
 	double commit_ms; /* from READY's arrival to the ACK's: the commit's round trip (source) */
+	bool cancelled;	  /* a cancel came before COMMIT: ABORT sent instead, the guest stays (source) */
 };
 
 /*

@@ -31,6 +31,7 @@
  *   source-verify.c   page hashes kept per page, the check after switchover;
  *   source-stats.c    the --stats lines, each vCPU's speed before and during.
  */
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -128,6 +129,19 @@ struct source {
 	int sync_err; /* a tick's sync failed: -errno */
 	uint64_t applied_limit[MIG_THROTTLE_MAX_VCPUS];
 	unsigned int applied_share[MIG_THROTTLE_MAX_VCPUS];
+	/* the migration's own consumer of the tracker; whether it turned tracking on (and so turns it off) */
+	struct kvmdirty_consumer *cons;
+	bool own_tracking;
+	/* the parameters as last taken from the status (each sample), and what they make */
+	struct mig_params par;
+	uint64_t cap_bps;  /* bytes/s on the wire (0: none); read by the lanes' workers, atomically */
+	bool can_throttle; /* the guest's vCPUs can be slowed */
+	bool throttled_ever;
+	bool cancelled; /* a cancel was acted on: everything unwinds, the guest stays here */
+	/* the cap: the last batch let go, when and how big (under pace_lock: several lanes send) */
+	pthread_mutex_t pace_lock;
+	double pace_at;
+	uint64_t pace_bytes;
 	/* how far mig_send() got, for its teardown */
 	bool started;	/* tracking is on */
 	bool paused;	/* the vCPUs were paused for stop-and-copy */
@@ -158,6 +172,7 @@ void src_untouched_open(struct source *s);
 uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n);
 void src_untouched_close(struct source *s);
 int src_net_fail(struct source *s, int ret, const char *what, char *err, size_t len);
+int src_pace(struct source *s, uint64_t bytes);
 
 /* source-precopy.c */
 void src_throttle_init(struct source *s);
@@ -166,6 +181,10 @@ int src_tick(struct source *s);
 int src_drain(struct source *s, uint64_t max_pages);
 int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len);
 void src_not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len);
+void src_take_params(struct source *s);
+double src_link(const struct source *s);
+int src_cancel_check(struct source *s);
+int src_cancelled(struct source *s, char *err, size_t len);
 
 /* source-stop.c */
 int src_stop_and_copy(struct source *s, struct mig_result *res, char *err, size_t len);

@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -42,7 +43,8 @@ void src_throttle_init(struct source *s)
 	for (s->nv = 0; s->nv < g->nr_vcpus && s->nv < MIG_THROTTLE_MAX_VCPUS && g->vcpu[s->nv]; s->nv++)
 		;
 	mig_throttle_init(&s->th, s->ring, s->nv, 0);
-	s->throttling = s->o->throttle && s->nv && (s->ring || g->ops->set_run_share);
+	s->can_throttle = s->nv && (s->ring || g->ops->set_run_share);
+	s->throttling = s->par.throttle && s->can_throttle;
 	for (i = 0; i < s->nv; i++) {
 		struct kvmdirty_vcpu_stats st;
 
@@ -127,12 +129,13 @@ static void measure_vcpus(struct source *s, double dt)
 /* Throttling in pre-copy: a sync, whose new pages are the guest's re-dirtying, and the throttle's answer. */
 static int throttle_tick(struct source *s, double dt)
 {
-	struct mig_throttle_sample smp = { .link_pages_per_s = s->link / PAGE };
+	struct mig_throttle_sample smp = { .link_pages_per_s = src_link(s) / PAGE };
+	bool was = s->th.engaged;
 	int64_t fresh;
 
-	if (!s->throttling || !s->pass || !(s->link > 0))
+	if (!s->throttling || !s->pass || !(smp.link_pages_per_s > 0))
 		return 0;
-	fresh = kvmdirty_tracker_sync(s->g->tracker);
+	fresh = kvmdirty_consumer_sync(s->cons);
 	if (fresh < 0)
 		return s->sync_err = (int)fresh;
 	smp.redirty_per_s = s->redirty = (double)fresh / (dt / 1e3);
@@ -140,6 +143,12 @@ static int throttle_tick(struct source *s, double dt)
 	memcpy(smp.vcpu_held, s->vcpu_held, sizeof(smp.vcpu_held));
 	if (mig_throttle_update(&s->th, &smp))
 		throttle_apply(s, false);
+	if (s->th.engaged && !was) {
+		s->throttled_ever = true;
+		mig_status_event(s->st, "throttle_engaged",
+				 "\"pass\":%u,\"link_mibps\":%.1f,\"redirty_pages_per_s\":%.0f", s->pass,
+				 smp.link_pages_per_s * PAGE / 1048576.0, s->redirty);
+	}
 	return 0;
 }
 
@@ -150,10 +159,11 @@ static int throttle_tick(struct source *s, double dt)
 int src_tick(struct source *s)
 {
 	double t = now_ms(), dt = t - s->tick_ms;
-	int ret;
+	int ret = src_cancel_check(s);
 
-	if (dt < SAMPLE_MS)
-		return 0;
+	if (ret < 0 || dt < SAMPLE_MS)
+		return ret;
+	src_take_params(s);
 	measure_link(s, dt);
 	s->tick_ms = t;
 	measure_vcpus(s, dt);
@@ -163,7 +173,7 @@ int src_tick(struct source *s)
 	if (s->o->stats)
 		src_sample_line(s, t - s->sample_ms);
 	mig_status_progress(s->st, s->pass, mig_session_sent(&s->sess),
-			    (kvmdirty_tracker_pending(s->g->tracker) + s->in_hand) * MIG_PAGE_SIZE);
+			    (kvmdirty_consumer_pending(s->cons) + s->in_hand) * MIG_PAGE_SIZE);
 	return 0;
 }
 
@@ -179,7 +189,7 @@ int src_drain(struct source *s, uint64_t max_pages)
 	int n = 0, i, ret;
 
 	while ((!max_pages || left) &&
-	       (n = kvmdirty_tracker_next(s->g->tracker, rg, 64, max_pages && left < HAND_OUT ? left : HAND_OUT)) > 0) {
+	       (n = kvmdirty_consumer_next(s->cons, rg, 64, max_pages && left < HAND_OUT ? left : HAND_OUT)) > 0) {
 		for (i = 0; i < n; i++) {
 			s->in_hand += rg[i].npages;
 			left -= max_pages ? rg[i].npages : 0;
@@ -224,16 +234,29 @@ struct pass_mark {
 /* One pass: what is pending now, then PASS, and across the link. */
 static int send_pass(struct source *s, struct mig_result *res, char *err, size_t len)
 {
+	uint64_t pending = kvmdirty_consumer_pending(s->cons);
 	int ret;
 
+	if (src_cancel_check(s) < 0)
+		return src_cancelled(s, err, len);
 	s->pass = (unsigned int)++res->passes;
-	ret = src_drain(s, kvmdirty_tracker_pending(s->g->tracker));
+	mig_status_event(s->st, "pass_started", "\"pass\":%u,\"pending_bytes\":%" PRIu64, s->pass,
+			 pending * PAGE);
+	ret = src_drain(s, pending);
 	if (ret == 0)
 		ret = src_put(&s->lane[0], mig_encode_pass(&s->lane[0].enc, res->passes), NULL, 0, NULL);
 	if (ret == 0)
 		ret = src_flush(s);
 	if (ret == 0)
 		ret = settle(s);
+	/* across the link: done with, as far as the migration's consumer goes */
+	if (ret == 0)
+		kvmdirty_consumer_commit(s->cons);
+	/* a lane's worker may have seen the cancel first, waiting on the cap */
+	if (ret == -ECANCELED)
+		src_cancel_check(s);
+	if (s->cancelled)
+		return src_cancelled(s, err, len);
 	if (s->sync_err)
 		return mig_errf(err, len, s->sync_err, "dirty log sync: %s", strerror(-s->sync_err));
 	if (ret < 0)
@@ -252,12 +275,15 @@ static int estimate(struct source *s, const struct pass_mark *m, struct mig_resu
 
 	mib_s = ms > 0 ? (mig_session_sent(&s->sess) - m->bytes) / 1048576.0 / (ms / 1e3) : 0;
 	ts = now_ms();
-	ret = (int)kvmdirty_tracker_sync(t);
+	ret = (int)kvmdirty_consumer_sync(s->cons);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "dirty log sync: %s", strerror(-ret));
 	ts = now_ms() - ts;
-	pending = kvmdirty_tracker_pending(t);
+	pending = kvmdirty_consumer_pending(s->cons);
+	/* the link as measured, or the pass's rate; never above the cap */
 	link = s->link > 0 ? s->link / 1048576.0 : mib_s;
+	if (s->cap_bps && (!(link > 0) || link > s->cap_bps / 1048576.0))
+		link = s->cap_bps / 1048576.0;
 	/* what the pause sends at the link's rate, the final sync (as long as this one), a round trip */
 	est = link > 0 ? pending * PAGE / 1048576.0 / link * 1e3 + ts + mig_session_rtt_us(&s->sess) / 1e3 : 0;
 	src_pass_line(s, s->pages - m->pages, s->zero_pages - m->zero, s->untouched_pages - m->untouched,
@@ -267,14 +293,20 @@ static int estimate(struct source *s, const struct pass_mark *m, struct mig_resu
 	res->remaining_pages = pending;
 	kvmdirty_tracker_stats(t, &st, sizeof(st));
 	res->dirty_pages_per_s = st.dirty_rate;
+	mig_status_event(s->st, "pass_ended",
+			 "\"pass\":%u,\"bytes\":%" PRIu64 ",\"ms\":%.1f,\"mibps\":%.1f,\"remaining_bytes\":%" PRIu64
+			 ",\"est_downtime_ms\":%.1f,\"dirty_pages_per_s\":%" PRIu64, s->pass,
+			 mig_session_sent(&s->sess) - m->bytes, ms, mib_s, pending * PAGE, est, res->dirty_pages_per_s);
 	return 0;
 }
 
 /* Whether pre-copy is over: converged, or a limit reached; res->reason says which. */
-static bool precopy_done(const struct source *s, struct mig_result *res)
+static bool precopy_done(struct source *s, struct mig_result *res)
 {
-	const struct mig_send_opts *o = s->o;
+	const struct mig_params *o = &s->par;
 
+	/* the parameters as they stand now: a set during the pass judges this pass */
+	src_take_params(s);
 	/*
 	 * Within nine tenths of the limit: the rest is kept for what
 	 * cannot be measured before it happens (pausing the vCPUs,
@@ -285,6 +317,8 @@ static bool precopy_done(const struct source *s, struct mig_result *res)
 		res->reason = "fits_downtime";
 		return true;
 	}
+	if (s->cancelled)
+		return true;
 	if (res->passes >= o->max_passes) {
 		res->reason = "pass_limit";
 		return true;
@@ -304,7 +338,7 @@ void src_not_converged(const struct source *s, const struct mig_result *res, cha
 		 "over the %.0f ms kept for it of the %" PRIu64 " ms limit; the guest dirtied %" PRIu64
 		 " pages/s (%.1f MiB/s)%s",
 		 res->passes, res->remaining_pages * PAGE / 1048576.0, res->est_downtime_ms,
-		 res->link_bytes_per_s / 1048576.0, DOWNTIME_SHARE * (double)s->o->downtime_ms, s->o->downtime_ms,
+		 res->link_bytes_per_s / 1048576.0, DOWNTIME_SHARE * (double)s->par.downtime_ms, s->par.downtime_ms,
 		 res->dirty_pages_per_s,
 		 res->dirty_pages_per_s * PAGE / 1048576.0,
 		 !s->throttling ? ", not throttled" : "");
@@ -331,6 +365,8 @@ int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len)
 		if (ret < 0)
 			return ret;
 	} while (!precopy_done(s, res));
+	if (s->cancelled)
+		return src_cancelled(s, err, len);
 	if (!res->converged && !s->o->force_switchover) {
 		char why[256];
 
@@ -340,4 +376,60 @@ int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len)
 		return mig_errf(err, len, -ETIME, "pre-copy did not converge (%s): %s", res->reason, why);
 	}
 	return 0;
+}
+
+/* The link's rate for the estimate and the throttle: as measured, never above the cap (bytes/s). */
+double src_link(const struct source *s)
+{
+	double cap = (double)s->cap_bps;
+
+	if (cap > 0 && (!(s->link > 0) || s->link > cap))
+		return cap;
+	return s->link;
+}
+
+/*
+ * The parameters as the status has them now (a set since the last
+ * sample): the cap for the lanes, the throttle on or off (off: every
+ * limit lifted at once; on: from the next sample).
+ */
+void src_take_params(struct source *s)
+{
+	struct mig_params p;
+
+	mig_status_params(s->st, &p);
+	__atomic_store_n(&s->cap_bps, p.max_bandwidth << 20, __ATOMIC_RELAXED);
+	if (s->started && p.throttle != s->par.throttle) {
+		if (!p.throttle && s->throttling) {
+			bool was = s->th.engaged;
+
+			src_throttle_off(s);
+			s->throttling = false;
+			mig_throttle_init(&s->th, s->ring, s->nv, 0);
+			if (was)
+				mig_status_event(s->st, "throttle_released", "\"why\":\"set throttle false\"");
+		} else if (p.throttle) {
+			s->throttling = s->can_throttle;
+		}
+	}
+	s->par = p;
+}
+
+/* A cancel asked for: noted (everything unwinds from here), -ECANCELED; else 0. */
+int src_cancel_check(struct source *s)
+{
+	if (!s->cancelled && mig_status_cancel_asked(s->st))
+		s->cancelled = true;
+	return s->cancelled ? -ECANCELED : 0;
+}
+
+/* The error a cancel ends the migration with, naming where it was. */
+int src_cancelled(struct source *s, char *err, size_t len)
+{
+	s->cancelled = true;
+	if (s->paused)
+		return mig_errf(err, len, -ECANCELED, "cancelled in stop-and-copy: the guest runs on here");
+	if (s->pass)
+		return mig_errf(err, len, -ECANCELED, "cancelled in pre-copy pass %u: the guest runs on here", s->pass);
+	return mig_errf(err, len, -ECANCELED, "cancelled before the first pass: the guest runs on here");
 }

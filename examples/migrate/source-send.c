@@ -15,10 +15,61 @@
 #include "hostmem.h"
 #include "source-int.h"
 
+/*
+ * The cap (struct source's cap_bps): a batch goes once the last one has
+ * had its time at the cap now in force, so the stream holds the cap over
+ * any stretch longer than a batch (512 KiB: 12.5 ms at 40 MiB/s), and a
+ * cap set while it waits counts from then.  Waits in slices of at most
+ * PACE_SLICE_MS, a cancel ending them; a stream that fell behind (idle, or
+ * the link slower) gets at most PACE_CREDIT_MS of credit back.
+ */
+#define PACE_SLICE_MS 10.0
+#define PACE_CREDIT_MS 20.0
+
+int src_pace(struct source *s, uint64_t bytes)
+{
+	double at;
+	int ret = 0;
+
+	pthread_mutex_lock(&s->pace_lock);
+	for (;;) {
+		uint64_t cap = __atomic_load_n(&s->cap_bps, __ATOMIC_RELAXED);
+		double now = now_ms();
+
+		if (!cap) {
+			at = now;
+			break;
+		}
+		at = s->pace_at + (double)s->pace_bytes * 1e3 / (double)cap;
+		if (at <= now) {
+			if (at < now - PACE_CREDIT_MS)
+				at = now - PACE_CREDIT_MS;
+			break;
+		}
+		if (mig_status_cancel_asked(s->st)) {
+			ret = -ECANCELED;
+			break;
+		}
+		usleep((useconds_t)((at - now < PACE_SLICE_MS ? at - now : PACE_SLICE_MS) * 1e3));
+	}
+	if (ret == 0) {
+		s->pace_at = at;
+		s->pace_bytes = bytes;
+	}
+	pthread_mutex_unlock(&s->pace_lock);
+	return ret;
+}
+
 static int send_batch(struct lane *l, struct batch *b)
 {
-	int ret = b->ni ? mig_chan_writev(l->ch, b->iov, b->ni) : 0;
+	uint64_t bytes = 0;
+	int i, ret;
 
+	for (i = 0; i < b->ni; i++)
+		bytes += b->iov[i].iov_len;
+	ret = b->ni ? src_pace(l->s, bytes) : 0;
+	if (ret == 0 && b->ni)
+		ret = mig_chan_writev(l->ch, b->iov, b->ni);
 	b->nh = b->ni = b->nruns = b->nhashes = 0;
 	b->bytes = 0;
 	return ret;

@@ -138,7 +138,7 @@ static void flow_fields(struct source *s, double dt_ms)
 		",\"pass\":%u,\"bytes_sent\":%" PRIu64 ",\"pages_sent\":%" PRIu64 ",\"dirty_bytes\":%" PRIu64
 		",\"link_bytes_per_s\":%.0f,\"dirty_pages_per_s\":%" PRIu64 ",\"redirty_pages_per_s\":%.0f"
 		",\"throttled\":%s",
-		s->pass, sent, s->pages, (kvmdirty_tracker_pending(s->g->tracker) + s->in_hand) * PAGE,
+		s->pass, sent, s->pages, (kvmdirty_consumer_pending(s->cons) + s->in_hand) * PAGE,
 		s->link > 0 ? s->link : dt_ms > 0 ? (double)(sent - s->sample_bytes) / (dt_ms / 1e3) : 0.0,
 		st.dirty_rate, s->redirty, s->th.engaged ? "true" : "false");
 	vcpu_samples(s, dt_ms);

@@ -19,7 +19,7 @@ static int send_rest(struct source *s, char *err, size_t len)
 {
 	const struct mig_guest *g = s->g;
 	unsigned int i;
-	int ret = (int)kvmdirty_tracker_sync(g->tracker);
+	int ret = (int)kvmdirty_consumer_sync(s->cons);
 
 	if (ret < 0)
 		return mig_errf(err, len, ret, "final dirty log sync: %s", strerror(-ret));
@@ -34,8 +34,15 @@ static int send_rest(struct source *s, char *err, size_t len)
 	/* each connection's stream ends with its own END */
 	for (i = 0; ret >= 0 && i < s->nlanes; i++)
 		ret = src_put(&s->lane[i], mig_encode_end(&s->lane[i].enc), NULL, 0, NULL);
+	/* a cancel stops here at the latest: END not sent, the destination drops what it has */
+	if (ret >= 0)
+		ret = src_cancel_check(s);
 	if (ret >= 0)
 		ret = src_flush(s);
+	if (ret == -ECANCELED)
+		src_cancel_check(s);
+	if (s->cancelled)
+		return src_cancelled(s, err, len);
 	if (ret < 0)
 		return src_net_fail(s, ret, STOP_SENDING, err, len);
 	return 0;
@@ -69,6 +76,11 @@ static int handoff(struct source *s, struct mig_result *res, char *err, size_t l
 	res->resolved = s->st->resolved;
 	if (res->outcome == MIG_OUTCOME_THERE)
 		return 0;
+	if (t.cancelled) {
+		s->cancelled = true;
+		return mig_errf(err, len, -ECANCELED, "cancelled after READY, before COMMIT: the destination was told "
+				"to drop its copy, the guest runs on here");
+	}
 	return res->outcome == MIG_OUTCOME_UNKNOWN ? -EINPROGRESS : -EREMOTEIO;
 }
 

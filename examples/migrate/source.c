@@ -5,6 +5,7 @@
  * and which file does what: source-int.h.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,11 +16,18 @@
 static int source_init(struct source *s, const struct mig_guest *g, const struct mig_send_opts *o, char *err,
 		       size_t len)
 {
+	const struct mig_params p = { .downtime_ms = o->downtime_ms, .max_passes = o->max_passes,
+				      .timeout_ms = o->timeout_ms, .max_bandwidth = o->max_bandwidth,
+				      .throttle = o->throttle };
+
 	s->g = g;
 	s->o = o;
 	mig_status_init(&s->own, false);
 	s->st = o->status ? o->status : &s->own;
-	mig_status_set_state(s->st, "setup");
+	pthread_mutex_init(&s->pace_lock, NULL);
+	mig_status_begin(s->st, &p);
+	mig_status_sink(s->st, o->event, o->event_ctx, o->event_to_fd ? o->event_fd : -1);
+	src_take_params(s);
 	s->t0 = s->sample_ms = now_ms();
 	s->pagemap = -1;
 	if (!g->tracker || g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS)
@@ -35,9 +43,16 @@ static int session(struct source *s, int fd, char *err, size_t len)
 	const struct mig_send_opts *o = s->o;
 	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .conns = o->connections,
 				       .timeout_ms = o->peer_timeout_ms, .name = o->peer_name, .wipe_psk = o->wipe_psk };
-	int ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s->sess, err, len);
+	int ret = src_cancel_check(s);
 
-	return ret < 0 ? ret : src_lanes_new(s, err, len);
+	if (ret == 0)
+		ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s->sess, err, len);
+	if (ret == 0)
+		ret = src_lanes_new(s, err, len);
+	/* asked while the session was made: the destination, told nothing more, drops it */
+	if (ret == 0)
+		src_cancel_check(s);
+	return s->cancelled ? src_cancelled(s, err, len) : ret;
 }
 
 /*
@@ -79,18 +94,42 @@ static int header(struct source *s, char *err, size_t len)
 	return ret;
 }
 
+/*
+ * Tracking on (where it was off: another consumer of the tracker may have
+ * it on already, and keeps it after), and the migration's own consumer,
+ * with every page pending: its first pass is all of memory.
+ */
+static int track(struct source *s, char *err, size_t len)
+{
+	struct kvmdirty_tracker *t = s->g->tracker;
+	struct kvmdirty_consumer_info ci;
+	int ret;
+
+	s->own_tracking = kvmdirty_consumer_info(kvmdirty_tracker_consumer(t), &ci, sizeof(ci)) < 0 ||
+			  !ci.tracked_pages;
+	ret = kvmdirty_tracker_start(t, NULL);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
+	s->started = true;
+	ret = kvmdirty_consumer_new(t, 0, &s->cons);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "a consumer of the dirty log for the migration: %s", strerror(-ret));
+	return 0;
+}
+
 /* The throttle's measures, the start line, tracking on, and the header. */
 static int start(struct source *s, const struct mig_result *res, char *err, size_t len)
 {
 	int ret;
 
+	if (src_cancel_check(s) < 0)
+		return src_cancelled(s, err, len);
 	src_throttle_init(s);
 	if (s->o->stats)
 		src_start_line(s, res);
-	ret = kvmdirty_tracker_start(s->g->tracker, NULL);
+	ret = track(s, err, len);
 	if (ret < 0)
-		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
-	s->started = true;
+		return ret;
 	mig_status_set_state(s->st, "precopy");
 	return header(s, err, len);
 }
@@ -103,6 +142,11 @@ static int switchover(struct source *s, struct mig_result *res, char *err, size_
 	uint64_t hashed0 = src_hashed(s), pages0 = s->pages;
 	int ret;
 
+	if (src_cancel_check(s) < 0)
+		return src_cancelled(s, err, len);
+	mig_status_event(s->st, "switchover",
+			 "\"passes\":%" PRIu64 ",\"remaining_bytes\":%" PRIu64 ",\"est_downtime_ms\":%.1f,\"converged\":%s",
+			 res->passes, res->remaining_pages * PAGE, res->est_downtime_ms, res->converged ? "true" : "false");
 	src_during(s, res);
 	g->ops->pause(g->ctx);
 	s->paused = true;
@@ -134,20 +178,38 @@ static void results(struct source *s, struct mig_result *res, int ret)
 	res->untouched_pages = s->untouched_pages;
 	/* abandoned for not converging: the reason stays why */
 	if (ret < 0 && !s->abandoned)
-		res->reason = "failed";
+		res->reason = s->cancelled ? "cancelled" : "failed";
+	res->cancelled = s->cancelled;
+	if (s->cancelled && res->outcome == MIG_OUTCOME_PENDING)
+		res->outcome = mig_status_decide(s->st, MIG_OUTCOME_HERE, "cancelled: the guest runs here");
 	/* failed before the handoff, or abandoned: the guest stays here */
 	if (ret < 0 && res->outcome == MIG_OUTCOME_PENDING)
 		res->outcome = mig_status_decide(s->st, MIG_OUTCOME_HERE, "the migration failed: the guest runs here");
-	res->throttled = s->th.engaged;
+	res->throttled = s->throttled_ever;
 	for (i = 0; i < s->nv; i++)
 		res->vcpu_held_ms[i] = src_held_ms(s, i);
 }
 
-/* The guest as mig_send() leaves it: unthrottled, untracked, and running here unless it moved. */
+/*
+ * The guest as mig_send() leaves it: unthrottled; the migration's pages
+ * done with (moved) or owed no more (stays here: its consumer aborts,
+ * which touches no other consumer's); untracked where mig_send() turned
+ * tracking on; running here unless it moved.
+ */
 static void release(struct source *s, enum mig_outcome o)
 {
+	if (s->throttling && s->th.engaged)
+		mig_status_event(s->st, "throttle_released", "\"why\":\"the migration ended\"");
 	src_throttle_off(s);
-	if (s->started)
+	if (s->cons) {
+		if (o == MIG_OUTCOME_THERE)
+			kvmdirty_consumer_commit(s->cons);
+		else
+			kvmdirty_consumer_abort(s->cons);
+		kvmdirty_consumer_free(s->cons);
+		s->cons = NULL;
+	}
+	if (s->started && s->own_tracking)
 		kvmdirty_tracker_stop(s->g->tracker, NULL);
 	/* where the guest stays here, it runs on where it was; where its fate is unknown, it stays paused */
 	if (o == MIG_OUTCOME_HERE && s->paused)
@@ -156,7 +218,9 @@ static void release(struct source *s, enum mig_outcome o)
 
 static void source_free(struct source *s)
 {
+	mig_status_end(s->st);
 	mig_status_destroy(&s->own);
+	pthread_mutex_destroy(&s->pace_lock);
 	src_lanes_free(s);
 	mig_session_free(&s->sess);
 	src_untouched_close(s);
@@ -165,6 +229,24 @@ static void source_free(struct source *s)
 	free(s->progress_at);
 	src_free_hashes(s);
 	free(s);
+}
+
+/* How it ended, as an event: completed, cancelled, failed (unknown was told when it became so). */
+static void outcome_event(struct source *s, const struct mig_result *res, int ret, const char *err)
+{
+	char why[2 * MIG_EVENT_LINE / 3];
+
+	mig_event_str(why, sizeof(why), err);
+	if (res->outcome == MIG_OUTCOME_THERE)
+		mig_status_event(s->st, "completed",
+				 "\"total_ms\":%.1f,\"downtime_ms\":%.1f,\"passes\":%" PRIu64 ",\"bytes\":%" PRIu64
+				 ",\"lost_pages\":%" PRIu64, res->total_ms, res->downtime_ms, res->passes, res->bytes,
+				 res->lost_pages);
+	else if (res->cancelled)
+		mig_status_event(s->st, "cancelled", "\"passes\":%" PRIu64 ",\"outcome\":\"here\"", res->passes);
+	else if (res->outcome == MIG_OUTCOME_HERE)
+		mig_status_event(s->st, "failed", "\"reason\":\"%s\",\"outcome\":\"here\",\"error\":\"%s\"",
+				 res->reason ? res->reason : "failed", why);
 }
 
 /* Teardown, whatever happened: the results, the guest released, the check after switchover, the end line. */
@@ -176,6 +258,7 @@ static int finish(struct source *s, struct mig_result *res, int ret, char *err, 
 		ret = src_check_sent(s, res, err, len);
 	if (s->o->stats)
 		src_end_line(s, res, ret, err);
+	outcome_event(s, res, ret, err);
 	source_free(s);
 	return ret;
 }

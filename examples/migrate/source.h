@@ -43,6 +43,25 @@ struct mig_send_opts {
 	 */
 	bool force_switchover;
 	/*
+	 * At most this many MiB/s on the wire, all connections together (0:
+	 * as fast as the link goes), stop-and-copy included: the downtime
+	 * estimate and the throttle take the capped rate for the link's, so
+	 * the rest the pause sends fits the downtime at the cap.
+	 */
+	uint64_t max_bandwidth;
+	/*
+	 * Events (status.h: one JSON line each, the names in
+	 * kvmdirty-migrate-control(7)) as they happen: to event(), called on
+	 * the engine's threads (it must not block: the migration waits for
+	 * it), and, with event_to_fd, written to event_fd without blocking
+	 * (made O_NONBLOCK; lines it cannot take are counted and told in one
+	 * events_lost line).  Also kept in the status for its subscribers.
+	 */
+	void (*event)(void *ctx, const char *line);
+	void *event_ctx;
+	bool event_to_fd;
+	int event_fd;
+	/*
 	 * A key (session.h): source and destination prove to each other that
 	 * they hold it, and every record is sealed; with encrypt, encrypted
 	 * too.  NULL: a plain stream.
@@ -94,7 +113,7 @@ struct mig_result {
 	double link_bytes_per_s;  /* ... at the rate that pass measured */
 	uint64_t remaining_pages; /* ... of the rest, pending after it */
 	uint64_t dirty_pages_per_s; /* the dirty rate the tracker saw then */
-	/* why pre-copy ended: "fits_downtime", "pass_limit", "time_limit", or "failed" */
+	/* why pre-copy ended: "fits_downtime", "pass_limit", "time_limit", "cancelled", or "failed" */
 	const char *reason;
 	/*
 	 * vCPU i's progress per second before tracking (baseline_ms; 0: not
@@ -102,6 +121,7 @@ struct mig_result {
 	 */
 	double vcpu_before[MIG_MAX_VCPUS], vcpu_during[MIG_MAX_VCPUS];
 	bool throttled; /* the throttle engaged */
+	bool cancelled; /* a cancel (mig_status_cancel()) ended it: the guest runs here */
 	/* where the guest runs: HERE (resumed), THERE (moved), UNKNOWN (paused; without a status only) */
 	enum mig_outcome outcome;
 	bool resolved;	  /* ... as a resolve decided */
@@ -117,10 +137,16 @@ struct mig_result {
  * either side, with "authentication" in err; the guest is then untouched).
  * After END, the handoff (handoff.h): READY, COMMIT, ACK.
  * Returns -errno when the guest stays here (res->outcome HERE; -ETIME:
- * pre-copy did not converge and force_switchover is off; a failure or a
+ * pre-copy did not converge and force_switchover is off; -ECANCELED: a
+ * cancel came before COMMIT was sent (res->cancelled); a failure or a
  * refusal before READY, or the destination's ACK saying it dropped its
  * copy; a resolve "here"): the vCPUs run on here (resumed where they were
- * paused), tracking is stopped, and the guest can be migrated again.
+ * paused), its consumer aborted and freed (other consumers of the tracker
+ * keep theirs), tracking stopped where mig_send() started it, and the
+ * guest can be migrated again: a later migration sends all of it afresh.
+ * The pages go through a consumer of the tracker of the migration's own
+ * (kvmdirty_consumer_new()); the parameters of struct mig_params
+ * (status.h) can be changed while it runs, through the status.
  * Otherwise the destination has the guest (THERE: its ACK, or a resolve
  * "nowhere") and the vCPUs here stay paused; returns 0, or with verify the
  * number of pages (capped at INT_MAX) whose final contents differ from

@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: MIT
 /* A migration side's status: written by the engine, read and resolved by anyone (status.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
+#include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "errf.h"
 #include "status.h"
@@ -17,6 +23,8 @@ void mig_status_init(struct mig_status *s, bool dest)
 	s->dest = dest;
 	s->state = dest ? "waiting" : "setup";
 	s->wake_fd = -1;
+	s->event_fd = -1;
+	s->sink_fd = -1;
 }
 
 void mig_status_reset(struct mig_status *s)
@@ -34,6 +42,8 @@ void mig_status_reset(struct mig_status *s)
 
 void mig_status_destroy(struct mig_status *s)
 {
+	if (s->event_fd >= 0)
+		close(s->event_fd);
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
 }
@@ -131,28 +141,49 @@ const char *mig_outcome_name(enum mig_outcome o)
 	return (unsigned int)o < sizeof(names) / sizeof(names[0]) ? names[o] : "?";
 }
 
+void mig_event_str(char *buf, size_t len, const char *s)
+{
+	size_t i, k = 0;
+
+	for (i = 0; s && s[i] && k + 2 < len; i++) {
+		unsigned char c = (unsigned char)s[i];
+
+		if (c == '"' || c == '\\')
+			buf[k++] = '\\';
+		buf[k++] = c < 0x20 ? '?' : (char)c;
+	}
+	if (len)
+		buf[k] = 0;
+}
+
 /* s as JSON text into buf, escaping the one free-form string. */
 static int query_locked(const struct mig_status *s, char *buf, size_t len)
 {
 	char why[2 * sizeof(s->why)];
-	size_t i, k = 0;
+	size_t k;
 	int n;
 
-	for (i = 0; s->why[i] && k + 2 < sizeof(why); i++) {
-		unsigned char c = (unsigned char)s->why[i];
-
-		if (c == '"' || c == '\\')
-			why[k++] = '\\';
-		why[k++] = c < 0x20 ? '?' : (char)c;
-	}
-	why[k] = 0;
+	mig_event_str(why, sizeof(why), s->why);
+	k = strlen(why);
 	n = snprintf(buf, len,
 		     "{\"side\":\"%s\",\"state\":\"%s\",\"stream\":%" PRIu64 ",\"pass\":%" PRIu64 ",\"bytes_sent\":%" PRIu64
-		     ",\"remaining_bytes\":%" PRIu64 ",\"outcome\":\"%s\",\"resolved\":%s%s%s%s}",
+		     ",\"remaining_bytes\":%" PRIu64 ",\"outcome\":\"%s\",\"resolved\":%s%s%s%s",
 		     s->dest ? "destination" : "source", s->state, s->stream, s->pass, s->bytes_sent, s->remaining_bytes,
 		     mig_outcome_name(s->outcome), s->resolved ? "true" : "false", k ? ",\"why\":\"" : "", why,
 		     k ? "\"" : "");
-	return n < 0 || (size_t)n >= len ? -ENOSPC : 0;
+	if (n < 0 || (size_t)n >= len)
+		return -ENOSPC;
+	if (!s->dest)
+		n += snprintf(buf + n, len - (size_t)n,
+			      ",\"cancel\":\"%s\",\"parameters\":{\"downtime_ms\":%" PRIu64 ",\"max_bandwidth\":%" PRIu64
+			      ",\"max_passes\":%" PRIu64 ",\"timeout_ms\":%" PRIu64 ",\"throttle\":%s}",
+			      s->cancelled ? "done" : s->cancel ? "asked" : "none", s->params.downtime_ms,
+			      s->params.max_bandwidth, s->params.max_passes, s->params.timeout_ms,
+			      s->params.throttle ? "true" : "false");
+	if ((size_t)n + 1 >= len)
+		return -ENOSPC;
+	strcpy(buf + n, "}");
+	return 0;
 }
 
 int mig_status_query(struct mig_status *s, char *buf, size_t len)
@@ -184,4 +215,336 @@ int mig_status_resolve(struct mig_status *s, bool run_here, char *err, size_t le
 	}
 	pthread_mutex_unlock(&s->lock);
 	return ret;
+}
+
+/* ---- steering ---- */
+
+static bool decided_locked(const struct mig_status *s)
+{
+	return decided(s->outcome);
+}
+
+void mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
+{
+	pthread_mutex_lock(&s->lock);
+	if (decided_locked(s)) {
+		/* the last migration of this status ended: this one starts afresh, its options' parameters too */
+		s->outcome = MIG_OUTCOME_PENDING;
+		s->resolved = false;
+		s->why[0] = 0;
+		__atomic_store_n(&s->cancel, false, __ATOMIC_RELAXED);
+		s->committed = s->cancelled = false;
+		s->params_valid = false;
+		s->pass = s->bytes_sent = s->remaining_bytes = 0;
+	}
+	if (!s->params_valid)
+		s->params = *from_opts;
+	s->params_valid = true;
+	s->running = true;
+	s->state = "setup";
+	pthread_mutex_unlock(&s->lock);
+}
+
+void mig_status_end(struct mig_status *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->running = false;
+	s->sink = NULL;
+	s->sink_ctx = NULL;
+	s->sink_fd = -1;
+	s->sink_lost = s->sink_rest_len = 0;
+	pthread_mutex_unlock(&s->lock);
+}
+
+void mig_status_params(struct mig_status *s, struct mig_params *ret)
+{
+	pthread_mutex_lock(&s->lock);
+	*ret = s->params;
+	pthread_mutex_unlock(&s->lock);
+}
+
+static const struct param_range {
+	const char *name;
+	uint64_t min, max;
+} ranges[] = {
+	{ "downtime_ms", 0, 3600000 },
+	{ "max_passes", 1, 100000 },
+	{ "timeout_ms", 1, 86400000 },
+	{ "max_bandwidth", 0, MIG_MAX_BANDWIDTH_MIBPS },
+	{ "throttle", 0, 1 },
+};
+
+int mig_params_check(const char *name, double v, char *err, size_t len)
+{
+	size_t i;
+
+	for (i = 0; i < sizeof(ranges) / sizeof(ranges[0]); i++) {
+		if (strcmp(name, ranges[i].name))
+			continue;
+		if (v != (double)(int64_t)v && v > -9e18 && v < 9e18)
+			return mig_errf(err, len, -EINVAL, "Invalid parameter type for '%s', expected: integer", name);
+		if (!(v >= (double)ranges[i].min && v <= (double)ranges[i].max))
+			return mig_errf(err, len, -ERANGE, "Parameter '%s' must be %" PRIu64 " to %" PRIu64 ", not %.17g",
+					name, ranges[i].min, ranges[i].max, v);
+		return 0;
+	}
+	return mig_errf(err, len, -EINVAL, "Parameter '%s' is unexpected", name);
+}
+
+int mig_status_set(struct mig_status *s, const struct mig_params *p, unsigned int mask, char *err, size_t len)
+{
+	const uint64_t v[] = { p->downtime_ms, p->max_passes, p->timeout_ms, p->max_bandwidth, p->throttle };
+	unsigned int i;
+	int ret;
+
+	if (!mask)
+		return mig_errf(err, len, -EINVAL, "no parameter given: downtime_ms, max_bandwidth, max_passes, "
+				"timeout_ms or throttle");
+	for (i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
+		ret = mask & (1u << i) ? mig_params_check(ranges[i].name, (double)v[i], err, len) : 0;
+		if (ret < 0)
+			return ret;
+	}
+	pthread_mutex_lock(&s->lock);
+	if (mask & MIG_PARAM_DOWNTIME)
+		s->params.downtime_ms = p->downtime_ms;
+	if (mask & MIG_PARAM_MAX_PASSES)
+		s->params.max_passes = p->max_passes;
+	if (mask & MIG_PARAM_TIMEOUT)
+		s->params.timeout_ms = p->timeout_ms;
+	if (mask & MIG_PARAM_MAX_BANDWIDTH)
+		s->params.max_bandwidth = p->max_bandwidth;
+	if (mask & MIG_PARAM_THROTTLE)
+		s->params.throttle = p->throttle;
+	s->params_valid = true;
+	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+int mig_status_cancel(struct mig_status *s, char *err, size_t len)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->dest)
+		ret = mig_errf(err, len, -EOPNOTSUPP, "cancel is the source's: this is the destination "
+			       "(a stream its source cancels is dropped here)");
+	else if (s->committed)
+		ret = mig_errf(err, len, -EALREADY, "COMMIT was sent: the guest's fate is the destination's answer "
+			       "(resolve if it never comes)");
+	else if (decided_locked(s) || s->outcome == MIG_OUTCOME_UNKNOWN)
+		ret = mig_errf(err, len, -ENOENT, "no migration to cancel: the last one is over (%s)", s->state);
+	else
+		__atomic_store_n(&s->cancel, true, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&s->lock);
+	return ret;
+}
+
+bool mig_status_cancel_asked(struct mig_status *s)
+{
+	/* written under the lock, atomically: the engine asks at every batch without taking it */
+	return __atomic_load_n(&s->cancel, __ATOMIC_RELAXED);
+}
+
+void mig_status_mark_cancelled(struct mig_status *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->cancelled = true;
+	pthread_mutex_unlock(&s->lock);
+}
+
+bool mig_status_commit_point(struct mig_status *s)
+{
+	bool go;
+
+	pthread_mutex_lock(&s->lock);
+	go = !s->cancel;
+	s->committed = go;
+	pthread_mutex_unlock(&s->lock);
+	return go;
+}
+
+/* ---- events ---- */
+
+/* The line's head: {"event":NAME,"data":{ */
+static size_t event_head(char *buf, size_t len, const char *name)
+{
+	int n = snprintf(buf, len, "{\"event\":\"%s\",\"data\":{", name);
+
+	return n < 0 ? 0 : (size_t)n < len ? (size_t)n : len - 1;
+}
+
+/* ... and its tail: },"timestamp":{...}}\n; the length, or 0 when it does not fit */
+static size_t event_tail(char *buf, size_t at, size_t len)
+{
+	struct timespec ts;
+	int n;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	n = snprintf(buf + at, len - at, "},\"timestamp\":{\"seconds\":%lld,\"microseconds\":%ld}}\n",
+		     (long long)ts.tv_sec, ts.tv_nsec / 1000);
+	return n < 0 || (size_t)n >= len - at ? 0 : at + (size_t)n;
+}
+
+size_t mig_event_lost_line(uint64_t count, char *buf, size_t len)
+{
+	size_t at = event_head(buf, len, "events_lost");
+	int n = snprintf(buf + at, len - at, "\"count\":%" PRIu64, count);
+
+	return n < 0 || (size_t)n >= len - at ? 0 : event_tail(buf, at + (size_t)n, len);
+}
+
+/*
+ * Write n bytes to the sink's fd without blocking and without SIGPIPE (a
+ * pipe whose reader left): how many it took, or -errno.
+ */
+static ssize_t sink_write(int fd, const char *buf, size_t n)
+{
+	sigset_t pipe_only, old;
+	struct timespec zero = { 0, 0 };
+	ssize_t k = send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+
+	if (k >= 0 || errno != ENOTSOCK)
+		return k < 0 ? -errno : k;
+	sigemptyset(&pipe_only);
+	sigaddset(&pipe_only, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+	k = write(fd, buf, n);
+	if (k < 0 && errno == EPIPE)
+		while (sigtimedwait(&pipe_only, NULL, &zero) < 0 && errno == EINTR)
+			;
+	k = k < 0 ? -errno : k;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return k;
+}
+
+/* Under the lock: line to the sink's fd, after what it has not taken yet and a lost count, if any. */
+static void sink_put(struct mig_status *s, const char *line, size_t n)
+{
+	char lost[160];
+	size_t ln;
+	ssize_t k;
+
+	if (s->sink_rest_len) {
+		k = sink_write(s->sink_fd, s->sink_rest, s->sink_rest_len);
+		if (k > 0) {
+			memmove(s->sink_rest, s->sink_rest + k, s->sink_rest_len - (size_t)k);
+			s->sink_rest_len -= (size_t)k;
+		}
+		if (s->sink_rest_len) {
+			s->sink_lost++;
+			return;
+		}
+	}
+	if (s->sink_lost) {
+		ln = mig_event_lost_line(s->sink_lost, lost, sizeof(lost));
+		k = sink_write(s->sink_fd, lost, ln);
+		if (k <= 0) {
+			s->sink_lost++;
+			return;
+		}
+		s->sink_lost = 0;
+		if ((size_t)k < ln) {
+			/* the rest of the lost line first, next time; this event is lost, counted again */
+			memcpy(s->sink_rest, lost + k, ln - (size_t)k);
+			s->sink_rest_len = ln - (size_t)k;
+			s->sink_lost = 1;
+			return;
+		}
+	}
+	k = sink_write(s->sink_fd, line, n);
+	if (k <= 0) {
+		s->sink_lost++;
+	} else if ((size_t)k < n) {
+		memcpy(s->sink_rest, line + k, n - (size_t)k);
+		s->sink_rest_len = n - (size_t)k;
+	}
+}
+
+void mig_status_event(struct mig_status *s, const char *name, const char *data_fmt, ...)
+{
+	char line[MIG_EVENT_LINE];
+	void (*cb)(void *ctx, const char *line);
+	uint64_t one = 1;
+	size_t at, n;
+	va_list ap;
+	void *ctx;
+	int k;
+
+	at = event_head(line, sizeof(line), name);
+	va_start(ap, data_fmt);
+	k = vsnprintf(line + at, sizeof(line) - at, data_fmt, ap);
+	va_end(ap);
+	n = k >= 0 ? event_tail(line, at + (size_t)k, sizeof(line)) : 0;
+	if (!n) /* too long: the event without its data */
+		n = event_tail(line, at, sizeof(line));
+	pthread_mutex_lock(&s->lock);
+	memcpy(s->events[s->events_head % MIG_EVENTS_KEPT], line, n + 1);
+	s->events_head++;
+	if (s->sink_fd >= 0)
+		sink_put(s, line, n);
+	cb = s->sink;
+	ctx = s->sink_ctx;
+	if (s->event_fd >= 0)
+		while (write(s->event_fd, &one, sizeof(one)) < 0 && errno == EINTR)
+			;
+	pthread_mutex_unlock(&s->lock);
+	if (cb)
+		cb(ctx, line);
+}
+
+void mig_status_sink(struct mig_status *s, void (*cb)(void *ctx, const char *line), void *ctx, int fd)
+{
+	int fl;
+
+	if (fd >= 0 && (fl = fcntl(fd, F_GETFL)) >= 0 && !(fl & O_NONBLOCK))
+		fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+	pthread_mutex_lock(&s->lock);
+	s->sink = cb;
+	s->sink_ctx = ctx;
+	s->sink_fd = fd;
+	s->sink_lost = s->sink_rest_len = 0;
+	pthread_mutex_unlock(&s->lock);
+}
+
+int mig_status_event_fd(struct mig_status *s)
+{
+	int fd;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->event_fd < 0)
+		s->event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	fd = s->event_fd >= 0 ? s->event_fd : -errno;
+	pthread_mutex_unlock(&s->lock);
+	return fd;
+}
+
+size_t mig_status_event_get(struct mig_status *s, uint64_t *seq, char *buf, size_t len, uint64_t *lost)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->events_head > MIG_EVENTS_KEPT && *seq < s->events_head - MIG_EVENTS_KEPT) {
+		*lost += s->events_head - MIG_EVENTS_KEPT - *seq;
+		*seq = s->events_head - MIG_EVENTS_KEPT;
+	}
+	if (*seq < s->events_head) {
+		n = (size_t)snprintf(buf, len, "%s", s->events[*seq % MIG_EVENTS_KEPT]);
+		if (n >= len)
+			n = 0; /* a buffer shorter than a line: the caller's mistake, nothing taken */
+		else
+			++*seq;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
+
+uint64_t mig_status_event_head(struct mig_status *s)
+{
+	uint64_t h;
+
+	pthread_mutex_lock(&s->lock);
+	h = s->events_head;
+	pthread_mutex_unlock(&s->lock);
+	return h;
 }

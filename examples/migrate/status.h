@@ -33,6 +33,36 @@ enum mig_outcome {
 	MIG_OUTCOME_UNKNOWN,
 };
 
+/*
+ * What steers a source's migration while it runs: set by anyone
+ * (mig_status_set(), the control socket's set), read by the engine at
+ * each sample (every 100 ms, and at each pass's end), shown by query.
+ * Ranges, checked by mig_params_check(): downtime_ms 0..3600000,
+ * max_passes 1..100000, timeout_ms 1..86400000 (from the start of
+ * tracking), max_bandwidth 0..1048576 MiB/s (0: none).
+ */
+struct mig_params {
+	uint64_t downtime_ms;
+	uint64_t max_passes;
+	uint64_t timeout_ms;
+	uint64_t max_bandwidth; /* MiB/s; 0: as fast as the link goes */
+	bool throttle;
+};
+
+/* Which members of a struct mig_params a set gives. */
+enum {
+	MIG_PARAM_DOWNTIME = 1u << 0,
+	MIG_PARAM_MAX_PASSES = 1u << 1,
+	MIG_PARAM_TIMEOUT = 1u << 2,
+	MIG_PARAM_MAX_BANDWIDTH = 1u << 3,
+	MIG_PARAM_THROTTLE = 1u << 4,
+};
+
+#define MIG_MAX_BANDWIDTH_MIBPS 1048576
+/* events kept for subscribers that read late, and the longest event line */
+#define MIG_EVENTS_KEPT 128
+#define MIG_EVENT_LINE 512
+
 struct mig_status {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -44,6 +74,22 @@ struct mig_status {
 	bool resolved; /* the outcome was decided by a resolve */
 	char why[160]; /* why the outcome is unknown, or what decided it */
 	int wake_fd;   /* while UNKNOWN: a resolve shuts its reading side down to wake the engine (-1: none) */
+	/* steering (source): the parameters, a cancel asked for, COMMIT's point of no return passed */
+	struct mig_params params;
+	bool params_valid; /* set by someone: the engine starts from these, not its options */
+	bool cancel, committed, cancelled;
+	bool running; /* mig_send() is under way */
+	/* events: the last MIG_EVENTS_KEPT lines, event number n at n % MIG_EVENTS_KEPT */
+	char events[MIG_EVENTS_KEPT][MIG_EVENT_LINE];
+	uint64_t events_head; /* events so far */
+	int event_fd;	      /* an eventfd written at each event (-1 until asked for) */
+	/* the engine's own sink for the migration under way: a callback, an fd (mig_send_opts) */
+	void (*sink)(void *ctx, const char *line);
+	void *sink_ctx;
+	int sink_fd;
+	uint64_t sink_lost;	     /* events the fd could not take, not yet told */
+	char sink_rest[MIG_EVENT_LINE]; /* the part of a line the fd has not taken yet */
+	size_t sink_rest_len;
 };
 
 void mig_status_init(struct mig_status *s, bool dest);
@@ -80,10 +126,77 @@ void mig_status_why(struct mig_status *s, char *buf, size_t len);
 const char *mig_outcome_name(enum mig_outcome o);
 
 /*
+ * ---- steering (the source's) ----
+ * A migration under way: mig_send() begins it (mig_status_begin(): the
+ * parameters from its options unless someone set them first; a status
+ * whose last migration ended is made fresh) and ends it.
+ */
+void mig_status_begin(struct mig_status *s, const struct mig_params *from_opts);
+void mig_status_end(struct mig_status *s);
+/* The parameters as they stand. */
+void mig_status_params(struct mig_status *s, struct mig_params *ret);
+/*
+ * Whether v is an integer in range for the member named ("throttle": 0 or
+ * 1); -ERANGE (or -EINVAL: not an integer, or no such member) with a line
+ * naming it in err.
+ */
+int mig_params_check(const char *name, double v, char *err, size_t len);
+/*
+ * Set the members of p that mask names: each checked first, and nothing
+ * changed unless all are in range (-ERANGE, the member named in err).
+ * Anyone, any time; the engine takes them at its next sample.
+ */
+int mig_status_set(struct mig_status *s, const struct mig_params *p, unsigned int mask, char *err, size_t len);
+/*
+ * Cancel the source's migration: 0, and the engine ends it at its next
+ * sample (the guest runs on here; mig_send() returns -ECANCELED).  A
+ * source not yet begun is cancelled as it begins.  -EALREADY once COMMIT
+ * is being sent (the guest's fate is the destination's ACK, or a resolve);
+ * -ENOENT when its migration is over; -EOPNOTSUPP for a destination.
+ * err: one line.
+ */
+int mig_status_cancel(struct mig_status *s, char *err, size_t len);
+/* The engine: whether a cancel was asked for (and, once it acts on it, mark it done). */
+bool mig_status_cancel_asked(struct mig_status *s);
+void mig_status_mark_cancelled(struct mig_status *s);
+/* The engine, READY in hand: true, and no cancel is taken from now; false when a cancel came first. */
+bool mig_status_commit_point(struct mig_status *s);
+
+/*
+ * ---- events ----
+ * One event: a line {"event":NAME,"data":{DATA},"timestamp":{...}}, kept
+ * for subscribers (the last MIG_EVENTS_KEPT), written to the engine's fd
+ * without blocking (what it cannot take is counted, and told in one
+ * events_lost line once it takes lines again) and given to its callback,
+ * from the emitting thread, after the lock is dropped.  data: the members
+ * of the data object as JSON text ("" for none); a line longer than
+ * MIG_EVENT_LINE loses its data.  Never blocks on anyone's reading.
+ */
+void __attribute__((format(printf, 3, 4))) mig_status_event(struct mig_status *s, const char *name,
+							    const char *data_fmt, ...);
+/* The engine's sink for the migration under way (NULL and -1: none); fd is made non-blocking. */
+void mig_status_sink(struct mig_status *s, void (*cb)(void *ctx, const char *line), void *ctx, int fd);
+/* An eventfd that becomes readable at each event (made on the first call); -errno. */
+int mig_status_event_fd(struct mig_status *s);
+/*
+ * Event *seq's line into buf (with its newline, NUL-terminated): its
+ * length, and *seq moved past it; 0 when there is none yet.  An event no
+ * longer kept is skipped, counted into *lost.
+ */
+size_t mig_status_event_get(struct mig_status *s, uint64_t *seq, char *buf, size_t len, uint64_t *lost);
+/* The number the next event will have: a new subscriber starts there. */
+uint64_t mig_status_event_head(struct mig_status *s);
+/* s as the inside of a JSON string (quotes, backslashes escaped; control characters as '?'), cut to fit. */
+void mig_event_str(char *buf, size_t len, const char *s);
+/* An events_lost line for count events into buf (with its newline); its length. */
+size_t mig_event_lost_line(uint64_t count, char *buf, size_t len);
+
+/*
  * ---- anyone's side ----
  * The status as the members of one JSON object ("{...}", NUL-terminated):
- * side, state, stream, pass, bytes_sent, remaining_bytes, outcome, resolved, and
- * why where there is something to say.  0, or -ENOSPC when len is short.
+ * side, state, stream, pass, bytes_sent, remaining_bytes, outcome, resolved,
+ * why where there is something to say, and (the source's) parameters and
+ * cancel ("none", "asked", "done").  0, or -ENOSPC when len is short.
  */
 int mig_status_query(struct mig_status *s, char *buf, size_t len);
 /*
