@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,6 +22,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <kvmdirty-version.h>
@@ -54,6 +56,9 @@ struct client {
 	size_t out_off, out_len, out_cap;
 	bool overflow; /* a reply did not fit MIG_CONTROL_MAX_OUTPUT (or memory): dropped, not cut */
 	bool done;     /* closed after what is queued has gone out */
+	bool sub;      /* subscribed: events are fed to it */
+	uint64_t seq;  /* ... the next one for it */
+	uint64_t lost; /* ... and how many it missed, not yet told */
 };
 
 struct mig_control {
@@ -63,6 +68,7 @@ struct mig_control {
 	ino_t ino;
 	uid_t uid;
 	int lfd, wake;
+	int efd; /* the ops' event fd, or -1 */
 	pthread_t thread;
 	const struct mig_control_ops *ops;
 	void *ctx;
@@ -370,14 +376,71 @@ static void cmd_resolve(struct mig_control *s, struct client *c, const struct re
 		reply_empty(c, r);
 }
 
+static void cmd_set(struct mig_control *s, struct client *c, const struct request *r)
+{
+	char err[MIG_CONTROL_ERR_SIZE] = "";
+	int ret;
+
+	ret = s->ops->set(s->ctx, r->args, err, sizeof(err));
+	err[sizeof(err) - 1] = 0;
+	if (ret < 0)
+		reply_error(c, r, generic, "%s", err[0] ? err : strerror(-ret));
+	else
+		reply_empty(c, r);
+}
+
+static void cmd_cancel(struct mig_control *s, struct client *c, const struct request *r)
+{
+	char err[MIG_CONTROL_ERR_SIZE] = "";
+	const char *class = NULL;
+	int ret;
+
+	if (!no_arguments(c, r))
+		return;
+	ret = s->ops->cancel(s->ctx, &class, err, sizeof(err));
+	err[sizeof(err) - 1] = 0;
+	if (ret < 0)
+		reply_error(c, r, class ? class : generic, "%s", err[0] ? err : strerror(-ret));
+	else
+		reply_empty(c, r);
+}
+
+/* Events from the next one on; a second subscribe is answered and changes nothing. */
+static void cmd_subscribe(struct mig_control *s, struct client *c, const struct request *r)
+{
+	if (!no_arguments(c, r))
+		return;
+	if (!c->sub) {
+		c->sub = true;
+		c->seq = s->ops->event_head(s->ctx);
+		c->lost = 0;
+	}
+	reply_empty(c, r);
+}
+
 static const struct command {
 	const char *name;
 	void (*run)(struct mig_control *s, struct client *c, const struct request *r);
+	size_t op; /* the op the command needs (offsetof in struct mig_control_ops), or 0 */
 } commands[] = {
-	{ "qmp_capabilities", cmd_capabilities },
-	{ "query", cmd_query },
-	{ "resolve", cmd_resolve },
+	{ "qmp_capabilities", cmd_capabilities, 0 },
+	{ "query", cmd_query, 0 },
+	{ "resolve", cmd_resolve, 0 },
+	{ "set", cmd_set, offsetof(struct mig_control_ops, set) },
+	{ "cancel", cmd_cancel, offsetof(struct mig_control_ops, cancel) },
+	{ "subscribe", cmd_subscribe, offsetof(struct mig_control_ops, event) },
 };
+
+/* Whether the ops have what command k needs. */
+static bool served(const struct mig_control *s, size_t k)
+{
+	const void *const *op;
+
+	if (!commands[k].op)
+		return true;
+	op = (const void *const *)((const char *)s->ops + commands[k].op);
+	return *op != NULL && (commands[k].run != cmd_subscribe || s->efd >= 0);
+}
 
 /* ---- requests ---- */
 
@@ -407,7 +470,7 @@ static bool serve_request(struct mig_control *s, struct client *c, const struct 
 		return true;
 	}
 	for (i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-		if (same(exec, commands[i].name)) {
+		if (same(exec, commands[i].name) && served(s, i)) {
 			commands[i].run(s, c, r);
 			return true;
 		}
@@ -494,6 +557,55 @@ static bool flush(struct client *c)
 		c->out_off += (size_t)k;
 	}
 	c->out_off = c->out_len = 0;
+	return true;
+}
+
+/*
+ * A subscriber's events, as many as fit its backlog: those it missed
+ * first, as one events_lost line.  The events stay the ops'; what the
+ * subscriber does not take in time is lost to it alone.  true when it
+ * stopped at the backlog (there may be more), false when none is left.
+ */
+static bool feed(struct mig_control *s, struct client *c)
+{
+	char line[MIG_CONTROL_EVENT_LINE], head[160];
+	struct timespec ts;
+	size_t n;
+
+	while (c->sub && !c->overflow) {
+		if (c->out_len - c->out_off >= MIG_CONTROL_EVENT_BACKLOG)
+			return true;
+		n = s->ops->event(s->ctx, &c->seq, line, sizeof(line), &c->lost);
+		if (c->lost) {
+			clock_gettime(CLOCK_REALTIME, &ts);
+			snprintf(head, sizeof(head),
+				 "{" KEY("event") "\"events_lost\"," KEY("data") "{" KEY("count") "%llu},"
+				 KEY("timestamp") "{" KEY("seconds") "%lld," KEY("microseconds") "%ld}}\n",
+				 (unsigned long long)c->lost, (long long)ts.tv_sec, ts.tv_nsec / 1000);
+			put(c, head, strlen(head));
+			c->lost = 0;
+		}
+		if (!n)
+			return false;
+		put(c, line, n);
+	}
+	return false;
+}
+
+/*
+ * Feed c and send what its socket takes, until its socket is full (it
+ * will be polled for room) or no event is left: false when c is to be
+ * dropped.
+ */
+static bool pump(struct mig_control *s, struct client *c)
+{
+	bool more;
+
+	do {
+		more = feed(s, c);
+		if (c->overflow || !flush(c))
+			return false;
+	} while (more && c->out_off == c->out_len);
 	return true;
 }
 
@@ -585,8 +697,27 @@ static void tend(struct mig_control *s, unsigned int i, short revents)
 		return;
 	if (!c->done && (revents & (POLLIN | POLLHUP | POLLERR)) && !serve_input(s, c))
 		c->done = true;
+	/* room again: the events it has not had */
+	if (!c->overflow && flush(c) && !c->done && pump(s, c))
+		return;
 	if (c->overflow || !flush(c) || (c->done && c->out_off == c->out_len))
 		drop(s, i);
+}
+
+/* New events: each subscriber fed, as far as its backlog goes, and sent what its socket takes. */
+static void publish(struct mig_control *s)
+{
+	uint64_t n;
+	unsigned int i;
+
+	while (read(s->efd, &n, sizeof(n)) < 0 && errno == EINTR)
+		;
+	for (i = s->n; i-- > 0;) {
+		struct client *c = s->clients[i];
+
+		if (c->sub && !c->done && !pump(s, c))
+			drop(s, i);
+	}
 }
 
 /* The poll set: the wakeup, the listener (unless it rests), each client for what it waits on. */
@@ -596,19 +727,20 @@ static nfds_t watch(const struct mig_control *s, struct pollfd *p)
 
 	p[0] = (struct pollfd){ .fd = s->wake, .events = POLLIN };
 	p[1] = (struct pollfd){ .fd = s->accept_rest ? -1 : s->lfd, .events = POLLIN };
+	p[2] = (struct pollfd){ .fd = s->efd, .events = POLLIN };
 	for (i = 0; i < s->n; i++) {
 		const struct client *c = s->clients[i];
 
-		p[2 + i] = (struct pollfd){ .fd = c->fd,
+		p[3 + i] = (struct pollfd){ .fd = c->fd,
 					    .events = (short)((c->done ? 0 : POLLIN) |
 							      (c->out_off < c->out_len ? POLLOUT : 0)) };
 	}
-	return 2 + s->n;
+	return 3 + s->n;
 }
 
 static void *serve(void *arg)
 {
-	struct pollfd p[2 + MIG_CONTROL_MAX_CLIENTS];
+	struct pollfd p[3 + MIG_CONTROL_MAX_CLIENTS];
 	struct mig_control *s = arg;
 	unsigned int i;
 
@@ -623,7 +755,9 @@ static void *serve(void *arg)
 			return NULL;
 		/* from the last: drop() moves the last client into the place it empties */
 		for (i = s->n; i-- > 0;)
-			tend(s, i, p[2 + i].revents);
+			tend(s, i, p[3 + i].revents);
+		if (p[2].revents)
+			publish(s);
 		if (p[1].revents)
 			accept_clients(s);
 	}
@@ -738,6 +872,7 @@ int mig_control_open(const char *path, const struct mig_control_ops *ops, void *
 	s->lfd = s->wake = -1;
 	s->ops = ops;
 	s->ctx = ctx;
+	s->efd = ops->event && ops->event_head && ops->event_fd ? ops->event_fd(ctx) : -1;
 	s->uid = geteuid();
 	r = listen_at(s, path, err, len);
 	if (!r)

@@ -12,6 +12,9 @@
  */
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "json.h"
 
 /* Limits, as the manual page gives them. */
 #define MIG_CONTROL_MAX_LINE 65536     /* bytes of a request, without its newline */
@@ -19,6 +22,13 @@
 #define MIG_CONTROL_MAX_OUTPUT 262144  /* replies a client has not read yet; past this it is dropped */
 #define MIG_CONTROL_QUERY_SIZE 16384   /* the buffer query() fills */
 #define MIG_CONTROL_ERR_SIZE 256       /* the buffer resolve() writes its reason in */
+/*
+ * A subscriber's events waiting in the server beyond what its socket took:
+ * past this none is taken for it (the engine never waits), and those it
+ * misses are told in one events_lost event once it reads again.
+ */
+#define MIG_CONTROL_EVENT_BACKLOG 16384
+#define MIG_CONTROL_EVENT_LINE 1024    /* the buffer event() fills */
 
 struct mig_control;
 
@@ -38,6 +48,29 @@ struct mig_control_ops {
 	 * the server's thread; the server answers no one while it runs.
 	 */
 	int (*resolve)(void *ctx, bool run_here, char *err, size_t len);
+	/*
+	 * set: args is the request's "arguments" object (NULL: none), checked
+	 * by the op; 0, or -errno with a one-line reason in err.  NULL: set is
+	 * not a command of this server.
+	 */
+	int (*set)(void *ctx, const struct mig_json *args, char *err, size_t len);
+	/*
+	 * cancel: 0, or -errno with a one-line reason in err and the error's
+	 * class in *class (NULL: GenericError).  NULL: not a command.
+	 */
+	int (*cancel)(void *ctx, const char **class, char *err, size_t len);
+	/*
+	 * Events (subscribe): event_fd() once, at open: an fd that is readable
+	 * while there are events not yet taken (the server reads it down; it
+	 * stays the op's).  event_head(): the number of the next event, where a
+	 * new subscriber starts.  event(): event *seq's line (newline and NUL
+	 * included, len is MIG_CONTROL_EVENT_LINE) and its length, *seq moved
+	 * past it, or 0 when there is none yet; events no longer kept are
+	 * skipped and counted into *lost.  NULL: no subscribe.
+	 */
+	int (*event_fd)(void *ctx);
+	uint64_t (*event_head)(void *ctx);
+	size_t (*event)(void *ctx, uint64_t *seq, char *buf, size_t len, uint64_t *lost);
 };
 
 /*

@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: MIT
 /* The daemon's control socket over a migration's status (daemon.h). */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon.h"
+#include "errf.h"
 
 static int query(void *ctx, char *buf, size_t len)
 {
@@ -24,7 +26,102 @@ static int resolve(void *ctx, bool run_here, char *err, size_t len)
 	return ret;
 }
 
-static const struct mig_control_ops ops = { .query = query, .resolve = resolve };
+/* One member of set's arguments into p: an integer, or a boolean for throttle; else the error, by name. */
+static int set_member(const struct mig_json_member *m, struct mig_params *p, unsigned int *mask, char *err,
+		      size_t len)
+{
+	static const struct {
+		const char *name;
+		unsigned int bit;
+	} names[] = {
+		{ "downtime_ms", MIG_PARAM_DOWNTIME },	 { "max_passes", MIG_PARAM_MAX_PASSES },
+		{ "timeout_ms", MIG_PARAM_TIMEOUT },	 { "max_bandwidth", MIG_PARAM_MAX_BANDWIDTH },
+		{ "throttle", MIG_PARAM_THROTTLE },
+	};
+	const char *name = m->key.str.s;
+	unsigned int i, bit = 0;
+	int ret;
+
+	for (i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (strlen(names[i].name) == m->key.str.len && !strcmp(names[i].name, name))
+			bit = names[i].bit;
+	if (!bit)
+		return mig_errf(err, len, -EINVAL, "Parameter '%s' is unexpected", name);
+	if (*mask & bit)
+		return mig_errf(err, len, -EINVAL, "Parameter '%s' is given twice", name);
+	*mask |= bit;
+	if (bit == MIG_PARAM_THROTTLE) {
+		if (m->v.type != MIG_JSON_TRUE && m->v.type != MIG_JSON_FALSE)
+			return mig_errf(err, len, -EINVAL, "Invalid parameter type for '%s', expected: boolean", name);
+		p->throttle = m->v.type == MIG_JSON_TRUE;
+		return 0;
+	}
+	if (m->v.type != MIG_JSON_NUMBER)
+		return mig_errf(err, len, -EINVAL, "Invalid parameter type for '%s', expected: integer", name);
+	ret = mig_params_check(name, m->v.num, err, len);
+	if (ret < 0)
+		return ret;
+	*(bit == MIG_PARAM_DOWNTIME ? &p->downtime_ms : bit == MIG_PARAM_MAX_PASSES ? &p->max_passes :
+	  bit == MIG_PARAM_TIMEOUT ? &p->timeout_ms : &p->max_bandwidth) = (uint64_t)m->v.num;
+	return 0;
+}
+
+/* set: every member checked before any is changed (all or nothing); the source's only. */
+static int set(void *ctx, const struct mig_json *args, char *err, size_t len)
+{
+	struct mig_daemon *d = ctx;
+	struct mig_params p = { 0 };
+	unsigned int mask = 0;
+	size_t i;
+	int ret;
+
+	if (d->st.dest)
+		return mig_errf(err, len, -EOPNOTSUPP, "set is the source's: this is the destination");
+	for (i = 0; args && i < args->obj.n; i++) {
+		ret = set_member(&args->obj.m[i], &p, &mask, err, len);
+		if (ret < 0)
+			return ret;
+	}
+	return mig_status_set(&d->st, &p, mask, err, len);
+}
+
+static int cancel(void *ctx, const char **class, char *err, size_t len)
+{
+	struct mig_daemon *d = ctx;
+	int ret = mig_status_cancel(&d->st, err, len);
+
+	if (ret == -EALREADY)
+		*class = "CommitSent";
+	else if (ret == -ENOENT)
+		*class = "NotActive";
+	if (ret == 0)
+		fprintf(stderr, "kvmdirty-migrate: %s: cancel asked through the control socket\n", d->side);
+	return ret;
+}
+
+static int event_fd(void *ctx)
+{
+	struct mig_daemon *d = ctx;
+
+	return mig_status_event_fd(&d->st);
+}
+
+static uint64_t event_head(void *ctx)
+{
+	struct mig_daemon *d = ctx;
+
+	return mig_status_event_head(&d->st);
+}
+
+static size_t event(void *ctx, uint64_t *seq, char *buf, size_t len, uint64_t *lost)
+{
+	struct mig_daemon *d = ctx;
+
+	return mig_status_event_get(&d->st, seq, buf, len, lost);
+}
+
+static const struct mig_control_ops ops = { .query = query, .resolve = resolve, .set = set, .cancel = cancel,
+					    .event_fd = event_fd, .event_head = event_head, .event = event };
 
 static int open_control(struct mig_daemon *d, const char *path, const char *what)
 {
@@ -38,10 +135,14 @@ static int open_control(struct mig_daemon *d, const char *path, const char *what
 	return ret;
 }
 
-int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path)
+int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, const struct mig_params *params)
 {
 	memset(d, 0, sizeof(*d));
 	mig_status_init(&d->st, dest);
+	if (params) {
+		d->st.params = *params;
+		d->st.params_valid = true;
+	}
 	d->side = dest ? "destination" : "source";
 	d->control_path = control_path;
 	if (control_path && open_control(d, control_path, "--control") < 0) {

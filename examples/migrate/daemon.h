@@ -4,7 +4,8 @@
 
 /*
  * The daemon's side of a migration's status: the control socket that
- * answers query and resolve (kvmdirty-migrate-control(7)) over the
+ * answers query, resolve, set, cancel and subscribe
+ * (kvmdirty-migrate-control(7)) over the
  * engine's status (status.h), opened at --control PATH from the start, or
  * at a default path the moment an outcome becomes unknown.
  */
@@ -21,8 +22,13 @@ struct mig_daemon {
 	char path[108];		   /* where it listens */
 };
 
-/* With --control PATH, listen there now; 0, or -1 after one line on stderr. */
-int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path);
+/*
+ * With --control PATH, listen there now; 0, or -1 after one line on
+ * stderr.  params (a source's: its options; NULL for a destination) are
+ * the status's from the start, so a set that comes before the migration
+ * begins changes only what it names.
+ */
+int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, const struct mig_params *params);
 void mig_daemon_fini(struct mig_daemon *d);
 /*
  * The engine's unknown() callback (ctx: the daemon): the line on stderr,

@@ -91,6 +91,13 @@
 #include "testguest.h"
 
 #define EXIT_LOST 3
+#define EXIT_CANCELLED 4
+
+/* The parameters a control socket's set can change, as the send options give them. */
+#define SEND_PARAMS(a)                                                                                    \
+	{ .downtime_ms = (a)->send.downtime_ms, .max_passes = (a)->send.max_passes,                      \
+	  .timeout_ms = (a)->send.timeout_ms, .max_bandwidth = (a)->send.max_bandwidth,                   \
+	  .throttle = (a)->send.throttle }
 
 struct args {
 	const char *cmd, *addr, *stats;
@@ -116,7 +123,7 @@ static void usage(void)
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
 			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
 			"                              [--stats FILE] [--baseline MS] [--run-ms MS] [--psk FILE] [--encrypt]\n"
-			"                              [--peer-name NAME] [--connections N] [--control PATH]\n"
+			"                              [--peer-name NAME] [--connections N] [--control PATH] [--max-bandwidth MIB_PER_S]\n"
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
 			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
 			"       kvmdirty-migrate probe                   (what this host's KVM offers; 77 where none)\n"
@@ -216,6 +223,7 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "control", required_argument, NULL, 'Q' },
 		{ "name", required_argument, NULL, 'A' },
 		{ "peer-name", required_argument, NULL, 'P' },
+		{ "max-bandwidth", required_argument, NULL, 'Y' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -321,6 +329,11 @@ static int parse(int argc, char **argv, struct args *a)
 			break;
 		case 'X':
 			a->send.throttle = false;
+			break;
+		case 'Y':
+			if (cli_number("kvmdirty-migrate", "--max-bandwidth", optarg, 0, MIG_MAX_BANDWIDTH_MIBPS,
+				       &a->send.max_bandwidth))
+				return -1;
 			break;
 		case 'W':
 			a->send.force_switchover = true;
@@ -537,16 +550,16 @@ static int source_guest(const struct args *a, struct testvm **ret_tv)
 }
 
 /* After a failed or abandoned migration: the guest is still whole here, and running. */
-static void guest_runs_on(const struct args *a, struct testvm *tv)
+static void guest_runs_on(const struct args *a, struct testvm *tv, const char *how)
 {
 	char err[256];
 
 	fflush(stderr);
 	if (mig_testvm_check_running(tv, a->run_ms, err, sizeof(err)) < 0)
-		fprintf(stderr, "kvmdirty-migrate: source: the guest after the failed migration: %s\n", err);
+		fprintf(stderr, "kvmdirty-migrate: source: the guest after the %s migration: %s\n", how, err);
 	else
-		printf("source: guest ran on here %" PRIu64 " ms after the failed migration, %s, self-check ok\n",
-		       a->run_ms, err);
+		printf("source: guest ran on here %" PRIu64 " ms after the %s migration, %s, self-check ok\n",
+		       a->run_ms, how, err);
 }
 
 /* A session's next connection. */
@@ -588,10 +601,13 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 	} else {
 		ret = mig_send(&g, fd, &o, &r, err, sizeof(err));
 		close(fd);
-		if (ret < 0) {
+		if (ret < 0 && r.cancelled) {
+			fprintf(stderr, "kvmdirty-migrate: migration cancelled, the guest runs on here: %s\n", err);
+			guest_runs_on(a, tv, "cancelled");
+		} else if (ret < 0) {
 			fprintf(stderr, "kvmdirty-migrate: migration failed, the guest runs on here%s: %s\n",
 				r.resolved ? " (resolved)" : "", err);
-			guest_runs_on(a, tv);
+			guest_runs_on(a, tv, "failed");
 		} else
 			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero, %" PRIu64 " of them never touched"
 			       " and not read) in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime, %s; %s\n",
@@ -603,7 +619,7 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 	}
 	if (o.stats)
 		fclose(o.stats);
-	return ret < 0 ? 1 : ret > 0 ? EXIT_LOST : 0;
+	return ret < 0 ? (r.cancelled ? EXIT_CANCELLED : 1) : ret > 0 ? EXIT_LOST : 0;
 }
 
 static int cmd_send(struct args *a)
@@ -643,7 +659,7 @@ static int cmd_demo(struct args *a)
 	}
 	if (pid == 0) {
 		/* the destination's own status; --control is the source's */
-		ret = mig_daemon_init(&d, true, NULL);
+		ret = mig_daemon_init(&d, true, NULL, NULL);
 		a->d = &d;
 		if (ret == 0) {
 			ret = destination(a, lfd);
@@ -654,7 +670,7 @@ static int cmd_demo(struct args *a)
 	}
 	close(lfd);
 	/* the source's status and --control, once the child is forked: no thread of ours is in it */
-	ret = mig_daemon_init(&d, false, a->control);
+	ret = mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a));
 	a->d = &d;
 	if (ret < 0 || source_guest(a, &tv) < 0) {
 		kill(pid, SIGTERM);
@@ -902,7 +918,9 @@ static int with_daemon(struct args *a, int (*cmd)(struct args *a))
 	struct mig_daemon d;
 	int ret;
 
-	if (mig_daemon_init(&d, !strcmp(a->cmd, "listen"), a->control) < 0)
+	bool dest = !strcmp(a->cmd, "listen");
+
+	if (mig_daemon_init(&d, dest, a->control, dest ? NULL : &(struct mig_params)SEND_PARAMS(a)) < 0)
 		return 1;
 	a->d = &d;
 	ret = cmd(a);
