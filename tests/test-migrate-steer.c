@@ -28,6 +28,7 @@
 #include "kvm-skip.h"
 #include "migrate-spawn.h"
 #include "source.h"
+#include "stream.h"
 
 #define MIB (1ull << 20)
 #define MAX_EVENTS 512
@@ -495,6 +496,13 @@ START_TEST(cancel_in_each_phase)
 				ph == MID_PASS ? "pass_started pass_ended pass_started cancelled" :
 				ph == STOP_AND_COPY ? "pass_started pass_ended switchover cancelled" :
 						      "pass_started pass_ended switchover ready cancelled");
+	/* the status says it was done */
+	{
+		char q[16384];
+
+		ck_assert_int_eq(mig_status_query(&r.st, q, sizeof(q)), 0);
+		ck_assert_msg(strstr(q, "\"cancel\":\"done\"") && strstr(q, "\"outcome\":\"here\""), "%s", q);
+	}
 	/* the guest runs on here, and the other consumer of its log lost nothing */
 	expect_running(r.tv, r.go.vcpus);
 	sampler_check(&sm, &r.g);
@@ -506,6 +514,139 @@ START_TEST(cancel_in_each_phase)
 	ck_assert(!res.cancelled);
 	sampler_free(&sm, &r.g);
 	rig_down(&r, true);
+}
+END_TEST
+
+/*
+ * A cancel while the engine waits on its peer ends the wait at once, not
+ * at its timeout (an hour here): a destination that takes nothing (the
+ * send blocked mid-stream; the stream is cut), and one that takes the
+ * whole stream and never answers (the wait for READY; the source then
+ * says ABORT, the last message it writes).  The cancel comes from the
+ * test's thread once the engine is past the event named.
+ */
+struct peer {
+	int fd;
+	bool read_all; /* read and drop everything (else never read) */
+	uint8_t last[sizeof(struct mig_ack)];
+	size_t got;
+	pthread_t thread;
+};
+
+static void *sink_peer(void *p)
+{
+	struct peer *pe = p;
+	uint8_t buf[65536];
+	ssize_t k;
+
+	while (pe->read_all && (k = read(pe->fd, buf, sizeof(buf))) > 0) {
+		size_t n = (size_t)k, keep = sizeof(pe->last);
+
+		/* the last message's bytes: what came last on the connection */
+		if (n >= keep) {
+			memcpy(pe->last, buf + n - keep, keep);
+		} else {
+			memmove(pe->last, pe->last + n, keep - n);
+			memcpy(pe->last + keep - n, buf, n);
+		}
+		pe->got += n;
+	}
+	return NULL;
+}
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	const char *wait_for;
+	bool seen;
+} gate = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static void note_event(void *ctx, const char *line)
+{
+	char want[64];
+
+	on_event(ctx, line);
+	snprintf(want, sizeof(want), "\"event\":\"%s\"", gate.wait_for);
+	if (strstr(line, want)) {
+		pthread_mutex_lock(&gate.lock);
+		gate.seen = true;
+		pthread_cond_broadcast(&gate.cond);
+		pthread_mutex_unlock(&gate.lock);
+	}
+}
+
+struct canceller {
+	struct mig_status *st;
+	bool await_ready;
+	int ret;
+	pthread_t thread;
+};
+
+static void *cancel_later(void *p)
+{
+	struct canceller *c = p;
+	char err[256];
+
+	char q[16384];
+
+	pthread_mutex_lock(&gate.lock);
+	while (!gate.seen)
+		pthread_cond_wait(&gate.cond, &gate.lock);
+	pthread_mutex_unlock(&gate.lock);
+	/* awaiting READY: END sent, the handoff begun */
+	while (c->await_ready && (mig_status_query(c->st, q, sizeof(q)) || !strstr(q, "\"state\":\"handoff\"")))
+		usleep(1000);
+	/* the engine blocks on its peer by now (it has nothing else to do); a cancel later than that is the same */
+	usleep(300000);
+	c->ret = mig_status_cancel(c->st, err, sizeof(err));
+	return NULL;
+}
+
+START_TEST(cancel_ends_a_wait_on_the_peer)
+{
+	struct mig_testvm_opts go = guest_opts(KVMDIRTY_MODE_CLEAR_LOG);
+	struct mig_send_opts o = base_opts;
+	struct peer pe = { .read_all = _i == 1 };
+	struct canceller c = { .ret = 1, .await_ready = _i == 1 };
+	struct mig_guest g;
+	struct mig_status st;
+	struct mig_result res;
+	struct testvm *tv = running_source(&go, &g);
+	struct mig_ack *ack = (struct mig_ack *)pe.last;
+	char err[512];
+	int sv[2], ret;
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	pe.fd = sv[1];
+	mig_status_init(&st, false);
+	ev_reset(&st, NULL, 0, ACT_NONE);
+	gate.wait_for = "pass_started";
+	gate.seen = false;
+	c.st = &st;
+	o.peer_timeout_ms = 3600000;
+	o.verify = false;
+	o.event = note_event;
+	o.status = &st;
+	ck_assert_int_eq(pthread_create(&pe.thread, NULL, sink_peer, &pe), 0);
+	ck_assert_int_eq(pthread_create(&c.thread, NULL, cancel_later, &c), 0);
+	ret = mig_send(&g, sv[0], &o, &res, err, sizeof(err));
+	pthread_join(c.thread, NULL);
+	close(sv[0]);
+	pthread_join(pe.thread, NULL);
+	close(sv[1]);
+	printf("cancel while %s: %d (%s), the peer got %zu bytes\n",
+	       _i == 1 ? "awaiting READY" : "blocked mid-stream", ret, err, pe.got);
+	ck_assert_int_eq(c.ret, 0);
+	ck_assert_msg(ret == -ECANCELED && res.cancelled, "%d: %s", ret, err);
+	ck_assert_int_eq(res.outcome, MIG_OUTCOME_HERE);
+	if (_i == 1) {
+		/* told to drop what it has: the source's last word was ABORT */
+		ck_assert_uint_ge(pe.got, sizeof(pe.last));
+		ck_assert_uint_eq(ack->kind, MIG_MSG_ABORT);
+	}
+	expect_running(tv, go.vcpus);
+	mig_status_destroy(&st);
+	mig_testvm_free(tv);
 }
 END_TEST
 
@@ -683,6 +824,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, cap_bounds_later_passes);
 	tcase_add_loop_test(tc, throttle_set_on_and_off, 0, 2);
 	tcase_add_loop_test(tc, cancel_in_each_phase, BEFORE_FIRST_PASS, AFTER_COMMIT + 1);
+	tcase_add_loop_test(tc, cancel_ends_a_wait_on_the_peer, 0, 2);
 	tcase_add_loop_test(tc, events_in_order, 0, 2);
 	tcase_add_test(tc, daemon_cancelled_through_its_socket);
 	suite_add_tcase(s, tc);

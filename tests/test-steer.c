@@ -232,7 +232,7 @@ START_TEST(cancel_before_begin)
 	ask(fd, "{\"execute\":\"cancel\"}", EMPTY_REPLY);
 	ask(fd, "{\"execute\":\"cancel\",\"arguments\":{\"now\":true}}", GENERIC("Parameter 'now' is unexpected"));
 	/* the migration that begins is cancelled from its start: the engine sees it, COMMIT is never reached */
-	mig_status_begin(&d.st, &start_params);
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
 	ck_assert(mig_status_cancel_asked(&d.st));
 	ck_assert(!mig_status_commit_point(&d.st));
 	mig_status_mark_cancelled(&d.st);
@@ -243,7 +243,7 @@ START_TEST(cancel_before_begin)
 	    "{\"error\":{\"class\":\"NotActive\",\"desc\":\"no migration to cancel: the last one is over (failed)\"}}\n");
 	/* the next migration of the status begins afresh: no cancel carried over */
 	mig_status_end(&d.st);
-	mig_status_begin(&d.st, &start_params);
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
 	ck_assert(!mig_status_cancel_asked(&d.st));
 	expect_cancel(fd, "none");
 	close(fd);
@@ -254,7 +254,7 @@ START_TEST(cancel_after_commit_refused)
 {
 	int fd = client();
 
-	mig_status_begin(&d.st, &start_params);
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
 	ck_assert(mig_status_commit_point(&d.st));
 	ask(fd, "{\"execute\":\"cancel\",\"id\":\"c\"}",
 	    "{\"error\":{\"class\":\"CommitSent\",\"desc\":\"COMMIT was sent: the guest's fate is the destination's answer "
@@ -464,7 +464,7 @@ START_TEST(engine_fd_never_blocks)
 		ck_assert_int_eq(pipe2(sv, O_CLOEXEC), 0);
 	else
 		ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-	mig_status_begin(&d.st, &start_params);
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
 	mig_status_sink(&d.st, NULL, NULL, _i == 0 ? sv[1] : sv[0]);
 	for (i = 0; i < 5000; i++)
 		mig_status_event(&d.st, "tick", "\"n\":%d,\"pad\":\"%0100d\"", i, 0);
@@ -507,7 +507,7 @@ START_TEST(engine_callback_in_order)
 
 	cb_next = 0;
 	cb_broken = false;
-	mig_status_begin(&d.st, &start_params);
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
 	mig_status_sink(&d.st, on_event, &cb_next, -1);
 	for (i = 0; i < 1000; i++)
 		mig_status_event(&d.st, "tick", "\"n\":%d", i);
@@ -516,6 +516,101 @@ START_TEST(engine_callback_in_order)
 	mig_status_event(&d.st, "tick", "\"n\":%d", -1);
 	ck_assert(!cb_broken);
 	ck_assert_int_eq(cb_next, 1000);
+}
+END_TEST
+
+/* Data longer than a line: the event without it, nothing written past the line (AddressSanitizer's build). */
+START_TEST(event_too_long_loses_its_data)
+{
+	char line[2048], name[64];
+	int64_t n;
+	int fd = client();
+
+	ask(fd, "{\"execute\":\"subscribe\"}", EMPTY_REPLY);
+	mig_status_event(&d.st, "tick", "\"n\":7,\"pad\":\"%0600d\"", 0);
+	mig_status_event(&d.st, "tick", "\"n\":%d", 8);
+	ck_assert(get_line(fd, line, sizeof(line)));
+	ck_assert_msg(event_of(line, name, sizeof(name), &n), "not an event: %s", line);
+	ck_assert_str_eq(name, "tick");
+	ck_assert_int_eq(n, -1);
+	ck_assert_ptr_nonnull(strstr(line, "\"data\":{}"));
+	expect_event(fd, 8);
+	close(fd);
+}
+END_TEST
+
+/* A sink that could take nothing more before the migration ended still hears what it lost: from the end. */
+static void *read_later(void *p)
+{
+	int *fd = p;
+	ssize_t k;
+
+	usleep(20000);
+	have = 0;
+	while ((k = read(*fd, sink_buf + have, sizeof(sink_buf) - 1 - have)) > 0)
+		have += (size_t)k;
+	sink_buf[have] = 0;
+	return NULL;
+}
+
+START_TEST(sink_told_at_the_end)
+{
+	int64_t next = 0, lost = 0, n;
+	int sv[2], lost_lines = 0, i;
+	char name[64], *p, *nl, *last = NULL;
+	pthread_t t;
+
+	ck_assert_int_eq(pipe2(sv, O_CLOEXEC), 0);
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
+	mig_status_sink(&d.st, NULL, NULL, sv[1]);
+	for (i = 0; i < 2000; i++)
+		mig_status_event(&d.st, "tick", "\"n\":%d,\"pad\":\"%0100d\"", i, 0);
+	/* the pipe is full, events were lost, and the reader comes only after the end began */
+	ck_assert_int_eq(pthread_create(&t, NULL, read_later, &sv[0]), 0);
+	mig_status_end(&d.st);
+	close(sv[1]);
+	pthread_join(t, NULL);
+	close(sv[0]);
+	for (p = sink_buf; (nl = strchr(p, '\n')); p = nl + 1) {
+		*nl = 0;
+		ck_assert_msg(event_of(p, name, sizeof(name), &n), "not an event: %s", p);
+		if (!strcmp(name, "events_lost")) {
+			lost += n;
+			lost_lines++;
+		} else {
+			ck_assert_int_eq(n, next + lost);
+			next++;
+		}
+		last = name[0] == 'e' ? "events_lost" : "tick";
+	}
+	ck_assert_str_eq(p, "");
+	ck_assert_ptr_nonnull(last);
+	ck_assert_str_eq(last, "events_lost");
+	ck_assert_int_eq(next + lost, 2000);
+	printf("a sink full at the end: %" PRId64 " events taken, %" PRId64 " lost, told in %d events_lost\n", next,
+	       lost, lost_lines);
+}
+END_TEST
+
+/* A set after a migration ended is the next one's; a status under way takes no second migration. */
+START_TEST(set_between_migrations)
+{
+	struct mig_params want = start_params;
+	int fd = client();
+
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), -EBUSY);
+	mig_status_decide(&d.st, MIG_OUTCOME_THERE, "moved");
+	mig_status_end(&d.st);
+	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"max_bandwidth\":5}}", EMPTY_REPLY);
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
+	want.max_bandwidth = 5;
+	expect_params(fd, &want);
+	mig_status_end(&d.st);
+	/* with no set since: the options' */
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
+	expect_params(fd, &start_params);
+	close(fd);
 }
 END_TEST
 
@@ -535,6 +630,9 @@ static Suite *suite(void)
 	tcase_add_test(tc, subscriber_that_never_reads);
 	tcase_add_loop_test(tc, engine_fd_never_blocks, 0, 2);
 	tcase_add_test(tc, engine_callback_in_order);
+	tcase_add_test(tc, event_too_long_loses_its_data);
+	tcase_add_test(tc, sink_told_at_the_end);
+	tcase_add_test(tc, set_between_migrations);
 	suite_add_tcase(s, tc);
 	return s;
 }

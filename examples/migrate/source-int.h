@@ -138,6 +138,9 @@ struct source {
 	bool can_throttle; /* the guest's vCPUs can be slowed */
 	bool throttled_ever;
 	bool cancelled; /* a cancel was acted on: everything unwinds, the guest stays here */
+	bool cancel_told; /* ... and err says so */
+	bool begun;	  /* the status was begun (mig_status_begin()): it is ended */
+	bool end_sent;	  /* END's flush began: a cancel is answered at READY */
 	/* the cap: the last batch let go, when and how big (under pace_lock: several lanes send) */
 	pthread_mutex_t pace_lock;
 	double pace_at;

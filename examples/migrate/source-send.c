@@ -395,6 +395,9 @@ int src_net_fail(struct source *s, int ret, const char *what, char *err, size_t 
 {
 	char why[96];
 
+	/* cancelled: the connections were shut down for it; nothing the destination says matters now */
+	if (src_cancel_check(s) < 0)
+		return src_cancelled(s, err, len);
 	if (ret == -ENOENT)
 		return mig_errf(err, len, ret, "the tracker reported a region the guest lacks");
 	if (ret == -EPIPE || ret == -ECONNRESET) {

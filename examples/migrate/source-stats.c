@@ -196,7 +196,7 @@ void src_start_line(struct source *s, const struct mig_result *res)
 		",\"downtime_limit_ms\":%" PRIu64 ",\"max_passes\":%u,\"timeout_ms\":%" PRIu64 ",\"verify\":%s"
 		",\"baseline_ms\":%" PRIu64 ",\"connections\":%u,\"psk\":%s,\"encrypt\":%s,\"vcpu\":[",
 		mode_name(kvmdirty_tracker_mode(g->tracker)), g->nr_regions, pages, MIG_PAGE_SIZE, g->nr_vcpus,
-		s->o->downtime_ms, s->o->max_passes, s->o->timeout_ms, s->o->verify ? "true" : "false",
+		s->par.downtime_ms, (unsigned int)s->par.max_passes, s->par.timeout_ms, s->o->verify ? "true" : "false",
 		s->o->baseline_ms, s->nlanes, (s->sess.flags & MIG_S_PSK) ? "true" : "false",
 		(s->sess.flags & MIG_S_ENCRYPT) ? "true" : "false");
 	for (i = 0; i < g->nr_vcpus; i++) {

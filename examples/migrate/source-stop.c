@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "errf.h"
 #include "handoff.h"
@@ -34,9 +35,18 @@ static int send_rest(struct source *s, char *err, size_t len)
 	/* each connection's stream ends with its own END */
 	for (i = 0; ret >= 0 && i < s->nlanes; i++)
 		ret = src_put(&s->lane[i], mig_encode_end(&s->lane[i].enc), NULL, 0, NULL);
-	/* a cancel stops here at the latest: END not sent, the destination drops what it has */
-	if (ret >= 0)
+	/*
+	 * From END's flush, a cancel is answered at READY (ABORT): the wait
+	 * for it is what a cancel ends now, the connections' writing stays.
+	 * One asked for before stops here: END not sent, the destination
+	 * drops what it has.
+	 */
+	if (ret >= 0) {
+		mig_status_cancel_fds(s->st, &s->sess.fd[0], 1, SHUT_RD);
 		ret = src_cancel_check(s);
+	}
+	if (ret >= 0)
+		s->end_sent = true;
 	if (ret >= 0)
 		ret = src_flush(s);
 	if (ret == -ECANCELED)
@@ -76,11 +86,8 @@ static int handoff(struct source *s, struct mig_result *res, char *err, size_t l
 	res->resolved = s->st->resolved;
 	if (res->outcome == MIG_OUTCOME_THERE)
 		return 0;
-	if (t.cancelled) {
-		s->cancelled = true;
-		return mig_errf(err, len, -ECANCELED, "cancelled after READY, before COMMIT: the destination was told "
-				"to drop its copy, the guest runs on here");
-	}
+	if (t.cancelled)
+		return src_cancelled(s, err, len);
 	return res->outcome == MIG_OUTCOME_UNKNOWN ? -EINPROGRESS : -EREMOTEIO;
 }
 

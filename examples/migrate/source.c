@@ -8,6 +8,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include "errf.h"
 #include "source-int.h"
@@ -25,11 +26,16 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 	mig_status_init(&s->own, false);
 	s->st = o->status ? o->status : &s->own;
 	pthread_mutex_init(&s->pace_lock, NULL);
-	mig_status_begin(s->st, &p);
-	mig_status_sink(s->st, o->event, o->event_ctx, o->event_to_fd ? o->event_fd : -1);
-	src_take_params(s);
 	s->t0 = s->sample_ms = now_ms();
 	s->pagemap = -1;
+	if (o->max_bandwidth > MIG_MAX_BANDWIDTH_MIBPS)
+		return mig_errf(err, len, -EINVAL, "a bandwidth cap of %" PRIu64 " MiB/s: at most %d", o->max_bandwidth,
+				MIG_MAX_BANDWIDTH_MIBPS);
+	if (mig_status_begin(s->st, &p) < 0)
+		return mig_errf(err, len, -EBUSY, "the status is another migration's, under way");
+	s->begun = true;
+	mig_status_sink(s->st, o->event, o->event_ctx, o->event_to_fd ? o->event_fd : -1);
+	src_take_params(s);
 	if (!g->tracker || g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS)
 		return mig_errf(err, len, -EINVAL,
 				"the source guest has no tracker, or more than %u regions or %u vCPUs", MIG_MAX_REGIONS,
@@ -45,10 +51,15 @@ static int session(struct source *s, int fd, char *err, size_t len)
 				       .timeout_ms = o->peer_timeout_ms, .name = o->peer_name, .wipe_psk = o->wipe_psk };
 	int ret = src_cancel_check(s);
 
+	/* a cancel ends the handshake's waits at once; the destination has nothing to drop yet */
+	mig_status_cancel_fds(s->st, &fd, 1, SHUT_RDWR);
 	if (ret == 0)
 		ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s->sess, err, len);
 	if (ret == 0)
 		ret = src_lanes_new(s, err, len);
+	/* while the stream goes: a cancel cuts it, the destination drops it */
+	if (ret == 0)
+		mig_status_cancel_fds(s->st, s->sess.fd, s->sess.conns, SHUT_WR);
 	/* asked while the session was made: the destination, told nothing more, drops it */
 	if (ret == 0)
 		src_cancel_check(s);
@@ -182,6 +193,8 @@ static void results(struct source *s, struct mig_result *res, int ret)
 	res->cancelled = s->cancelled;
 	if (s->cancelled && res->outcome == MIG_OUTCOME_PENDING)
 		res->outcome = mig_status_decide(s->st, MIG_OUTCOME_HERE, "cancelled: the guest runs here");
+	if (s->cancelled)
+		mig_status_mark_cancelled(s->st);
 	/* failed before the handoff, or abandoned: the guest stays here */
 	if (ret < 0 && res->outcome == MIG_OUTCOME_PENDING)
 		res->outcome = mig_status_decide(s->st, MIG_OUTCOME_HERE, "the migration failed: the guest runs here");
@@ -218,7 +231,8 @@ static void release(struct source *s, enum mig_outcome o)
 
 static void source_free(struct source *s)
 {
-	mig_status_end(s->st);
+	if (s->begun)
+		mig_status_end(s->st);
 	mig_status_destroy(&s->own);
 	pthread_mutex_destroy(&s->pace_lock);
 	src_lanes_free(s);
@@ -284,5 +298,14 @@ int mig_send(const struct mig_guest *g, int fd, const struct mig_send_opts *o, s
 		ret = src_precopy(s, res, err, len);
 	if (ret == 0)
 		ret = switchover(s, res, err, len);
+	/*
+	 * A failure where a cancel was asked for (before the commit point:
+	 * after it, none is taken) is the cancel's doing: it shut the
+	 * connections down to end a wait, or came as the migration failed.
+	 * Either way the guest stays here, and it is told as cancelled.
+	 */
+	if (ret < 0 && s->begun && res->outcome != MIG_OUTCOME_THERE && res->outcome != MIG_OUTCOME_UNKNOWN &&
+	    src_cancel_check(s) < 0 && !s->cancel_told)
+		ret = src_cancelled(s, err, len);
 	return finish(s, res, ret, err, len);
 }

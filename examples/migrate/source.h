@@ -54,8 +54,10 @@ struct mig_send_opts {
 	 * kvmdirty-migrate-control(7)) as they happen: to event(), called on
 	 * the engine's threads (it must not block: the migration waits for
 	 * it), and, with event_to_fd, written to event_fd without blocking
-	 * (made O_NONBLOCK; lines it cannot take are counted and told in one
-	 * events_lost line).  Also kept in the status for its subscribers.
+	 * (a pipe or a socket, made O_NONBLOCK and left so; lines it cannot
+	 * take are counted and told in one events_lost line, at the latest
+	 * when the migration ends, which waits at most 100 ms for room).
+	 * Also kept in the status for its subscribers.
 	 */
 	void (*event)(void *ctx, const char *line);
 	void *event_ctx;

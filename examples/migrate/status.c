@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -219,36 +220,81 @@ int mig_status_resolve(struct mig_status *s, bool run_here, char *err, size_t le
 
 /* ---- steering ---- */
 
+static ssize_t sink_write(int fd, const char *buf, size_t n);
+
 static bool decided_locked(const struct mig_status *s)
 {
 	return decided(s->outcome);
 }
 
-void mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
+int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
 {
 	pthread_mutex_lock(&s->lock);
+	if (s->running) {
+		pthread_mutex_unlock(&s->lock);
+		return -EBUSY;
+	}
 	if (decided_locked(s)) {
-		/* the last migration of this status ended: this one starts afresh, its options' parameters too */
+		/* the last migration of this status ended: this one starts afresh */
 		s->outcome = MIG_OUTCOME_PENDING;
 		s->resolved = false;
 		s->why[0] = 0;
 		__atomic_store_n(&s->cancel, false, __ATOMIC_RELAXED);
 		s->committed = s->cancelled = false;
-		s->params_valid = false;
 		s->pass = s->bytes_sent = s->remaining_bytes = 0;
 	}
+	/* its options' parameters, unless a set came since the last migration ended (or before the first) */
 	if (!s->params_valid)
 		s->params = *from_opts;
 	s->params_valid = true;
 	s->running = true;
+	s->n_cancel_fd = 0;
 	s->state = "setup";
 	pthread_mutex_unlock(&s->lock);
+	return 0;
+}
+
+/* What the sink's fd still owes (a line in part, a lost count), for at most 100 ms in all. */
+static void sink_settle(struct mig_status *s)
+{
+	char lost[160];
+	int i;
+
+	for (i = 0; i < 100 && s->sink_fd >= 0 && (s->sink_rest_len || s->sink_lost); i++) {
+		struct pollfd p = { .fd = s->sink_fd, .events = POLLOUT };
+		ssize_t k;
+		size_t ln;
+
+		if (s->sink_rest_len) {
+			k = sink_write(s->sink_fd, s->sink_rest, s->sink_rest_len);
+			if (k > 0) {
+				memmove(s->sink_rest, s->sink_rest + k, s->sink_rest_len - (size_t)k);
+				s->sink_rest_len -= (size_t)k;
+			}
+		} else {
+			ln = mig_event_lost_line(s->sink_lost, lost, sizeof(lost));
+			k = sink_write(s->sink_fd, lost, ln);
+			if (k > 0) {
+				s->sink_lost = 0;
+				memcpy(s->sink_rest, lost + k, ln - (size_t)k);
+				s->sink_rest_len = ln - (size_t)k;
+			}
+		}
+		if (k < 0 && k != -EAGAIN)
+			break;
+		if (s->sink_rest_len || s->sink_lost)
+			poll(&p, 1, 1);
+	}
 }
 
 void mig_status_end(struct mig_status *s)
 {
 	pthread_mutex_lock(&s->lock);
+	sink_settle(s);
 	s->running = false;
+	s->n_cancel_fd = 0;
+	/* the next migration takes its options' parameters, unless a set comes before it */
+	s->params_valid = false;
 	s->sink = NULL;
 	s->sink_ctx = NULL;
 	s->sink_fd = -1;
@@ -281,11 +327,11 @@ int mig_params_check(const char *name, double v, char *err, size_t len)
 	for (i = 0; i < sizeof(ranges) / sizeof(ranges[0]); i++) {
 		if (strcmp(name, ranges[i].name))
 			continue;
-		if (v != (double)(int64_t)v && v > -9e18 && v < 9e18)
-			return mig_errf(err, len, -EINVAL, "Invalid parameter type for '%s', expected: integer", name);
 		if (!(v >= (double)ranges[i].min && v <= (double)ranges[i].max))
 			return mig_errf(err, len, -ERANGE, "Parameter '%s' must be %" PRIu64 " to %" PRIu64 ", not %.17g",
 					name, ranges[i].min, ranges[i].max, v);
+		if (v != (double)(uint64_t)v) /* in range: the cast is defined */
+			return mig_errf(err, len, -EINVAL, "Invalid parameter type for '%s', expected: integer", name);
 		return 0;
 	}
 	return mig_errf(err, len, -EINVAL, "Parameter '%s' is unexpected", name);
@@ -334,10 +380,29 @@ int mig_status_cancel(struct mig_status *s, char *err, size_t len)
 			       "(resolve if it never comes)");
 	else if (decided_locked(s) || s->outcome == MIG_OUTCOME_UNKNOWN)
 		ret = mig_errf(err, len, -ENOENT, "no migration to cancel: the last one is over (%s)", s->state);
-	else
+	else if (!s->cancel) {
+		unsigned int i;
+
 		__atomic_store_n(&s->cancel, true, __ATOMIC_RELAXED);
+		/* a wait of the engine's on the peer ends now, not at its timeout */
+		for (i = 0; i < s->n_cancel_fd; i++)
+			shutdown(s->cancel_fd[i], s->cancel_how);
+	}
 	pthread_mutex_unlock(&s->lock);
 	return ret;
+}
+
+void mig_status_cancel_fds(struct mig_status *s, const int *fds, unsigned int n, int how)
+{
+	unsigned int i;
+
+	pthread_mutex_lock(&s->lock);
+	s->n_cancel_fd = 0;
+	for (i = 0; i < n && i < MIG_STATUS_CANCEL_FDS; i++)
+		if (fds[i] >= 0)
+			s->cancel_fd[s->n_cancel_fd++] = fds[i];
+	s->cancel_how = how;
+	pthread_mutex_unlock(&s->lock);
 }
 
 bool mig_status_cancel_asked(struct mig_status *s)
@@ -360,6 +425,8 @@ bool mig_status_commit_point(struct mig_status *s)
 	pthread_mutex_lock(&s->lock);
 	go = !s->cancel;
 	s->committed = go;
+	/* from here no cancel: nothing of the connections is shut down by one */
+	s->n_cancel_fd = 0;
 	pthread_mutex_unlock(&s->lock);
 	return go;
 }
@@ -475,7 +542,8 @@ void mig_status_event(struct mig_status *s, const char *name, const char *data_f
 	va_start(ap, data_fmt);
 	k = vsnprintf(line + at, sizeof(line) - at, data_fmt, ap);
 	va_end(ap);
-	n = k >= 0 ? event_tail(line, at + (size_t)k, sizeof(line)) : 0;
+	/* vsnprintf() says what it would have written: past the line, the data is cut off, not used */
+	n = k >= 0 && at + (size_t)k < sizeof(line) ? event_tail(line, at + (size_t)k, sizeof(line)) : 0;
 	if (!n) /* too long: the event without its data */
 		n = event_tail(line, at, sizeof(line));
 	pthread_mutex_lock(&s->lock);

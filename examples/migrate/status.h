@@ -62,6 +62,8 @@ enum {
 /* events kept for subscribers that read late, and the longest event line */
 #define MIG_EVENTS_KEPT 128
 #define MIG_EVENT_LINE 512
+/* the connections a cancel may have to shut down: as many as a session has */
+#define MIG_STATUS_CANCEL_FDS 16
 
 struct mig_status {
 	pthread_mutex_t lock;
@@ -79,6 +81,10 @@ struct mig_status {
 	bool params_valid; /* set by someone: the engine starts from these, not its options */
 	bool cancel, committed, cancelled;
 	bool running; /* mig_send() is under way */
+	/* what a cancel shuts down, and how, to end a wait of the engine's on the peer (until the commit point) */
+	int cancel_fd[MIG_STATUS_CANCEL_FDS];
+	unsigned int n_cancel_fd;
+	int cancel_how;
 	/* events: the last MIG_EVENTS_KEPT lines, event number n at n % MIG_EVENTS_KEPT */
 	char events[MIG_EVENTS_KEPT][MIG_EVENT_LINE];
 	uint64_t events_head; /* events so far */
@@ -128,10 +134,12 @@ const char *mig_outcome_name(enum mig_outcome o);
 /*
  * ---- steering (the source's) ----
  * A migration under way: mig_send() begins it (mig_status_begin(): the
- * parameters from its options unless someone set them first; a status
- * whose last migration ended is made fresh) and ends it.
+ * parameters from its options unless someone set them since the last
+ * migration ended; a status whose last migration ended is made fresh;
+ * -EBUSY while another migration runs on it) and ends it (the engine's
+ * sink given what it still owes, for at most 100 ms).
  */
-void mig_status_begin(struct mig_status *s, const struct mig_params *from_opts);
+int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts);
 void mig_status_end(struct mig_status *s);
 /* The parameters as they stand. */
 void mig_status_params(struct mig_status *s, struct mig_params *ret);
@@ -156,6 +164,15 @@ int mig_status_set(struct mig_status *s, const struct mig_params *p, unsigned in
  * err: one line.
  */
 int mig_status_cancel(struct mig_status *s, char *err, size_t len);
+/*
+ * The engine: the sockets a cancel shuts down (shutdown(2) with how) to
+ * end a wait on the peer at once: SHUT_RDWR in the session, SHUT_WR on
+ * every connection while the stream goes (the destination sees it cut
+ * and drops it), SHUT_RD on the first from END's flush to the commit point
+ * (the wait for READY ends; ABORT can still be written).  n 0: none.  A
+ * cancel already asked for shuts nothing: the engine checks after.
+ */
+void mig_status_cancel_fds(struct mig_status *s, const int *fds, unsigned int n, int how);
 /* The engine: whether a cancel was asked for (and, once it acts on it, mark it done). */
 bool mig_status_cancel_asked(struct mig_status *s);
 void mig_status_mark_cancelled(struct mig_status *s);
