@@ -222,6 +222,33 @@ def cmd_options(page, program, sources):
                         f"{len(commands)} commands of {name}, each in {os.path.basename(page)}")
 
 
+# a call of mig_status_event(): the status, the event's name, the format of its data
+EVENT_CALL = re.compile(r'mig_status_event\(\s*[^,]+,\s*"([a-z_]+)"\s*,((?:\s*(?:"(?:[^"\\]|\\.)*"|PRI[a-zA-Z0-9]+))+)')
+
+
+def cmd_events(page, *sources):
+    """Every event the engine emits, and every member of its data, has its entry in the control page."""
+    errors, events, keys = [], set(), set()
+    for src in source_files(sources):
+        with open(src) as fh:
+            for name, fmt in EVENT_CALL.findall(fh.read()):
+                events.add(name)
+                keys |= set(re.findall(r'\\"([a-z_]+)\\":', fmt))
+    events.add("events_lost")
+    if len(events) < 5:
+        errors.append("found no events: has the engine's event call moved?")
+    text = rendered(page)
+    section = text[text.find("\n       subscribe"):text.find("\nERRORS")]
+    for e in sorted(events):
+        if not re.search(rf"^\s*{e}\b", section, re.M):
+            errors.append(f"{page}: no entry for the event \"{e}\"")
+    for k in sorted(keys):
+        if not re.search(rf"\b{k}\b", section):
+            errors.append(f"{page}: no entry for the event data member \"{k}\"")
+    return fail(errors, f"man-events: {len(events)} events and {len(keys)} data members, each in "
+                        f"{os.path.basename(page)}")
+
+
 def cmd_stream(page, stream_h, sources):
     errors = []
     with open(stream_h) as fh:
@@ -231,11 +258,13 @@ def cmd_stream(page, stream_h, sources):
     keys = set()
     # the --stats lines are the source's (source*.c); the JSON of the control
     # socket and of the status it reports is kvmdirty-migrate-control(7)'s
+    # the events' data (mig_status_event()) is kvmdirty-migrate-control(7)'s too
     for src in source_files(sources):
         if not os.path.basename(src).startswith("source"):
             continue
         with open(src) as fh:
-            keys |= set(re.findall(r'\\"([a-z_]+)\\":', fh.read()))
+            code = EVENT_CALL.sub("", fh.read())
+        keys |= set(re.findall(r'\\"([a-z_]+)\\":', code))
     if not kinds or not version or not keys:
         errors.append("found no record kinds, version or statistics keys: has the format moved?")
     text = rendered(page)
@@ -319,9 +348,11 @@ def main():
         return cmd_options(args[0], args[1], args[2:])
     if cmd == "examples":
         return cmd_examples(*args)
+    if cmd == "events":
+        return cmd_events(*args)
     if cmd == "stream":
         return cmd_stream(args[0], args[1], args[2:])
-    sys.exit(f"usage: {sys.argv[0]} render|installed|options|examples|stream ...")
+    sys.exit(f"usage: {sys.argv[0]} render|installed|options|examples|stream|events ...")
 
 
 if __name__ == "__main__":
