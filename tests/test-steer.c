@@ -15,6 +15,7 @@
 #include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -126,22 +127,29 @@ static void expect_params(int fd, const struct mig_params *want)
 
 START_TEST(set_each_parameter)
 {
+	static const struct {
+		const char *args;
+		size_t member; /* offsetof in struct mig_params */
+		uint64_t value;
+	} sets[] = {
+		{ "{\"downtime_ms\":300}", offsetof(struct mig_params, downtime_ms), 300 },
+		{ "{\"max_bandwidth\":40}", offsetof(struct mig_params, max_bandwidth), 40 },
+		{ "{\"max_passes\":1}", offsetof(struct mig_params, max_passes), 1 },
+		{ "{\"timeout_ms\":86400000}", offsetof(struct mig_params, timeout_ms), 86400000 },
+	};
 	struct mig_params want = start_params;
+	char req[128];
+	size_t i;
 	int fd = client();
 
 	expect_params(fd, &want);
-	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"downtime_ms\":300}}", EMPTY_REPLY);
-	want.downtime_ms = 300;
-	expect_params(fd, &want);
-	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"max_bandwidth\":40}}", EMPTY_REPLY);
-	want.max_bandwidth = 40;
-	expect_params(fd, &want);
-	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"max_passes\":1}}", EMPTY_REPLY);
-	want.max_passes = 1;
-	expect_params(fd, &want);
-	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"timeout_ms\":86400000}}", EMPTY_REPLY);
-	want.timeout_ms = 86400000;
-	expect_params(fd, &want);
+	/* one at a time, each shown by the next query, the others as they were */
+	for (i = 0; i < sizeof(sets) / sizeof(sets[0]); i++) {
+		snprintf(req, sizeof(req), "{\"execute\":\"set\",\"arguments\":%s}", sets[i].args);
+		ask(fd, req, EMPTY_REPLY);
+		*(uint64_t *)((char *)&want + sets[i].member) = sets[i].value;
+		expect_params(fd, &want);
+	}
 	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"throttle\":false}}", EMPTY_REPLY);
 	want.throttle = false;
 	expect_params(fd, &want);
