@@ -428,8 +428,8 @@ int src_cancelled(struct source *s, char *err, size_t len)
 {
 	s->cancelled = s->cancel_told = true;
 	if (s->end_sent)
-		return mig_errf(err, len, -ECANCELED, "cancelled after END, before COMMIT: the destination was told to "
-				"drop its copy, the guest runs on here");
+		return mig_errf(err, len, -ECANCELED, "cancelled after END, before COMMIT: ABORT sent (best effort), "
+				"the guest runs on here");
 	if (s->paused)
 		return mig_errf(err, len, -ECANCELED, "cancelled in stop-and-copy: the guest runs on here");
 	if (s->pass)

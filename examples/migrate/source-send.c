@@ -229,6 +229,20 @@ int src_flush(struct source *s)
 	return ret;
 }
 
+/*
+ * A batch's bytes: BATCH_BYTES, or under a cap what the cap lets through
+ * in 10 ms (at least 64 KiB), so that the stream is paced in steps that
+ * small: a second's bytes then stray from the cap by a step at most (1%).
+ */
+static uint64_t batch_bytes(const struct source *s)
+{
+	uint64_t cap = __atomic_load_n(&s->cap_bps, __ATOMIC_RELAXED), b = cap / 100;
+
+	if (!cap || b >= BATCH_BYTES)
+		return BATCH_BYTES;
+	return b < (64u << 10) ? 64u << 10 : b;
+}
+
 /* Queue a record (encoded just before, in its lane's stream order), its payload and the pages to hash. */
 int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t plen, const struct hash_run *run)
 {
@@ -236,7 +250,7 @@ int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t p
 	struct batch *b = l->cur;
 	int ret;
 
-	if (b->nh == BATCH_RECORDS || b->bytes >= BATCH_BYTES) {
+	if (b->nh == BATCH_RECORDS || b->bytes >= batch_bytes(s)) {
 		ret = ship(l);
 		if (ret < 0)
 			return ret;

@@ -37,18 +37,19 @@ static int send_rest(struct source *s, char *err, size_t len)
 		ret = src_put(&s->lane[i], mig_encode_end(&s->lane[i].enc), NULL, 0, NULL);
 	/*
 	 * From END's flush, a cancel is answered at READY (ABORT): the wait
-	 * for it is what a cancel ends now, the connections' writing stays.
-	 * One asked for before stops here: END not sent, the destination
-	 * drops what it has.
+	 * for it is what a cancel ends now, the connections' writing stays
+	 * (a flush blocked on a destination that does not read is not cut: it
+	 * ends at -T, the guest then runs here).  One asked for before stops
+	 * here: END not sent, the destination drops what it has.
 	 */
 	if (ret >= 0) {
 		mig_status_cancel_fds(s->st, &s->sess.fd[0], 1, SHUT_RD);
 		ret = src_cancel_check(s);
 	}
 	if (ret >= 0)
-		s->end_sent = true;
-	if (ret >= 0)
 		ret = src_flush(s);
+	if (ret >= 0)
+		s->end_sent = true;
 	if (ret == -ECANCELED)
 		src_cancel_check(s);
 	if (s->cancelled)

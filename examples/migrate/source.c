@@ -49,10 +49,11 @@ static int session(struct source *s, int fd, char *err, size_t len)
 	const struct mig_send_opts *o = s->o;
 	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .conns = o->connections,
 				       .timeout_ms = o->peer_timeout_ms, .name = o->peer_name, .wipe_psk = o->wipe_psk };
-	int ret = src_cancel_check(s);
+	int ret;
 
-	/* a cancel ends the handshake's waits at once; the destination has nothing to drop yet */
+	/* a cancel ends the handshake's waits at once (registered first: one asked before is seen below) */
 	mig_status_cancel_fds(s->st, &fd, 1, SHUT_RDWR);
+	ret = src_cancel_check(s);
 	if (ret == 0)
 		ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s->sess, err, len);
 	if (ret == 0)
