@@ -13,7 +13,9 @@
  * plain, with a key (records sealed), with a key and encryption, and over
  * two connections against one.  And a keyed migration through the
  * listener's gate (gate.h) with 16 strangers trickling hellos at it, against
- * the same undisturbed (bench-migrate tricklers).
+ * the same undisturbed (bench-migrate tricklers).  And the control plane
+ * (bench-migrate control): query every 10 ms during a migration whose guest
+ * dirties flat out on both vCPUs, against the same beside an idle daemon.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -25,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -32,6 +35,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include "daemon.h"
 #include "dest.h"
 #include "gate.h"
 #include "handoff.h"
@@ -194,6 +198,8 @@ static struct trickler *trickling;
 static bool fill_all = true;
 /* The source's vCPUs never run (a halted guest). */
 static bool halted;
+/* the status of the next run's source (its control socket's), or NULL */
+static struct mig_status *run_status;
 
 static int run(const char *name, const struct mig_testvm_opts *g, bool verify, struct mig_result *r)
 {
@@ -201,7 +207,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	struct mig_send_opts o = { .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
 				   .peer_timeout_ms = 60000, .verify = verify, .inline_hash = inline_hash,
 				   .psk = psk, .encrypt = encrypt, .connections = conns, .connect = connect_again,
-				   .connect_ctx = addr };
+				   .connect_ctx = addr, .status = run_status, .force_switchover = run_status != NULL };
 	struct mig_guest sg;
 	struct testvm *tv;
 	int lfd, fd, ret, st, ready[2], i;
@@ -811,7 +817,182 @@ static int throughput(void)
 }
 
 /*
- * bench-migrate [all|idle|sparse|throughput|sessions|tricklers|handoff|handoff-alone|downtime [ROUNDS [MIB]]]:
+ * The control plane: a client of the source's control socket that asks
+ * query every 10 ms and times each answer, first beside an idle daemon
+ * (the baseline), then during a migration whose guest dirties flat out on
+ * both vCPUs (and both CPUs of this machine).
+ */
+#define QUERY_EVERY_MS 10
+#define MAX_QUERIES 100000
+
+struct querier {
+	const char *path;
+	volatile bool stop;
+	double us[MAX_QUERIES];
+	int n, failed;
+	pthread_t thread;
+};
+
+/* One reply line from fd: false at its end or on an error. */
+static bool reply_line(int fd, char *buf, size_t len)
+{
+	size_t n = 0;
+
+	while (n + 1 < len) {
+		ssize_t k = recv(fd, buf + n, 1, 0);
+
+		if (k <= 0)
+			return false;
+		if (buf[n++] == '\n')
+			break;
+	}
+	buf[n] = 0;
+	return true;
+}
+
+static void *query_loop(void *p)
+{
+	struct querier *q = p;
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	char line[32768];
+	double next;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", q->path);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof(a)) < 0 || !reply_line(fd, line, sizeof(line))) {
+		q->failed++;
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	next = now_ms();
+	while (!q->stop && q->n < MAX_QUERIES) {
+		double t0 = now_ms();
+
+		if (send(fd, "{\"execute\":\"query\"}\n", 20, MSG_NOSIGNAL) != 20 || !reply_line(fd, line, sizeof(line)) ||
+		    !strstr(line, "\"return\"")) {
+			q->failed++;
+			break;
+		}
+		q->us[q->n++] = (now_ms() - t0) * 1e3;
+		next += QUERY_EVERY_MS;
+		if (next > now_ms())
+			nanosleep(&(struct timespec){ 0, (long)((next - now_ms()) * 1e6) }, NULL);
+	}
+	close(fd);
+	return NULL;
+}
+
+/*
+ * The floor: a server thread that answers each line at once with a fixed
+ * reply of a query's size, over the same kind of socket, asked by the same
+ * client beside the control socket's.  What the two share is this
+ * machine's scheduling under the migration's load; the difference is the
+ * control plane's own.
+ */
+struct echo {
+	int lfd;
+	pthread_t thread;
+};
+
+static void *echo_loop(void *p)
+{
+	static const char reply[] = "{\"return\":{\"side\":\"source\",\"state\":\"precopy\",\"stream\":0,\"pass\":3,"
+				    "\"bytes_sent\":123456789,\"remaining_bytes\":1234567,\"outcome\":\"pending\","
+				    "\"resolved\":false}}\n";
+	struct echo *e = p;
+	char line[4096];
+	int fd = accept(e->lfd, NULL, NULL);
+
+	if (fd < 0 || send(fd, "{}\n", 3, MSG_NOSIGNAL) != 3) {
+		if (fd >= 0)
+			close(fd);
+		return NULL;
+	}
+	while (reply_line(fd, line, sizeof(line)))
+		if (send(fd, reply, sizeof(reply) - 1, MSG_NOSIGNAL) != (ssize_t)sizeof(reply) - 1)
+			break;
+	close(fd);
+	return NULL;
+}
+
+static double percentile(double *v, int n, double pct)
+{
+	int i = (int)(pct / 100.0 * (n - 1) + 0.5);
+
+	qsort(v, (size_t)n, sizeof(*v), cmp_double);
+	return n ? v[i < n ? i : n - 1] : 0;
+}
+
+static int control(void)
+{
+	struct mig_testvm_opts g = { .mib = 1024, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 256 };
+	const struct mig_params params = { .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000, .throttle = false };
+	static struct querier idle_q, busy_q, echo_q;
+	char dir[] = "/tmp/bench-control-XXXXXX", path[64], echo_path[64];
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	struct mig_daemon d;
+	struct mig_result r;
+	struct echo e;
+	double p50, p99, max, i50, i99, e50, e99;
+	int ret;
+
+	if (!mkdtemp(dir))
+		return -1;
+	snprintf(path, sizeof(path), "%s/ctl.sock", dir);
+	snprintf(echo_path, sizeof(echo_path), "%s/echo.sock", dir);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", echo_path);
+	e.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (e.lfd < 0 || bind(e.lfd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(e.lfd, 1) < 0 ||
+	    pthread_create(&e.thread, NULL, echo_loop, &e))
+		return -1;
+	if (mig_daemon_init(&d, false, path, &params) < 0)
+		return -1;
+	idle_q.path = busy_q.path = path;
+	echo_q.path = echo_path;
+	/* the baseline: the same client, 2 s, nothing migrating */
+	pthread_create(&idle_q.thread, NULL, query_loop, &idle_q);
+	nanosleep(&(struct timespec){ 2, 0 }, NULL);
+	idle_q.stop = true;
+	pthread_join(idle_q.thread, NULL);
+	/* during a migration: the querier starts as the run does, and stops when it is over */
+	pthread_create(&busy_q.thread, NULL, query_loop, &busy_q);
+	pthread_create(&echo_q.thread, NULL, query_loop, &echo_q);
+	fill_all = false;
+	tcp = false;
+	run_status = &d.st;
+	ret = run("control", &g, true, &r);
+	run_status = NULL;
+	busy_q.stop = echo_q.stop = true;
+	pthread_join(busy_q.thread, NULL);
+	pthread_join(echo_q.thread, NULL);
+	pthread_join(e.thread, NULL);
+	close(e.lfd);
+	unlink(echo_path);
+	mig_daemon_fini(&d);
+	rmdir(dir);
+	if (ret < 0 || idle_q.failed || busy_q.failed || echo_q.failed || !busy_q.n || !idle_q.n || !echo_q.n) {
+		fprintf(stderr, "bench-migrate: control: %s\n", ret < 0 ? "the migration failed" : "a query failed");
+		return -1;
+	}
+	i50 = percentile(idle_q.us, idle_q.n, 50);
+	i99 = percentile(idle_q.us, idle_q.n, 99);
+	p50 = percentile(busy_q.us, busy_q.n, 50);
+	p99 = percentile(busy_q.us, busy_q.n, 99);
+	max = busy_q.us[busy_q.n - 1];
+	e50 = percentile(echo_q.us, echo_q.n, 50);
+	e99 = percentile(echo_q.us, echo_q.n, 99);
+	printf("control query_us_p50=%.0f p99=%.0f max=%.0f queries=%d during a migration of %.0f ms (%" PRIu64
+	       " passes, %.0f MiB, guest dirtying %" PRIu64 " MiB flat out on %u vCPUs); the same client's echo server"
+	       " beside it: echo_p50=%.0f echo_p99=%.0f echo_max=%.0f p99_vs_echo=%.2f; idle daemon: idle_p50=%.0f idle_p99=%.0f;"
+	       " goal_p99_us=10000\n",
+	       p50, p99, max, busy_q.n, r.total_ms, r.passes, r.bytes / 1048576.0, g.ws_mib, g.vcpus, e50, e99, echo_q.us[echo_q.n - 1],
+	       e99 > 0 ? p99 / e99 : 0, i50, i99);
+	return 0;
+}
+
+/*
+ * bench-migrate [all|idle|sparse|throughput|sessions|tricklers|handoff|handoff-alone|control|downtime [ROUNDS [MIB]]]:
  * every case by default, 5 rounds of downtime at 256 MiB and 2 GiB (MIB:
  * only that one).
  */
@@ -842,6 +1023,8 @@ int main(int argc, char **argv)
 	if ((all || !strcmp(what, "tricklers")) && tricklers_bench(rounds) < 0)
 		return 1;
 	if ((all || !strcmp(what, "handoff")) && handoff_share(rounds) < 0)
+		return 1;
+	if ((all || !strcmp(what, "control")) && control() < 0)
 		return 1;
 	tcp = false;
 	fill_all = true;

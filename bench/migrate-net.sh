@@ -14,6 +14,12 @@
 # that does not converge is abandoned (the guest runs on at the source):
 # converged=no, downtime_ms=none, and total_ms is the time until it gave up.
 #
+# With --max-bandwidth N in SEND_ARGS, the stream's payload as the
+# destination's sockets received it (ss bytes_received, sampled every 100
+# ms in its namespace) is judged against the cap over each whole second
+# after the first, to the last byte: cap_mibps, measured_mibps (the mean
+# over those seconds), ratio, and the lowest and highest second's ratio.
+#
 # usage: bench/migrate-net.sh [BUILD_DIR [RATE [MODES...]]]
 #        (build, 800mbit, clear-log dirty-ring); as root
 # env:   WORKLOADS="flat-out 100MiB/s" (the default; also 1gib-paced: 1 GiB
@@ -43,8 +49,12 @@ for mode in "${modes[@]}"; do
 	*) echo "migrate-net: workload '$workload': expected flat-out, 100MiB/s or 1gib-paced" >&2; exit 2 ;;
 	esac
 	stats=$tmp/$mode.json
+	rx=$tmp/$mode.rx
+	# the payload received so far, every 100 ms, on the destination's side
+	sampler="while :; do echo \$(date +%s.%N) \$(ss -Hti state established '( sport = :4444 )' |
+		grep -o 'bytes_received:[0-9]*' | awk -F: '{ s += \$2 } END { print s + 0 }'); sleep 0.1; done"
 	"$top/tests/two-hosts.sh" --rate "$rate" \
-		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 60000 --once ${LISTEN_ARGS:-}; true" \
+		--dst "{ $sampler; } >$rx & $migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 60000 --once ${LISTEN_ARGS:-}; kill %1; true" \
 		--src "for i in \$(seq 300); do ip netns exec \$RIG_DST_NS ss -Hltn 'sport = :4444' | grep -q . && break; sleep 0.1; done;
 		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:$dirty --vcpu 1=compute $fill \
 		       -T 60000 --baseline 1000 --stats $stats ${SEND_ARGS:-}" >"$tmp/out" 2>&1
@@ -55,9 +65,11 @@ for mode in "${modes[@]}"; do
 		echo "migrate-net: $mode: the migration over the rig exited with $status" >&2
 		exit 1
 	fi
-	python3 - "$stats" "$rate" "$mode" "$workload" <<'PY'
+	cap=$(sed -n 's/.*--max-bandwidth[ =]\([0-9]*\).*/\1/p' <<<"${SEND_ARGS:-}")
+	python3 - "$stats" "$rate" "$mode" "$workload" "$rx" "${cap:-0}" <<'PY'
 import json, sys
-path, rate, mode, workload = sys.argv[1:]
+path, rate, mode, workload, rx, cap = sys.argv[1:]
+cap = int(cap)
 lines = [json.loads(l) for l in open(path)]
 start, end = lines[0], lines[-1]
 assert start["v"] == 1 and end["type"] == "end"
@@ -71,6 +83,25 @@ print(f"migrate net={rate} workload={workload} mode={mode} guest_gib={start['gue
       f" other_vcpu_speed={v[1]['speed']:.3f} reason={end['reason']}"
       f" link_mbps={end['link_bytes_per_s'] / 2**20:.0f} throttled={'yes' if end.get('throttled') else 'no'}"
       f" dirtier_held_ms={v[0].get('held_ms', 0):.0f} other_held_ms={v[1].get('held_ms', 0):.0f}")
+if cap:
+    # (time, payload received): from the first byte to the last, interpolated at each whole second
+    s = [(float(t), int(b)) for t, b in (l.split() for l in open(rx) if len(l.split()) == 2)]
+    s = [x for x in s if x[1] > 0]
+    top = max(b for _, b in s)
+    s = s[:next(i for i, x in enumerate(s) if x[1] == top) + 1]
+    def at(t):
+        for (t0, b0), (t1, b1) in zip(s, s[1:]):
+            if t0 <= t <= t1:
+                return b0 + (b1 - b0) * (t - t0) / (t1 - t0)
+        return s[-1][1]
+    start, end = s[0][0], s[-1][0]
+    secs = [(at(start + k + 1) - at(start + k)) / 2**20 for k in range(1, int(end - start))]
+    if not secs:
+        sys.exit("migrate-net: the transfer took less than two seconds: nothing to judge the cap by")
+    mean = sum(secs) / len(secs)
+    print(f"migrate net={rate} cap_mibps={cap} workload={workload} mode={mode} measured_mibps={mean:.2f}"
+          f" ratio={mean / cap:.3f} seconds={len(secs)} lowest_second={min(secs) / cap:.3f}"
+          f" highest_second={max(secs) / cap:.3f} (received payload, each whole second after the first)")
 PY
 done
 done
