@@ -34,11 +34,14 @@
  * each connection arrived on), --peer-name NAME (send), the destination
  * meant (by default the address dialled): a source that means another
  * destination is refused.  send:
- * --connections N (1), the pages spread over N connections.  Both ends:
- * --control PATH, a socket that answers query and resolve
- * (kvmdirty-migrate-control(7)); without it, one is opened at a default
- * path the moment the handoff's outcome becomes unknown (handoff.h: the
- * guest then stays paused until a late message or a resolve decides).
+ * --connections N (1), the pages spread over N connections;
+ * --max-bandwidth MIB_PER_S (0: none), the stream capped, stop-and-copy
+ * included.  Both ends: --control PATH, a socket that answers query and
+ * resolve, and on the source set (the parameters while it runs), cancel
+ * (before COMMIT) and subscribe (its events) (kvmdirty-migrate-control(7));
+ * without it, one is opened at a default path the moment the handoff's
+ * outcome becomes unknown (handoff.h: the guest then stays paused until a
+ * late message or a resolve decides).
  *
  * listen takes streams until one is accepted (a refused or silent peer is
  * dropped with a line on stderr; with --once the first stream from a peer
@@ -49,7 +52,9 @@
  * when the guest moved, 1 when it did not (it runs on here: the source
  * then runs it --run-ms more and checks it as the destination would), 3
  * when it moved but the check after switchover found pages that differ
- * from what was sent.
+ * from what was sent, 4 when a cancel through the control socket ended it
+ * before COMMIT (the guest runs on here, and is run and checked as after a
+ * failure).
  *
  * plot draws a --stats file as one SVG (plot.h), by default beside it
  * (run.json: run.svg; -o - for standard output); it exits 0 when it drew
