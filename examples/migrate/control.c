@@ -568,23 +568,13 @@ static bool flush(struct client *c)
  */
 static bool feed(struct mig_control *s, struct client *c)
 {
-	char line[MIG_CONTROL_EVENT_LINE], head[160];
-	struct timespec ts;
+	char line[MIG_CONTROL_EVENT_LINE];
 	size_t n;
 
 	while (c->sub && !c->overflow) {
 		if (c->out_len - c->out_off >= MIG_CONTROL_EVENT_BACKLOG)
 			return true;
 		n = s->ops->event(s->ctx, &c->seq, line, sizeof(line), &c->lost);
-		if (c->lost) {
-			clock_gettime(CLOCK_REALTIME, &ts);
-			snprintf(head, sizeof(head),
-				 "{" KEY("event") "\"events_lost\"," KEY("data") "{" KEY("count") "%llu},"
-				 KEY("timestamp") "{" KEY("seconds") "%lld," KEY("microseconds") "%ld}}\n",
-				 (unsigned long long)c->lost, (long long)ts.tv_sec, ts.tv_nsec / 1000);
-			put(c, head, strlen(head));
-			c->lost = 0;
-		}
 		if (!n)
 			return false;
 		put(c, line, n);

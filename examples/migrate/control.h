@@ -66,7 +66,8 @@ struct mig_control_ops {
 	 * new subscriber starts.  event(): event *seq's line (newline and NUL
 	 * included, len is MIG_CONTROL_EVENT_LINE) and its length, *seq moved
 	 * past it, or 0 when there is none yet; events no longer kept are
-	 * skipped and counted into *lost.  NULL: no subscribe.
+	 * skipped, counted into *lost, and told first in one events_lost line
+	 * (the op's to write).  NULL: no subscribe.
 	 */
 	int (*event_fd)(void *ctx);
 	uint64_t (*event_head)(void *ctx);

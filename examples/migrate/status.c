@@ -221,6 +221,7 @@ int mig_status_resolve(struct mig_status *s, bool run_here, char *err, size_t le
 /* ---- steering ---- */
 
 static ssize_t sink_write(int fd, const char *buf, size_t n);
+static bool sink_owed(struct mig_status *s);
 
 static bool decided_locked(const struct mig_status *s)
 {
@@ -257,34 +258,10 @@ int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
 /* What the sink's fd still owes (a line in part, a lost count), for at most 100 ms in all. */
 static void sink_settle(struct mig_status *s)
 {
-	char lost[160];
 	int i;
 
-	for (i = 0; i < 100 && s->sink_fd >= 0 && (s->sink_rest_len || s->sink_lost); i++) {
-		struct pollfd p = { .fd = s->sink_fd, .events = POLLOUT };
-		ssize_t k;
-		size_t ln;
-
-		if (s->sink_rest_len) {
-			k = sink_write(s->sink_fd, s->sink_rest, s->sink_rest_len);
-			if (k > 0) {
-				memmove(s->sink_rest, s->sink_rest + k, s->sink_rest_len - (size_t)k);
-				s->sink_rest_len -= (size_t)k;
-			}
-		} else {
-			ln = mig_event_lost_line(s->sink_lost, lost, sizeof(lost));
-			k = sink_write(s->sink_fd, lost, ln);
-			if (k > 0) {
-				s->sink_lost = 0;
-				memcpy(s->sink_rest, lost + k, ln - (size_t)k);
-				s->sink_rest_len = ln - (size_t)k;
-			}
-		}
-		if (k < 0 && k != -EAGAIN)
-			break;
-		if (s->sink_rest_len || s->sink_lost)
-			poll(&p, 1, 1);
-	}
+	for (i = 0; i < 100 && s->sink_fd >= 0 && !sink_owed(s); i++)
+		poll(&(struct pollfd){ .fd = s->sink_fd, .events = POLLOUT }, 1, 1);
 }
 
 void mig_status_end(struct mig_status *s)
@@ -485,47 +462,49 @@ static ssize_t sink_write(int fd, const char *buf, size_t n)
 	return k;
 }
 
-/* Under the lock: line to the sink's fd, after what it has not taken yet and a lost count, if any. */
-static void sink_put(struct mig_status *s, const char *line, size_t n)
+/* Under the lock: as much of buf as the sink's fd takes; the rest kept to go first next time. false: none of it. */
+static bool sink_try(struct mig_status *s, const char *buf, size_t n)
+{
+	ssize_t k = sink_write(s->sink_fd, buf, n);
+
+	if (k <= 0)
+		return false;
+	memmove(s->sink_rest, buf + k, n - (size_t)k);
+	s->sink_rest_len = n - (size_t)k;
+	return true;
+}
+
+/*
+ * Under the lock: what the sink owes before another line, out: the rest of
+ * a line it took in part, then a line saying how many it lost.  true when
+ * nothing is owed any more.
+ */
+static bool sink_owed(struct mig_status *s)
 {
 	char lost[160];
 	size_t ln;
-	ssize_t k;
 
 	if (s->sink_rest_len) {
-		k = sink_write(s->sink_fd, s->sink_rest, s->sink_rest_len);
-		if (k > 0) {
-			memmove(s->sink_rest, s->sink_rest + k, s->sink_rest_len - (size_t)k);
-			s->sink_rest_len -= (size_t)k;
-		}
-		if (s->sink_rest_len) {
-			s->sink_lost++;
-			return;
-		}
+		char rest[MIG_EVENT_LINE];
+
+		memcpy(rest, s->sink_rest, s->sink_rest_len);
+		if (!sink_try(s, rest, s->sink_rest_len) || s->sink_rest_len)
+			return false;
 	}
 	if (s->sink_lost) {
 		ln = mig_event_lost_line(s->sink_lost, lost, sizeof(lost));
-		k = sink_write(s->sink_fd, lost, ln);
-		if (k <= 0) {
-			s->sink_lost++;
-			return;
-		}
+		if (!sink_try(s, lost, ln))
+			return false;
 		s->sink_lost = 0;
-		if ((size_t)k < ln) {
-			/* the rest of the lost line first, next time; this event is lost, counted again */
-			memcpy(s->sink_rest, lost + k, ln - (size_t)k);
-			s->sink_rest_len = ln - (size_t)k;
-			s->sink_lost = 1;
-			return;
-		}
 	}
-	k = sink_write(s->sink_fd, line, n);
-	if (k <= 0) {
+	return !s->sink_rest_len;
+}
+
+/* Under the lock: line to the sink's fd, after what it owes; lost (counted) if it cannot go whole or in part. */
+static void sink_put(struct mig_status *s, const char *line, size_t n)
+{
+	if (!sink_owed(s) || !sink_try(s, line, n))
 		s->sink_lost++;
-	} else if ((size_t)k < n) {
-		memcpy(s->sink_rest, line + k, n - (size_t)k);
-		s->sink_rest_len = n - (size_t)k;
-	}
 }
 
 void mig_status_event(struct mig_status *s, const char *name, const char *data_fmt, ...)
@@ -596,7 +575,12 @@ size_t mig_status_event_get(struct mig_status *s, uint64_t *seq, char *buf, size
 		*lost += s->events_head - MIG_EVENTS_KEPT - *seq;
 		*seq = s->events_head - MIG_EVENTS_KEPT;
 	}
-	if (*seq < s->events_head) {
+	if (*lost) {
+		/* what was missed is told first, in one line */
+		n = mig_event_lost_line(*lost, buf, len);
+		if (n)
+			*lost = 0;
+	} else if (*seq < s->events_head) {
 		n = (size_t)snprintf(buf, len, "%s", s->events[*seq % MIG_EVENTS_KEPT]);
 		if (n >= len)
 			n = 0; /* a buffer shorter than a line: the caller's mistake, nothing taken */

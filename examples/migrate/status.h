@@ -196,9 +196,11 @@ void mig_status_sink(struct mig_status *s, void (*cb)(void *ctx, const char *lin
 /* An eventfd that becomes readable at each event (made on the first call); -errno. */
 int mig_status_event_fd(struct mig_status *s);
 /*
- * Event *seq's line into buf (with its newline, NUL-terminated): its
- * length, and *seq moved past it; 0 when there is none yet.  An event no
- * longer kept is skipped, counted into *lost.
+ * The next line for a reader at event *seq into buf (with its newline,
+ * NUL-terminated), and its length; 0 when there is none yet.  Events no
+ * longer kept are skipped and counted into *lost; while *lost is not 0 the
+ * line is an events_lost for them (and *lost is 0 after it), else event
+ * *seq's (and *seq moves past it).
  */
 size_t mig_status_event_get(struct mig_status *s, uint64_t *seq, char *buf, size_t len, uint64_t *lost);
 /* The number the next event will have: a new subscriber starts there. */
