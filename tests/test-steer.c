@@ -622,6 +622,67 @@ START_TEST(set_between_migrations)
 }
 END_TEST
 
+/*
+ * A cancel and the commit point from two threads at once, released by a
+ * barrier, many times: exactly one wins.  COMMIT goes and the cancel is
+ * refused (the connection the engine registered stays writable, so the
+ * commit's own messages can go), or the cancel is taken and COMMIT never
+ * goes (and the connection's writing side was shut down for it).
+ */
+static struct {
+	pthread_barrier_t go;
+	int ret;
+} race;
+
+static void *race_cancel(void *p)
+{
+	char err[256];
+
+	(void)p;
+	pthread_barrier_wait(&race.go);
+	race.ret = mig_status_cancel(&d.st, err, sizeof(err));
+	return NULL;
+}
+
+START_TEST(cancel_races_the_commit_point)
+{
+	int i, committed = 0, cancelled = 0;
+
+	ck_assert_int_eq(pthread_barrier_init(&race.go, NULL, 2), 0);
+	for (i = 0; i < 2000; i++) {
+		pthread_t t;
+		int sv[2];
+		bool go;
+
+		ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+		ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
+		mig_status_cancel_fds(&d.st, sv, 1, SHUT_WR);
+		ck_assert_int_eq(pthread_create(&t, NULL, race_cancel, NULL), 0);
+		pthread_barrier_wait(&race.go);
+		go = mig_status_commit_point(&d.st);
+		pthread_join(t, NULL);
+		if (go) {
+			ck_assert_int_eq(race.ret, -EALREADY);
+			ck_assert_int_eq(send(sv[0], "c", 1, MSG_NOSIGNAL), 1);
+			committed++;
+		} else {
+			ck_assert_int_eq(race.ret, 0);
+			ck_assert(mig_status_cancel_asked(&d.st));
+			ck_assert_int_eq(send(sv[0], "c", 1, MSG_NOSIGNAL), -1);
+			ck_assert_int_eq(errno, EPIPE);
+			cancelled++;
+		}
+		mig_status_decide(&d.st, go ? MIG_OUTCOME_THERE : MIG_OUTCOME_HERE, "raced");
+		mig_status_end(&d.st);
+		close(sv[0]);
+		close(sv[1]);
+	}
+	pthread_barrier_destroy(&race.go);
+	printf("cancel against the commit point, 2000 times: COMMIT first %d, the cancel first %d\n", committed,
+	       cancelled);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("steer");
@@ -641,6 +702,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, event_too_long_loses_its_data);
 	tcase_add_test(tc, sink_told_at_the_end);
 	tcase_add_test(tc, set_between_migrations);
+	tcase_add_test(tc, cancel_races_the_commit_point);
 	suite_add_tcase(s, tc);
 	return s;
 }
