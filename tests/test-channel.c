@@ -18,6 +18,7 @@
  *   - the destination (mig_recv()) ends each of its directions with its
  *     last record, and answers a stream it refuses for its deadline.
  */
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -630,6 +631,364 @@ START_TEST(keys_as_documented)
 }
 END_TEST
 
+/* ---- a flipped byte anywhere in a record ---- */
+
+#define SENTINEL 0xee
+
+/*
+ * w with byte pos of record r flipped (xor mask), read by b over a socket
+ * or from memory: the records before r whole; then record r's read
+ * refused (a negative result, whatever the reason: its tag, its length,
+ * a cut), every byte of the reader's buffer as it was, and the read after
+ * it refused too.
+ */
+static void flip_refused(const struct wire *w, unsigned int r, size_t pos, uint8_t mask, bool socket, bool encrypt,
+			 const size_t *sizes, unsigned int nsizes)
+{
+	struct wire t = wire_edit(w, UINT_MAX, 0, NULL, 0);
+	struct mem_stream m = { .buf = t.buf, .len = t.len };
+	struct mig_reader rd = { .read = mem_read, .describe = mem_describe, .ctx = &m };
+	struct mig_chan_keys k = keys_of(true, encrypt);
+	uint8_t got[MIG_SEAL_MAX / 8];
+	struct end e = { .fd = -1 };
+	struct mig_chan *ch;
+	unsigned int i;
+	int sv[2], ret;
+	size_t n;
+
+	t.buf[w->off[r] + pos] ^= mask;
+	if (socket) {
+		ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+		ck_assert_int_eq(write(sv[0], t.buf, t.len), (ssize_t)t.len);
+		shutdown(sv[0], SHUT_WR);
+		end_open(&e, sv[1], true, encrypt, 0, 0);
+		ch = e.ch;
+	} else {
+		ck_assert_ok(mig_chan_new_reader(&rd, &k, &ch));
+	}
+	for (i = 0; i < r; i++)
+		ck_assert_int_eq(recv_rec(ch, i, sizes[i]), 1);
+	n = r < nsizes ? sizes[r] : 1; /* the last record: a read past the ones before */
+	memset(got, SENTINEL, sizeof(got));
+	ret = mig_chan_read(ch, got, n);
+	ck_assert_msg(ret < 0, "record %u, byte %zu ^ 0x%02x (%s): read gave %d, not a refusal", r, pos, mask,
+		      socket ? "socket" : "memory", ret);
+	/* one assertion a read: Check marks each one it passes */
+	for (i = 0; i < sizeof(got) && got[i] == SENTINEL; i++)
+		;
+	ck_assert_msg(i == sizeof(got), "record %u, byte %zu ^ 0x%02x: byte %u of the refused record handed on", r, pos,
+		      mask, i);
+	ck_assert_int_lt(mig_chan_read(ch, got, 1), 0);
+	if (socket) {
+		end_close(&e);
+		close(sv[0]);
+	} else {
+		mig_chan_free(ch);
+	}
+	free(t.buf);
+}
+
+/*
+ * Every byte of a record (header, payload, tag) flipped, one at a time,
+ * in a record between two others, in the first and in the last one: the
+ * record refused and none of its bytes handed on, over a socket (where
+ * the channel reads a record and the next one's header at once) and from
+ * memory.
+ */
+START_TEST(flipped_byte_anywhere_refused)
+{
+	const bool encrypt = _i;
+	static const size_t sizes[] = { 100, 1500, 7 };
+	static const uint8_t masks[] = { 0xff, 0x01, 0x80 };
+	struct wire w;
+	unsigned int r, m;
+	size_t pos;
+
+	wire_seal(&w, encrypt, 0, 0, sizes, 3, true);
+	/* from memory each of three flips of every byte; over a socket (a transport each: slower) one */
+	for (r = 0; r < w.n; r++)
+		for (pos = 0; pos < w.off[r + 1] - w.off[r]; pos++)
+			for (m = 0; m < sizeof(masks); m++)
+				flip_refused(&w, r, pos, masks[m], m == 0, encrypt, sizes, 3);
+	free(w.buf);
+}
+END_TEST
+
+/* buf sealed under k as a sender seals it, a writev each chunk bytes, then the last record: the wire. */
+static struct wire seal_chunks(const struct mig_chan_keys *k, const uint8_t *buf, size_t len, size_t chunk)
+{
+	struct fake_drain d = { 0 };
+	struct wire w;
+	struct end a = { .fd = -1 };
+	pthread_t th;
+	size_t pos;
+	int sv[2];
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	d.fd = sv[1];
+	ck_assert_int_eq(pthread_create(&th, NULL, fake_drain_run, &d), 0);
+	a.fd = sv[0];
+	ck_assert_ok(mig_conn_new(sv[0], T_MS, &a.c));
+	ck_assert_ok(mig_chan_new(a.c, k, &a.ch));
+	for (pos = 0; pos < len; pos += chunk) {
+		struct iovec iov = { (void *)(buf + pos), len - pos < chunk ? len - pos : chunk };
+
+		ck_assert_ok(mig_chan_writev(a.ch, &iov, 1));
+	}
+	ck_assert_ok(mig_chan_close_write(a.ch));
+	shutdown(sv[0], SHUT_WR);
+	pthread_join(th, NULL);
+	end_close(&a);
+	close(sv[1]);
+	w = (struct wire){ .buf = d.buf, .len = d.len };
+	wire_index(&w);
+	return w;
+}
+
+/* Write buf to fd, as far as the peer takes it. */
+struct feed {
+	int fd;
+	const uint8_t *buf;
+	size_t len;
+};
+
+static void *feed_run(void *p)
+{
+	struct feed *f = p;
+	size_t off = 0;
+	ssize_t k;
+
+	while (off < f->len && (k = send(f->fd, f->buf + off, f->len - off, MSG_NOSIGNAL)) > 0)
+		off += (size_t)k;
+	return NULL;
+}
+
+/* Write buf to fd in pieces of 1 .. 41 bytes, a pause between, so that a read finds records in parts. */
+static void *trickle_run(void *p)
+{
+	struct feed *f = p;
+	uint64_t seed = 0x51ced;
+	size_t off = 0;
+
+	while (off < f->len) {
+		size_t k = 1 + xorshift64(&seed) % 41;
+		ssize_t n;
+
+		if (k > f->len - off)
+			k = f->len - off;
+		n = send(f->fd, f->buf + off, k, MSG_NOSIGNAL);
+		if (n <= 0)
+			break;
+		off += (size_t)n;
+		nanosleep(&(struct timespec){ 0, 20000 }, NULL);
+	}
+	shutdown(f->fd, SHUT_WR);
+	return NULL;
+}
+
+/*
+ * Records arriving in pieces (a header split, a record and part of the
+ * next header in one read, and so on): each read whole and right, and the
+ * end clean after the last one.
+ */
+START_TEST(records_in_pieces_whole)
+{
+	const bool encrypt = _i;
+	size_t sizes[60];
+	uint8_t past;
+	struct wire w;
+	struct feed f;
+	struct end b;
+	pthread_t th;
+	unsigned int i;
+	int sv[2];
+
+	random_sizes(sizes, 60, 0xabc + encrypt);
+	for (i = 0; i < 60; i++)
+		sizes[i] = sizes[i] % 300 + 1;
+	wire_seal(&w, encrypt, 0, 0, sizes, 60, true);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	end_open(&b, sv[1], true, encrypt, 0, 0);
+	f = (struct feed){ .fd = sv[0], .buf = w.buf, .len = w.len };
+	ck_assert_int_eq(pthread_create(&th, NULL, trickle_run, &f), 0);
+	for (i = 0; i < 60; i++)
+		ck_assert_int_eq(recv_rec(b.ch, i, sizes[i]), 1);
+	ck_assert_int_eq(mig_chan_read(b.ch, &past, 1), 0);
+	pthread_join(th, NULL);
+	ck_assert(!mig_chan_torn(b.ch));
+	end_close(&b);
+	close(sv[0]);
+	free(w.buf);
+}
+END_TEST
+
+/* A record of the largest size: its header and tag every byte, its payload every 509th and its ends. */
+START_TEST(flipped_byte_in_largest_record_refused)
+{
+	const bool encrypt = _i;
+	uint8_t *big = malloc(MIG_SEAL_MAX), *got = malloc(MIG_SEAL_MAX);
+	const size_t hdr = sizeof(struct mig_seal), len = hdr + MIG_SEAL_MAX + MIG_SEAL_TAG;
+	struct mig_chan_keys k;
+	struct wire w;
+	struct end b;
+	struct feed f;
+	pthread_t th;
+	int sv[2], ret;
+	size_t pos, i;
+
+	ck_assert_ptr_nonnull(big);
+	ck_assert_ptr_nonnull(got);
+	fill(big, MIG_SEAL_MAX, 9);
+	k = keys_of(false, encrypt);
+	w = seal_chunks(&k, big, MIG_SEAL_MAX, MIG_SEAL_MAX);
+	ck_assert_uint_eq(w.n, 2); /* the record, then the last one */
+	for (pos = 0; pos < len; pos = pos < hdr || pos + MIG_SEAL_TAG + 1 >= len ? pos + 1 : pos + 509) {
+		w.buf[pos] ^= 0x10;
+		ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+		b.fd = -1;
+		end_open(&b, sv[1], true, encrypt, 0, 0);
+		memset(got, SENTINEL, MIG_SEAL_MAX);
+		/* a thread of its own: the record is larger than the socket holds */
+		f = (struct feed){ .fd = sv[0], .buf = w.buf, .len = w.len };
+		ck_assert_int_eq(pthread_create(&th, NULL, feed_run, &f), 0);
+		ret = mig_chan_read(b.ch, got, MIG_SEAL_MAX);
+		shutdown(sv[1], SHUT_RDWR);
+		pthread_join(th, NULL);
+		ck_assert_msg(ret < 0, "byte %zu flipped: read gave %d", pos, ret);
+		for (i = 0; i < MIG_SEAL_MAX && got[i] == SENTINEL; i++)
+			;
+		ck_assert_msg(i == MIG_SEAL_MAX, "byte %zu flipped: byte %zu of it handed on", pos, i);
+		end_close(&b);
+		close(sv[0]);
+		w.buf[pos] ^= 0x10;
+	}
+	free(w.buf);
+	free(big);
+	free(got);
+}
+END_TEST
+
+/* ---- at the destination: nothing of a refused record reaches guest memory ---- */
+
+#define DS_CHUNK 5000u /* plain stream bytes a sealed record */
+
+static uint8_t page_byte(unsigned int p, size_t k)
+{
+	return (uint8_t)((p * 37 + k * 11) | 1); /* never zero */
+}
+
+/* A stream of the fake guest's, region 0's 16 pages as data (4 records): its length; each page's offset in page_at. */
+static size_t data_stream(uint8_t *buf, size_t *page_at)
+{
+	struct mig_encoder e;
+	struct mig_header h;
+	struct mig_record rec;
+	struct mig_vcpu_state st;
+	unsigned int i, p;
+	size_t n = 0, k;
+
+#define PUT(p_, len_)                         \
+	do {                                  \
+		memcpy(buf + n, (p_), (len_)); \
+		n += (len_);                  \
+	} while (0)
+	mig_encode_header(&e, &h, fake_layout, FAKE_NR_REGIONS, FAKE_NR_VCPUS, 0);
+	PUT(&h, sizeof(h));
+	PUT(fake_layout, sizeof(fake_layout));
+	for (i = 0; i < 4; i++) {
+		rec = mig_encode_data(&e, 0, i * 4, 4);
+		PUT(&rec, sizeof(rec));
+		for (p = i * 4; p < i * 4 + 4; p++) {
+			page_at[p] = n;
+			for (k = 0; k < MIG_PAGE_SIZE; k++)
+				buf[n + k] = page_byte(p, k);
+			n += MIG_PAGE_SIZE;
+		}
+	}
+	rec = mig_encode_zero(&e, 1, 0, fake_layout[1].size / MIG_PAGE_SIZE);
+	PUT(&rec, sizeof(rec));
+	for (i = 0; i < FAKE_NR_VCPUS; i++) {
+		fake_fresh(i, &st);
+		rec = mig_encode_vcpu(&e, i, &st);
+		PUT(&rec, sizeof(rec));
+		PUT(&st, sizeof(st));
+	}
+	rec = mig_encode_end(&e);
+	PUT(&rec, sizeof(rec));
+#undef PUT
+	return n;
+}
+
+/*
+ * The destination's decoder (mig_recv_stream(), through a sealed reader)
+ * takes a stream of pages in sealed records of DS_CHUNK bytes each.  A
+ * byte flipped anywhere in any record (each byte of its header and tag,
+ * every 97th of its payload): the stream refused for authentication, and
+ * every page byte that record or a later one carried still zero in guest
+ * memory; only the records before it landed.
+ */
+START_TEST(dest_uses_nothing_of_a_refused_record)
+{
+	const bool encrypt = _i;
+	const size_t hdr = sizeof(struct mig_seal);
+	size_t page_at[16], plain_len, pos, rlen, p, k;
+	uint8_t *plain = malloc(128 << 10), *wire;
+	struct mig_chan_keys keys = fake_seal_keys(encrypt, true);
+	struct fake_guest f;
+	struct wire w;
+	char err[256];
+	unsigned int r;
+	int ret;
+
+	ck_assert_ptr_nonnull(plain);
+	plain_len = data_stream(plain, page_at);
+	/* sealed as the source seals it: a writev a chunk */
+	w = seal_chunks(&keys, plain, plain_len, DS_CHUNK);
+	ck_assert_uint_eq(w.n, (plain_len + DS_CHUNK - 1) / DS_CHUNK + 1);
+	wire = malloc(FAKE_SEALED_HDR + w.len);
+	memcpy(wire, FAKE_SEALED_MAGIC, 8);
+	wire[8] = encrypt;
+	memcpy(wire + FAKE_SEALED_HDR, w.buf, w.len);
+	/* whole, it lands */
+	ck_assert_ok(fake_guest_init(&f));
+	ret = fake_receive(&f, wire, FAKE_SEALED_HDR + w.len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == 0, "%s", err);
+	for (p = 0; p < 16; p++)
+		ck_assert_mem_eq((uint8_t *)f.g.regions[0].hva + p * MIG_PAGE_SIZE, plain + page_at[p], MIG_PAGE_SIZE);
+	fake_guest_free(&f);
+	for (r = 0; r < w.n; r++) {
+		/* the plain bytes before record r: only those may have landed */
+		size_t before = r * DS_CHUNK < plain_len ? r * DS_CHUNK : plain_len;
+
+		rlen = w.off[r + 1] - w.off[r];
+		for (pos = 0; pos < rlen; pos = pos < hdr || pos + MIG_SEAL_TAG + 1 >= rlen ? pos + 1 : pos + 97) {
+			const uint8_t *g;
+
+			wire[FAKE_SEALED_HDR + w.off[r] + pos] ^= 0xff;
+			ck_assert_ok(fake_guest_init(&f));
+			ret = fake_receive(&f, wire, FAKE_SEALED_HDR + w.len, true, err, sizeof(err), NULL);
+			wire[FAKE_SEALED_HDR + w.off[r] + pos] ^= 0xff;
+			ck_assert_msg(ret < 0 && strstr(err, "authentication"),
+				      "record %u byte %zu flipped: %d '%s', not refused for authentication", r, pos, ret,
+				      err);
+			g = f.g.regions[0].hva;
+			for (p = 0; p < 16; p++) {
+				for (k = 0; k < MIG_PAGE_SIZE && (page_at[p] + k < before || !g[p * MIG_PAGE_SIZE + k]); k++)
+					;
+				ck_assert_msg(k == MIG_PAGE_SIZE,
+					      "record %u byte %zu flipped: page %zu byte %zu, carried by it or after, "
+					      "landed",
+					      r, pos, p, k);
+			}
+			fake_guest_free(&f);
+		}
+	}
+	free(wire);
+	free(w.buf);
+	free(plain);
+}
+END_TEST
+
 /* ---- the destination's ends ---- */
 
 static const struct mig_psk test_psk = { .key = { 0x6b, 0x65, 0x79, 1, 2, 3 },
@@ -848,6 +1207,10 @@ int main(void)
 	tcase_add_loop_test(tc, receiver_that_keeps_its_key_fails, 0, 2);
 	tcase_add_loop_test(tc, bytes_count_toward_the_limit, 0, 2);
 	tcase_add_test(tc, keys_as_documented);
+	tcase_add_loop_test(tc, records_in_pieces_whole, 0, 2);
+	tcase_add_loop_test(tc, flipped_byte_anywhere_refused, 0, 2);
+	tcase_add_loop_test(tc, flipped_byte_in_largest_record_refused, 0, 2);
+	tcase_add_loop_test(tc, dest_uses_nothing_of_a_refused_record, 0, 2);
 	/* one connection, and two */
 	tcase_add_loop_test(tc, dest_ends_each_direction_with_last, 0, 2);
 	tcase_add_test(tc, refusal_after_deadline_answered);

@@ -1,13 +1,26 @@
 // SPDX-License-Identifier: MIT
 /*
  * Sealed records with OpenSSL's AES-256-GCM (libcrypto's EVP interface:
- * AES-NI and PCLMUL, or VAES and VPCLMULQDQ, where the CPU has them).  The nonce is the connection's index and the record's
- * sequence number, neither sent: each end counts, so a record dropped,
- * replayed or moved arrives under the wrong nonce and fails its tag.  A
- * record is read whole and checked before any of its bytes is handed on,
- * which costs the receiver a copy; the sender copies too, into the buffer
- * it seals, so what was sealed is what is sent even while a guest writes
- * the memory it came from.
+ * AES-NI and PCLMUL, or VAES and VPCLMULQDQ, where the CPU has them).  The
+ * nonce is the connection's index and the record's sequence number,
+ * neither sent: each end counts, so a record dropped, replayed or moved
+ * arrives under the wrong nonce and fails its tag.
+ *
+ * Each page is touched once by each end's user space.  Sending, the
+ * cipher reads the caller's memory (guest pages) and writes the record
+ * straight into the send buffer; MAC only, the bytes are copied into it
+ * and the tag taken over the copy while it is in cache, so what was
+ * sealed is what is sent even while a guest writes the memory it came
+ * from.  Receiving, a record is read whole into the receive buffer
+ * (with the next record's header, when the socket already holds it: one
+ * system call a record) and opened there, in place; only once its tag
+ * matched are its bytes copied out, to the reader (guest memory): no
+ * byte of a record reaches guest memory before its tag is checked.
+ *
+ * The cipher runs on the thread that moves the bytes, one a connection:
+ * on two CPUs shared by both ends, sealing and opening on threads of
+ * their own measured slower (doc/benchmarks.md), and a session of several
+ * connections spreads the cipher over cores.
  *
  * Each direction changes its key before a key would seal more than
  * MIG_SEAL_REKEY_RECORDS records or MIG_SEAL_REKEY_BYTES bytes of payload
@@ -63,16 +76,19 @@ struct mig_chan {
 	bool sealed, encrypt;
 	uint32_t conn;
 	uint64_t rekey_records, rekey_bytes; /* a key seals at most this many records, this much payload */
-	/* sending: [struct mig_seal][payload][tag], filled up to MIG_SEAL_MAX */
+	/* sending: one record at a time, [struct mig_seal][payload][tag] */
 	struct seal_dir tx;
 	uint8_t *wbuf;
-	size_t wlen;
 	bool closed; /* MIG_SEAL_LAST sent */
 	int tx_err;  /* a record that could not be sealed or sent: nothing more is (the peer's count is off) */
-	/* receiving: a checked record's payload, [roff, rlen) not yet handed on */
+	/*
+	 * receiving: raw bytes [0, rend) of rbuf, the record opened first
+	 * among them: its checked payload [roff, rlen) not yet handed on,
+	 * and the record's end at rnext (what follows it is the next one's).
+	 */
 	struct seal_dir rx;
 	uint8_t *rbuf;
-	size_t roff, rlen;
+	size_t roff, rlen, rnext, rend;
 	bool ended;  /* the peer's MIG_SEAL_LAST arrived */
 	bool at_end; /* ... and the end of the connection after it */
 	bool torn;   /* a read gave up part way and lost what it took: mig_chan_torn() */
@@ -81,6 +97,9 @@ struct mig_chan {
 	uint8_t unread[UNREAD_MAX];
 	size_t unread_off, unread_len;
 };
+
+/* rbuf: one record whole and the next one's header */
+#define RBUF_SIZE (HDR + MIG_SEAL_MAX + MIG_SEAL_TAG + HDR)
 
 static int conn_read(void *ctx, void *buf, size_t len)
 {
@@ -123,7 +142,7 @@ static int chan_new(struct mig_conn *c, const struct mig_reader *raw, const stru
 		ch->encrypt = keys->encrypt;
 		ch->conn = keys->conn;
 		ch->wbuf = malloc(HDR + MIG_SEAL_MAX + MIG_SEAL_TAG);
-		ch->rbuf = malloc(HDR + MIG_SEAL_MAX + MIG_SEAL_TAG);
+		ch->rbuf = malloc(RBUF_SIZE);
 		if (!dir_init(&ch->tx, keys->send, true) || !dir_init(&ch->rx, keys->recv, false) || !ch->wbuf ||
 		    !ch->rbuf) {
 			mig_chan_free(ch);
@@ -222,13 +241,32 @@ static void nonce(const struct mig_chan *ch, uint64_t seq, uint8_t out[IV_SIZE])
 	memcpy(out + 4, &seq, 8);
 }
 
-/* Seal what wbuf holds (wlen payload bytes) and send it. */
-static int seal_send(struct mig_chan *ch, uint32_t flags)
+/* Where the caller's bytes are: iov[i] from off. */
+struct iov_at {
+	const struct iovec *iov;
+	int n, i;
+	size_t off;
+};
+
+/*
+ * Bytes the cipher takes at a time where it only authenticates: each
+ * piece copied into the record, then hashed while it is in L1.
+ */
+#define MAC_PIECE (16u << 10)
+
+/*
+ * Seal len bytes from at (advanced past them) as one record, straight
+ * into wbuf, and send it.  Encrypting, the cipher reads the caller's
+ * memory once and writes the record; MAC only, each piece is copied in
+ * and the tag taken over the copy, so that the tag covers what is sent.
+ */
+static int seal_send(struct mig_chan *ch, struct iov_at *at, uint32_t len, uint32_t flags)
 {
-	struct mig_seal h = { .len = (uint32_t)ch->wlen, .flags = flags };
-	uint8_t iv[IV_SIZE], *payload = ch->wbuf + HDR;
+	struct mig_seal h = { .len = len, .flags = flags };
+	uint8_t iv[IV_SIZE], *out = ch->wbuf + HDR;
 	struct iovec iov;
-	int n, ok, ret;
+	int n, ret;
+	bool ok;
 
 	if (!ch->c)
 		return -EBADF;
@@ -242,16 +280,36 @@ static int seal_send(struct mig_chan *ch, uint32_t flags)
 	nonce(ch, ch->tx.seq++, iv);
 	ch->tx.records++;
 	ch->tx.bytes += h.len;
-	/* encrypted: the header is associated data, the payload encrypted; else both are associated data */
+	/* the header is associated data; the payload encrypted, or associated data too */
 	ok = EVP_EncryptInit_ex(ch->tx.ctx, NULL, NULL, NULL, iv) == 1 &&
-	     EVP_EncryptUpdate(ch->tx.ctx, NULL, &n, ch->wbuf, (int)(ch->encrypt ? HDR : HDR + ch->wlen)) == 1 &&
-	     (!ch->encrypt || !ch->wlen || EVP_EncryptUpdate(ch->tx.ctx, payload, &n, payload, (int)ch->wlen) == 1) &&
-	     EVP_EncryptFinal_ex(ch->tx.ctx, payload + ch->wlen, &n) == 1 &&
-	     EVP_CIPHER_CTX_ctrl(ch->tx.ctx, EVP_CTRL_GCM_GET_TAG, MIG_SEAL_TAG, payload + ch->wlen) == 1;
+	     EVP_EncryptUpdate(ch->tx.ctx, NULL, &n, ch->wbuf, (int)HDR) == 1;
+	while (ok && len) {
+		const uint8_t *p = (const uint8_t *)at->iov[at->i].iov_base + at->off;
+		size_t k = at->iov[at->i].iov_len - at->off;
+
+		if (k > len)
+			k = len;
+		if (!ch->encrypt && k > MAC_PIECE)
+			k = MAC_PIECE;
+		if (ch->encrypt) {
+			ok = EVP_EncryptUpdate(ch->tx.ctx, out, &n, p, (int)k) == 1;
+		} else {
+			memcpy(out, p, k);
+			ok = EVP_EncryptUpdate(ch->tx.ctx, NULL, &n, out, (int)k) == 1;
+		}
+		out += k;
+		len -= (uint32_t)k;
+		at->off += k;
+		if (at->off == at->iov[at->i].iov_len) {
+			at->i++;
+			at->off = 0;
+		}
+	}
+	ok = ok && EVP_EncryptFinal_ex(ch->tx.ctx, out, &n) == 1 &&
+	     EVP_CIPHER_CTX_ctrl(ch->tx.ctx, EVP_CTRL_GCM_GET_TAG, MIG_SEAL_TAG, out) == 1;
 	if (!ok)
 		return ch->tx_err = -EIO;
-	iov = (struct iovec){ ch->wbuf, HDR + ch->wlen + MIG_SEAL_TAG };
-	ch->wlen = 0;
+	iov = (struct iovec){ ch->wbuf, HDR + h.len + MIG_SEAL_TAG };
 	ret = mig_conn_writev(ch->c, &iov, 1);
 	/* a record not sent, or part of one: the peer's count of records is not ours any more */
 	if (ret < 0)
@@ -261,6 +319,8 @@ static int seal_send(struct mig_chan *ch, uint32_t flags)
 
 int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
 {
+	struct iov_at at = { .iov = iov, .n = n };
+	uint64_t left = 0;
 	int i, ret;
 
 	if (!ch->c)
@@ -269,22 +329,20 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
 		return mig_conn_writev(ch->c, iov, n);
 	if (ch->tx_err || ch->closed)
 		return ch->tx_err ? ch->tx_err : -EPIPE;
-	for (i = 0; i < n; i++) {
-		const uint8_t *p = iov[i].iov_base;
-		size_t left = iov[i].iov_len;
+	for (i = 0; i < n; i++)
+		left += iov[i].iov_len;
+	/* skip empty entries as the cursor reaches them: seal_send() takes from at->i on */
+	while (left) {
+		uint32_t k = left < MIG_SEAL_MAX ? (uint32_t)left : MIG_SEAL_MAX;
 
-		while (left) {
-			size_t k = MIG_SEAL_MAX - ch->wlen < left ? MIG_SEAL_MAX - ch->wlen : left;
-
-			memcpy(ch->wbuf + HDR + ch->wlen, p, k);
-			ch->wlen += k;
-			p += k;
-			left -= k;
-			if (ch->wlen == MIG_SEAL_MAX && (ret = seal_send(ch, 0)) < 0)
-				return ret;
-		}
+		while (!at.iov[at.i].iov_len)
+			at.i++;
+		ret = seal_send(ch, &at, k, 0);
+		if (ret < 0)
+			return ret;
+		left -= k;
 	}
-	return ch->wlen ? seal_send(ch, 0) : 0;
+	return 0;
 }
 
 int mig_chan_close_write(struct mig_chan *ch)
@@ -296,7 +354,7 @@ int mig_chan_close_write(struct mig_chan *ch)
 	if (ch->sealed) {
 		if (ch->closed)
 			return 0;
-		ret = seal_send(ch, MIG_SEAL_LAST);
+		ret = seal_send(ch, &(struct iov_at){ 0 }, 0, MIG_SEAL_LAST);
 		ch->closed = true;
 		/* the direction's last key: nothing more is sealed under it, nor under any after it */
 		dir_end(&ch->tx);
@@ -304,34 +362,60 @@ int mig_chan_close_write(struct mig_chan *ch)
 	return ret < 0 ? ret : mig_conn_close_write(ch->c);
 }
 
+/*
+ * Raw bytes into rbuf + rend: at least len, and what else the socket
+ * holds up to max (a connection: the next record's header comes with
+ * this one).  The bytes read, fewer than len only at the end of the stream.
+ */
+static int raw_take(struct mig_chan *ch, size_t len, size_t max)
+{
+	int ret = ch->c ? mig_conn_read_ahead(ch->c, ch->rbuf + ch->rend, len, max)
+			: ch->raw.read(ch->raw.ctx, ch->rbuf + ch->rend, len);
+
+	if (ret > 0)
+		ch->rend += (size_t)ret;
+	return ret;
+}
+
 /* The next record, read whole and checked: 0, or -errno with ch->fail saying why. */
 static int open_record(struct mig_chan *ch)
 {
 	struct mig_seal h;
 	uint8_t iv[IV_SIZE], tag[MIG_SEAL_TAG], *payload = ch->rbuf + HDR;
-	int n, ok, ret = ch->raw.read(ch->raw.ctx, ch->rbuf, HDR);
+	size_t need;
+	int n, ok, ret;
 
-	if (ret >= 0 && ret < (int)HDR) {
-		ch->fail = FAIL_CUT;
-		return -EPIPE;
+	/* what followed the record before (its successor's header, read with it) goes first */
+	memmove(ch->rbuf, ch->rbuf + ch->rnext, ch->rend - ch->rnext);
+	ch->rend -= ch->rnext;
+	ch->rnext = ch->roff = ch->rlen = 0;
+	if (ch->rend < HDR) {
+		ret = raw_take(ch, HDR - ch->rend, HDR - ch->rend);
+		if (ret < 0)
+			return ret;
+		if (ch->rend < HDR) {
+			ch->fail = FAIL_CUT;
+			return -EPIPE;
+		}
 	}
-	if (ret < 0)
-		return ret;
 	memcpy(&h, ch->rbuf, HDR);
 	if (h.len > MIG_SEAL_MAX || (!h.len && !(h.flags & MIG_SEAL_LAST))) {
 		ch->fail = FAIL_LENGTH;
 		ch->fail_len = h.len;
 		return -EACCES;
 	}
-	ret = ch->raw.read(ch->raw.ctx, payload, h.len + MIG_SEAL_TAG);
-	if (ret >= 0 && ret < (int)(h.len + MIG_SEAL_TAG)) {
-		ch->fail = FAIL_CUT;
-		return -EPIPE;
-	}
-	if (ret < 0) {
-		/* the header is taken: the next read would take the payload for one */
-		ch->torn = true;
-		return ret;
+	need = HDR + h.len + MIG_SEAL_TAG;
+	if (ch->rend < need) {
+		ret = raw_take(ch, need - ch->rend, need + HDR - ch->rend);
+		if (ret < 0) {
+			/* the header is taken: the next read would take the payload for one */
+			ch->torn = true;
+			return ret;
+		}
+		if (ch->rend < need) {
+			ch->fail = FAIL_CUT;
+			return -EPIPE;
+		}
 	}
 	/* the record is here whole: under the key the sender used for it, if it counted as we do */
 	if (rekey_due(ch, &ch->rx, h.len) && rekey(&ch->rx) < 0)
@@ -357,6 +441,7 @@ static int open_record(struct mig_chan *ch)
 	ch->rx.bytes += h.len;
 	ch->roff = HDR;
 	ch->rlen = HDR + h.len;
+	ch->rnext = need;
 	ch->ended = h.flags & MIG_SEAL_LAST;
 	if (ch->ended)
 		dir_end(&ch->rx);
@@ -375,6 +460,11 @@ static int check_after_last(struct mig_chan *ch)
 
 	if (ch->at_end)
 		return 0;
+	/* read with the last record: a record's header, or anything */
+	if (ch->rend > ch->rnext) {
+		ch->fail = FAIL_AFTER;
+		return -EPROTO;
+	}
 	ret = ch->raw.read(ch->raw.ctx, &extra, 1);
 	if (ret > 0) {
 		ch->fail = FAIL_AFTER;
@@ -477,7 +567,7 @@ bool mig_chan_torn(const struct mig_chan *ch)
 
 size_t mig_chan_buffered(const struct mig_chan *ch)
 {
-	return (ch->rlen - ch->roff) + (ch->unread_len - ch->unread_off);
+	return (ch->rlen - ch->roff) + (ch->rend - ch->rnext) + (ch->unread_len - ch->unread_off);
 }
 
 struct mig_reader mig_chan_reader(struct mig_chan *ch)

@@ -215,9 +215,14 @@ void mig_conn_strerror(const struct mig_conn *c, int ret, char *buf, size_t len)
 
 int mig_conn_read(struct mig_conn *c, void *buf, size_t len)
 {
+	return mig_conn_read_ahead(c, buf, len, len);
+}
+
+int mig_conn_read_ahead(struct mig_conn *c, void *buf, size_t len, size_t max)
+{
 	size_t got = 0;
 
-	if (len > INT_MAX)
+	if (max > INT_MAX || max < len)
 		return -EINVAL;
 	while (got < len) {
 		struct io_uring_sqe *sqe;
@@ -226,7 +231,7 @@ int mig_conn_read(struct mig_conn *c, void *buf, size_t len)
 
 		if (ret == 0) {
 			sqe = io_uring_get_sqe(&c->ring);
-			io_uring_prep_recv(sqe, c->fd, (char *)buf + got, len - got, 0);
+			io_uring_prep_recv(sqe, c->fd, (char *)buf + got, max - got, 0);
 			ret = run(&c->ring, sqe, ns);
 		}
 		if (ret < 0) {

@@ -38,6 +38,13 @@ bool mig_conn_torn(const struct mig_conn *c);
  * -ETIMEDOUT, or -errno of the socket.
  */
 int mig_conn_read(struct mig_conn *c, void *buf, size_t len);
+/*
+ * The same, taking also what else the socket holds up to max bytes in
+ * all (len <= max <= INT_MAX), never waiting for more than len: one
+ * system call can bring a record and the next one's header.  Returns the
+ * bytes read, len .. max (fewer than len only at the end of the stream).
+ */
+int mig_conn_read_ahead(struct mig_conn *c, void *buf, size_t len, size_t max);
 /* Send all of iov[0..n); iov is consumed.  0, -ETIMEDOUT or -errno. */
 int mig_conn_writev(struct mig_conn *c, struct iovec *iov, int n);
 /* Nothing more will be sent: the peer reads the end of the stream. */
