@@ -35,6 +35,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include "chan-bench.h"
 #include "daemon.h"
 #include "dest.h"
 #include "gate.h"
@@ -60,6 +61,14 @@ static double now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static double cpu_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
 static int accept_next(void *ctx, uint64_t timeout_ms, char *err, size_t len)
@@ -99,19 +108,21 @@ static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int rea
 		struct testvm *tv = NULL;
 		struct mig_guest dg;
 		char err[256];
+		double cpu = 0;
 		int fd = -1;
 
 		/* the destination's memory is in place before the source connects */
 		if (mig_testvm_new(g, false, &tv, err, sizeof(err)) < 0 || mig_testvm_guest(tv, &dg) < 0 ||
-		    mig_guest_zero_known(&dg) < 0 || write(ready, "r", 1) != 1 ||
+		    mig_guest_zero_known(&dg) < 0 || write(ready, "r", 1) != 1 || (cpu = cpu_now()) < 0 ||
 		    (use_gate ? gate_recv(lfd, &dg, &o, &res, err, sizeof(err))
 			      : (fd = mig_accept(lfd, err, sizeof(err))) < 0 ? fd
 									     : mig_recv(&dg, fd, &o, &res, err, sizeof(err))) < 0 ||
-		    mig_testvm_resume_check(tv, 100, err, sizeof(err)) < 0) {
+		    (cpu = cpu_now() - cpu) < 0 || mig_testvm_resume_check(tv, 100, err, sizeof(err)) < 0) {
 			fprintf(stderr, "bench-migrate: destination: %s\n", err);
 			_exit(1);
 		}
-		_exit(0);
+		/* its CPU time from waiting for the source to the guest's handing over */
+		_exit(write(ready, &cpu, sizeof(cpu)) != sizeof(cpu));
 	}
 	return pid;
 }
@@ -200,6 +211,8 @@ static bool fill_all = true;
 static bool halted;
 /* the status of the next run's source (its control socket's), or NULL */
 static struct mig_status *run_status;
+/* the last run's CPU seconds: the source's process (its guest halted) and the destination's, each its own */
+static double run_cpu_src, run_cpu_dst;
 
 static int run(const char *name, const struct mig_testvm_opts *g, bool verify, struct mig_result *r)
 {
@@ -232,10 +245,9 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	if (!halted && testvm_spawn(tv) < 0)
 		return -1;
 	nanosleep(&(struct timespec){ 0, 300000000 }, NULL);
+	close(ready[1]);
 	if (read(ready[0], &c, 1) != 1)
 		c = 0;
-	close(ready[0]);
-	close(ready[1]);
 	for (i = 0; trickling && i < TRICKLERS; i++) {
 		trickling[i] = (struct trickler){ .addr = addr };
 		if (pthread_create(&trickling[i].thread, NULL, trickle, &trickling[i]))
@@ -243,14 +255,19 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	}
 	if (trickling) /* all of them in, trickling, before the source */
 		nanosleep(&(struct timespec){ 0, 500000000 }, NULL);
+	run_cpu_src = cpu_now();
 	fd = mig_connect(addr, 10000, err, sizeof(err));
 	ret = fd < 0 ? fd : mig_send(&sg, fd, &o, r, err, sizeof(err));
+	run_cpu_src = cpu_now() - run_cpu_src;
 	if (fd >= 0)
 		close(fd);
 	for (i = 0; trickling && i < TRICKLERS; i++)
 		trickling[i].stop = true;
 	for (i = 0; trickling && i < TRICKLERS; i++)
 		pthread_join(trickling[i].thread, NULL);
+	if (read(ready[0], &run_cpu_dst, sizeof(run_cpu_dst)) != sizeof(run_cpu_dst))
+		run_cpu_dst = 0;
+	close(ready[0]);
 	waitpid(pid, &st, 0);
 	if (!tcp)
 		unlink(addr + 5);
@@ -260,17 +277,6 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 		return -1;
 	}
 	return 0;
-}
-
-/* A buffer of size bytes, faulted in: filled with non-zero bytes, as guest memory is. */
-static uint8_t *faulted(uint64_t size, int byte)
-{
-	uint8_t *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-
-	if (p == MAP_FAILED)
-		return NULL;
-	memset(p, byte, size);
-	return p;
 }
 
 /*
@@ -295,7 +301,7 @@ static double raw_mbps(uint64_t bytes)
 		return 0;
 	pid = fork();
 	if (pid == 0) {
-		uint8_t *dst = faulted(size, 0);
+		uint8_t *dst = chanbench_faulted(size, 0);
 		uint64_t got = 0;
 		int c;
 
@@ -314,7 +320,7 @@ static double raw_mbps(uint64_t bytes)
 		_exit(write(c, "k", 1) != 1);
 	}
 	close(lfd);
-	src = faulted(size, 0x5a);
+	src = chanbench_faulted(size, 0x5a);
 	fd = src ? mig_connect(addr, 10000, err, sizeof(err)) : -1;
 	if (fd < 0) {
 		kill(pid, SIGKILL);
@@ -455,32 +461,107 @@ static int idle(int rounds)
 	return 0;
 }
 
+/* The sessions a benchmark compares: plain, sealed (MAC only), sealed and encrypted, over 1 and 2 connections. */
+static const struct bench_session {
+	const char *name;
+	bool psk, encrypt;
+	unsigned int conns;
+} sess_cfg[] = {
+	{ "plain", false, false, 1 },	  { "psk", true, false, 1 },	 { "psk+encrypt", true, true, 1 },
+	{ "plain", false, false, 2 }, { "psk", true, false, 2 }, { "psk+encrypt", true, true, 2 },
+};
+enum { NSESS = sizeof(sess_cfg) / sizeof(sess_cfg[0]) };
+
+/* The cipher alone on this CPU, over the channel's records: the limit a sealed channel is measured against. */
+static double cipher_line(void)
+{
+	double c[3];
+
+	if (chanbench_cipher(MIG_SEAL_MAX, 0.5, c) < 0) {
+		fprintf(stderr, "bench-migrate: the cipher failed\n");
+		return 0;
+	}
+	printf("cipher aes-256-gcm record_kib=%u mibps=%.0f open_mibps=%.0f mac_only_mibps=%.0f\n", MIG_SEAL_MAX >> 10,
+	       c[0], c[1], c[2]);
+	fflush(stdout);
+	return c[0];
+}
+
+/*
+ * The channel alone (chan-bench.c, no guest: any host), 2 GiB over TCP
+ * loopback in each session, rounds of all six in turn: the medians, each
+ * against plain over the same connections.
+ */
+static int channel(int rounds)
+{
+	struct chanbench_result r[NSESS][16];
+	double v[16], mibps[NSESS], src[NSESS], dst[NSESS];
+	struct chanbench_cfg cfg = { .bytes = UINT64_C(2) << 30 };
+	int i, k;
+
+	if (rounds > 16)
+		rounds = 16;
+	if (getrandom(cfg.key, sizeof(cfg.key), 0) != sizeof(cfg.key))
+		return -1;
+	for (i = 0; i < rounds; i++) {
+		for (k = 0; k < NSESS; k++) {
+			cfg.sealed = sess_cfg[k].psk;
+			cfg.encrypt = sess_cfg[k].encrypt;
+			cfg.conns = sess_cfg[k].conns;
+			if (chanbench_run(&cfg, &r[k][i]) < 0) {
+				fprintf(stderr, "bench-migrate: channel %s conns=%u: an end failed\n", sess_cfg[k].name,
+					cfg.conns);
+				return -1;
+			}
+		}
+	}
+	for (k = 0; k < NSESS; k++) {
+		int base = sess_cfg[k].conns > 1 ? 3 : 0;
+
+		for (i = 0; i < rounds; i++)
+			v[i] = r[k][i].mibps;
+		mibps[k] = median(v, rounds);
+		for (i = 0; i < rounds; i++)
+			v[i] = r[k][i].cpu_s_per_gib_src;
+		src[k] = median(v, rounds);
+		for (i = 0; i < rounds; i++)
+			v[i] = r[k][i].cpu_s_per_gib_dst;
+		dst[k] = median(v, rounds);
+		printf("channel net=loopback session=%s conns=%u runs=%d mibps=%.0f vs_plain=%.2f cpu_s_per_gib_src=%.3f "
+		       "cpu_s_per_gib_dst=%.3f\n",
+		       sess_cfg[k].name, sess_cfg[k].conns, rounds, mibps[k], mibps[base] > 0 ? mibps[k] / mibps[base] : 0,
+		       src[k], dst[k]);
+	}
+	for (k = 0; k < NSESS; k++) {
+		printf("  %-11s conns=%u:", sess_cfg[k].name, sess_cfg[k].conns);
+		for (i = 0; i < rounds; i++)
+			printf(" %.0f", r[k][i].mibps);
+		printf(" MiB/s\n");
+	}
+	fflush(stdout);
+	return 0;
+}
+
 /*
  * The idle 2 GiB guest (all memory non-zero, verified) over TCP loopback
- * in each session: plain, --psk, --psk --encrypt, and each of those over
- * two connections; rounds of all six in turn, the median total time of
- * each and its ratio to its baseline (plain, or the same over one
- * connection).  On two CPUs that both ends share, one connection already
- * keeps both busy: these are figures, not goals.
+ * in each session: plain, --psk (MAC only), --psk --encrypt, over one
+ * connection and over two; rounds of all six in turn.  Each line: the
+ * medians of the rate (guest MiB a second), the ratio to plain over the
+ * same connections, and each end's CPU seconds per GiB of guest; first
+ * the cipher alone on this CPU, the limit, and the channel alone.
  */
 static int sessions(int rounds)
 {
-	static const struct {
-		const char *name;
-		bool psk, encrypt;
-		unsigned int conns;
-	} cfg[] = {
-		{ "plain", false, false, 1 },	  { "psk", true, false, 1 },	 { "psk+encrypt", true, true, 1 },
-		{ "plain-2conn", false, false, 2 }, { "psk-2conn", true, false, 2 }, { "psk+encrypt-2conn", true, true, 2 },
-	};
-	enum { NCFG = sizeof(cfg) / sizeof(cfg[0]) };
 	struct mig_testvm_opts g = { .mib = GUEST_MIB, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG };
-	double ms[NCFG][16], m[NCFG];
+	double ms[NSESS][16], src[NSESS][16], dst[NSESS][16], m[NSESS], v[16];
+	const double gib = GUEST_MIB / 1024.0;
 	struct mig_result r;
 	int i, k;
 
 	if (rounds > 16)
 		rounds = 16;
+	if (!cipher_line() || channel(rounds) < 0)
+		return -1;
 	tcp = true;
 	fill_all = true;
 	halted = true;
@@ -488,32 +569,38 @@ static int sessions(int rounds)
 	if (getrandom(bench_psk.key, 32, 0) != 32)
 		return -1;
 	for (i = 0; i < rounds; i++) {
-		for (k = 0; k < NCFG; k++) {
-			psk = cfg[k].psk ? &bench_psk : NULL;
-			encrypt = cfg[k].encrypt;
-			conns = cfg[k].conns;
-			if (run(cfg[k].name, &g, true, &r) < 0)
+		for (k = 0; k < NSESS; k++) {
+			psk = sess_cfg[k].psk ? &bench_psk : NULL;
+			encrypt = sess_cfg[k].encrypt;
+			conns = sess_cfg[k].conns;
+			if (run(sess_cfg[k].name, &g, true, &r) < 0)
 				return -1;
 			ms[k][i] = r.total_ms;
+			src[k][i] = run_cpu_src / gib;
+			dst[k][i] = run_cpu_dst / gib;
 		}
 	}
 	psk = NULL;
 	encrypt = false;
 	conns = 1;
 	halted = false;
-	for (k = 0; k < NCFG; k++) {
-		int base = cfg[k].conns > 1 ? k - 3 : 0;
-
+	for (k = 0; k < NSESS; k++)
 		m[k] = median(ms[k], rounds);
-		printf("migrate net=loopback guest_gib=%.1f fill=all verify=on%s session=%s runs=%d total_ms=%.1f mbps=%.0f",
-		       GUEST_MIB / 1024.0, inline_hash ? " inline_hash" : "", cfg[k].name, rounds, m[k],
-		       (double)GUEST_MIB / (m[k] / 1e3));
-		if (k)
-			printf(" vs_%s=%.2f", cfg[base].name, m[base] > 0 ? m[k] / m[base] : 0);
-		printf("\n");
+	for (k = 0; k < NSESS; k++) {
+		int base = sess_cfg[k].conns > 1 ? 3 : 0;
+		double cs, cd;
+
+		memcpy(v, src[k], sizeof(v));
+		cs = median(v, rounds);
+		memcpy(v, dst[k], sizeof(v));
+		cd = median(v, rounds);
+		printf("migrate net=loopback guest_gib=%.1f fill=all verify=on%s session=%s conns=%u runs=%d total_ms=%.1f "
+		       "mibps=%.0f vs_plain=%.2f cpu_s_per_gib_src=%.3f cpu_s_per_gib_dst=%.3f\n",
+		       gib, inline_hash ? " inline_hash" : "", sess_cfg[k].name, sess_cfg[k].conns, rounds, m[k],
+		       GUEST_MIB / (m[k] / 1e3), m[k] > 0 ? m[base] / m[k] : 0, cs, cd);
 	}
-	for (k = 0; k < NCFG; k++) {
-		printf("  %-18s:", cfg[k].name);
+	for (k = 0; k < NSESS; k++) {
+		printf("  %-11s conns=%u:", sess_cfg[k].name, sess_cfg[k].conns);
 		for (i = 0; i < rounds; i++)
 			printf(" %.0f", ms[k][i]);
 		printf(" ms\n");
@@ -1003,9 +1090,11 @@ int main(int argc, char **argv)
 	bool all = !strcmp(what, "all");
 
 	signal(SIGPIPE, SIG_IGN);
-	/* the one measure that needs no guest */
+	/* the measures that need no guest */
 	if (!strcmp(what, "handoff-alone"))
 		return handoff_alone() < 0;
+	if (!strcmp(what, "channel"))
+		return !cipher_line() || channel(rounds) < 0;
 	if (kvm_host_check("bench-migrate: "))
 		return KVM_HOST_MISSING_EXIT;
 	if (rounds < 1)
