@@ -714,8 +714,13 @@ START_TEST(flipped_byte_anywhere_refused)
 }
 END_TEST
 
-/* buf sealed under k as a sender seals it, a writev each chunk bytes, then the last record: the wire. */
-static struct wire seal_chunks(const struct mig_chan_keys *k, const uint8_t *buf, size_t len, size_t chunk)
+/*
+ * buf sealed under k as a sender seals it, a writev each chunk bytes, in
+ * records of up to record bytes (0: the sender's own size), then the last
+ * record: the wire.
+ */
+static struct wire seal_chunks(const struct mig_chan_keys *k, const uint8_t *buf, size_t len, size_t chunk,
+			       uint32_t record)
 {
 	struct fake_drain d = { 0 };
 	struct wire w;
@@ -730,6 +735,7 @@ static struct wire seal_chunks(const struct mig_chan_keys *k, const uint8_t *buf
 	a.fd = sv[0];
 	ck_assert_ok(mig_conn_new(sv[0], T_MS, &a.c));
 	ck_assert_ok(mig_chan_new(a.c, k, &a.ch));
+	mig_chan_set_record_for_tests(a.ch, record);
 	for (pos = 0; pos < len; pos += chunk) {
 		struct iovec iov = { (void *)(buf + pos), len - pos < chunk ? len - pos : chunk };
 
@@ -822,6 +828,43 @@ START_TEST(records_in_pieces_whole)
 }
 END_TEST
 
+/* One writev of 200 KiB: records of MIG_SEAL_RECORD bytes and the rest, then the last one; read back whole. */
+START_TEST(sender_records_sized)
+{
+	const bool encrypt = _i;
+	const size_t len = 200 << 10, hdr = sizeof(struct mig_seal);
+	uint8_t *buf = malloc(len), *got = malloc(len);
+	struct mig_chan_keys k = keys_of(false, encrypt);
+	struct wire w;
+	unsigned int i;
+
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_ptr_nonnull(got);
+	fill(buf, len, 3);
+	w = seal_chunks(&k, buf, len, len, 0);
+	ck_assert_uint_eq(w.n, (len + MIG_SEAL_RECORD - 1) / MIG_SEAL_RECORD + 1);
+	for (i = 0; i + 1 < w.n; i++)
+		ck_assert_uint_eq(w.off[i + 1] - w.off[i] - hdr - MIG_SEAL_TAG,
+				  i + 2 < w.n ? MIG_SEAL_RECORD : len % MIG_SEAL_RECORD);
+	ck_assert_uint_eq(w.off[w.n] - w.off[w.n - 1], hdr + MIG_SEAL_TAG);
+	{
+		struct mem_stream m = { .buf = w.buf, .len = w.len };
+		struct mig_reader rd = { .read = mem_read, .describe = mem_describe, .ctx = &m };
+		struct mig_chan_keys kb = keys_of(true, encrypt);
+		struct mig_chan *ch;
+
+		ck_assert_ok(mig_chan_new_reader(&rd, &kb, &ch));
+		ck_assert_int_eq(mig_chan_read(ch, got, len), (int)len);
+		ck_assert_mem_eq(got, buf, len);
+		ck_assert_int_eq(mig_chan_read(ch, got, 1), 0);
+		mig_chan_free(ch);
+	}
+	free(w.buf);
+	free(buf);
+	free(got);
+}
+END_TEST
+
 /* A record of the largest size: its header and tag every byte, its payload every 509th and its ends. */
 START_TEST(flipped_byte_in_largest_record_refused)
 {
@@ -840,7 +883,7 @@ START_TEST(flipped_byte_in_largest_record_refused)
 	ck_assert_ptr_nonnull(got);
 	fill(big, MIG_SEAL_MAX, 9);
 	k = keys_of(false, encrypt);
-	w = seal_chunks(&k, big, MIG_SEAL_MAX, MIG_SEAL_MAX);
+	w = seal_chunks(&k, big, MIG_SEAL_MAX, MIG_SEAL_MAX, MIG_SEAL_MAX); /* larger than a sender's own */
 	ck_assert_uint_eq(w.n, 2); /* the record, then the last one */
 	for (pos = 0; pos < len; pos = pos < hdr || pos + MIG_SEAL_TAG + 1 >= len ? pos + 1 : pos + 509) {
 		w.buf[pos] ^= 0x10;
@@ -943,7 +986,7 @@ START_TEST(dest_uses_nothing_of_a_refused_record)
 	ck_assert_ptr_nonnull(plain);
 	plain_len = data_stream(plain, page_at);
 	/* sealed as the source seals it: a writev a chunk */
-	w = seal_chunks(&keys, plain, plain_len, DS_CHUNK);
+	w = seal_chunks(&keys, plain, plain_len, DS_CHUNK, 0);
 	ck_assert_uint_eq(w.n, (plain_len + DS_CHUNK - 1) / DS_CHUNK + 1);
 	wire = malloc(FAKE_SEALED_HDR + w.len);
 	memcpy(wire, FAKE_SEALED_MAGIC, 8);
@@ -1208,6 +1251,7 @@ int main(void)
 	tcase_add_loop_test(tc, bytes_count_toward_the_limit, 0, 2);
 	tcase_add_test(tc, keys_as_documented);
 	tcase_add_loop_test(tc, records_in_pieces_whole, 0, 2);
+	tcase_add_loop_test(tc, sender_records_sized, 0, 2);
 	tcase_add_loop_test(tc, flipped_byte_anywhere_refused, 0, 2);
 	tcase_add_loop_test(tc, flipped_byte_in_largest_record_refused, 0, 2);
 	tcase_add_loop_test(tc, dest_uses_nothing_of_a_refused_record, 0, 2);

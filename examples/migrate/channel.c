@@ -76,7 +76,8 @@ struct mig_chan {
 	bool sealed, encrypt;
 	uint32_t conn;
 	uint64_t rekey_records, rekey_bytes; /* a key seals at most this many records, this much payload */
-	/* sending: one record at a time, [struct mig_seal][payload][tag] */
+	/* sending: one record at a time, [struct mig_seal][payload][tag], of up to record bytes of payload */
+	uint32_t record;
 	struct seal_dir tx;
 	uint8_t *wbuf;
 	bool closed; /* MIG_SEAL_LAST sent */
@@ -137,11 +138,12 @@ static int chan_new(struct mig_conn *c, const struct mig_reader *raw, const stru
 	ch->raw = c ? (struct mig_reader){ .read = conn_read, .describe = conn_describe, .ctx = c } : *raw;
 	ch->rekey_records = MIG_SEAL_REKEY_RECORDS;
 	ch->rekey_bytes = MIG_SEAL_REKEY_BYTES;
+	ch->record = MIG_SEAL_RECORD;
 	if (keys) {
 		ch->sealed = true;
 		ch->encrypt = keys->encrypt;
 		ch->conn = keys->conn;
-		ch->wbuf = malloc(HDR + MIG_SEAL_MAX + MIG_SEAL_TAG);
+		ch->wbuf = malloc(HDR + MIG_SEAL_MAX + MIG_SEAL_TAG); /* a record of any size the tests set */
 		ch->rbuf = malloc(RBUF_SIZE);
 		if (!dir_init(&ch->tx, keys->send, true) || !dir_init(&ch->rx, keys->recv, false) || !ch->wbuf ||
 		    !ch->rbuf) {
@@ -181,6 +183,11 @@ void mig_chan_set_rekey_limit_for_tests(struct mig_chan *ch, uint64_t records, u
 {
 	ch->rekey_records = records ? records : MIG_SEAL_REKEY_RECORDS;
 	ch->rekey_bytes = bytes ? bytes : MIG_SEAL_REKEY_BYTES;
+}
+
+void mig_chan_set_record_for_tests(struct mig_chan *ch, uint32_t bytes)
+{
+	ch->record = bytes && bytes <= MIG_SEAL_MAX ? bytes : MIG_SEAL_RECORD;
 }
 
 struct mig_conn *mig_chan_conn(struct mig_chan *ch)
@@ -333,7 +340,7 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
 		left += iov[i].iov_len;
 	/* skip empty entries as the cursor reaches them: seal_send() takes from at->i on */
 	while (left) {
-		uint32_t k = left < MIG_SEAL_MAX ? (uint32_t)left : MIG_SEAL_MAX;
+		uint32_t k = left < ch->record ? (uint32_t)left : ch->record;
 
 		while (!at.iov[at.i].iov_len)
 			at.i++;

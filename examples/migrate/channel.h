@@ -39,6 +39,13 @@
 #define MIG_SEAL_KEY 32
 #define MIG_SEAL_TAG 16
 #define MIG_SEAL_MAX (256u << 10) /* payload bytes of one sealed record, at most */
+/*
+ * Payload bytes a sender puts in a record, at most: sized for the cipher
+ * and the socket together (the record sealed and sent while it is in
+ * cache; 64 KiB measured faster than 32, 128 or 256 KiB, doc/benchmarks.md).
+ * A receiver takes any length up to MIG_SEAL_MAX.
+ */
+#define MIG_SEAL_RECORD (64u << 10)
 #define MIG_SEAL_LAST (1u << 0)
 /* a key seals at most this many records, and at most this many bytes of payload */
 #define MIG_SEAL_REKEY_RECORDS (UINT64_C(1) << 24)
@@ -80,7 +87,7 @@ struct mig_conn *mig_chan_conn(struct mig_chan *ch);
  */
 int mig_chan_unread(struct mig_chan *ch, const void *buf, size_t len);
 
-/* mig_conn_writev()'s contract; sealed, the bytes go in records of up to MIG_SEAL_MAX. */
+/* mig_conn_writev()'s contract; sealed, the bytes go in records of up to MIG_SEAL_RECORD. */
 int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n);
 /*
  * mig_conn_read()'s contract.  Sealed: only bytes of records whose tag
@@ -119,5 +126,7 @@ struct mig_reader mig_chan_reader(struct mig_chan *ch);
  * the same limits, set before the first record.
  */
 void mig_chan_set_rekey_limit_for_tests(struct mig_chan *ch, uint64_t records, uint64_t bytes);
+/* For tests only: records of up to bytes of payload (1 .. MIG_SEAL_MAX; 0: MIG_SEAL_RECORD) from now on. */
+void mig_chan_set_record_for_tests(struct mig_chan *ch, uint32_t bytes);
 
 #endif
