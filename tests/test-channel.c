@@ -15,6 +15,14 @@
  *     dropped or replayed across a change of key is refused; bytes count
  *     toward the limit, not only records; the keys and nonces are the ones
  *     channel.h documents, as computed apart from the engine;
+ *   - a byte flipped anywhere in a record (every byte of a short stream's
+ *     records, over a socket and from memory; a 256 KiB record's header,
+ *     tag and every 509th payload byte): the record refused and none of
+ *     its bytes in the reader's buffer; through the destination's decoder,
+ *     none of the page bytes it or a later record carried in guest memory;
+ *   - records trickled a few bytes at a time come through whole (the
+ *     receiver reads a record with the next one's header when it can);
+ *     a sender cuts its records at MIG_SEAL_RECORD;
  *   - the destination (mig_recv()) ends each of its directions with its
  *     last record, and answers a stream it refuses for its deadline.
  */
@@ -865,6 +873,63 @@ START_TEST(sender_records_sized)
 }
 END_TEST
 
+/* Empty entries (a NULL base) among a writev's, inside a record and at its ends: the bytes arrive as they were. */
+START_TEST(empty_entries_sealed)
+{
+	const bool encrypt = _i;
+	uint8_t buf[150], got[150];
+	struct iovec iov[] = { { NULL, 0 }, { buf, 100 }, { NULL, 0 }, { buf + 100, 50 }, { NULL, 0 } };
+	struct end a, b;
+	int sv[2];
+
+	fill(buf, sizeof(buf), 5);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	end_open(&a, sv[0], false, encrypt, 0, 0);
+	end_open(&b, sv[1], true, encrypt, 0, 0);
+	ck_assert_ok(mig_chan_writev(a.ch, iov, 5));
+	ck_assert_ok(mig_chan_writev(a.ch, iov, 1)); /* nothing at all: no record */
+	ck_assert_ok(mig_chan_close_write(a.ch));
+	ck_assert_int_eq(mig_chan_read(b.ch, got, sizeof(got)), (int)sizeof(got));
+	ck_assert_mem_eq(got, buf, sizeof(got));
+	ck_assert_int_eq(mig_chan_read(b.ch, got, 1), 0);
+	end_close(&a);
+	end_close(&b);
+}
+END_TEST
+
+/*
+ * A record's header arrives and its payload does not, past the reader's
+ * timeout: nothing was lost (the header stays with the channel), so the
+ * channel is not torn and, once the rest comes, the record reads whole.
+ */
+START_TEST(timeout_after_header_reads_on)
+{
+	const bool encrypt = _i;
+	static const size_t sizes[] = { 100 };
+	uint8_t got[100], want[100];
+	struct wire w;
+	struct end b;
+	int sv[2];
+
+	wire_seal(&w, encrypt, 0, 0, sizes, 1, true);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	end_open(&b, sv[1], true, encrypt, 0, 0);
+	mig_conn_set_timeout(b.c, 100);
+	write_exact(sv[0], w.buf, sizeof(struct mig_seal));
+	ck_assert_int_eq(mig_chan_read(b.ch, got, sizeof(got)), -ETIMEDOUT);
+	ck_assert_msg(!mig_chan_torn(b.ch), "a wait that lost nothing said torn");
+	write_exact(sv[0], w.buf + sizeof(struct mig_seal), w.len - sizeof(struct mig_seal));
+	shutdown(sv[0], SHUT_WR);
+	ck_assert_int_eq(mig_chan_read(b.ch, got, sizeof(got)), (int)sizeof(got));
+	fill(want, sizeof(want), 0);
+	ck_assert_mem_eq(got, want, sizeof(got));
+	ck_assert_int_eq(mig_chan_read(b.ch, got, 1), 0);
+	end_close(&b);
+	close(sv[0]);
+	free(w.buf);
+}
+END_TEST
+
 /* A record of the largest size: its header and tag every byte, its payload every 509th and its ends. */
 START_TEST(flipped_byte_in_largest_record_refused)
 {
@@ -1252,6 +1317,8 @@ int main(void)
 	tcase_add_test(tc, keys_as_documented);
 	tcase_add_loop_test(tc, records_in_pieces_whole, 0, 2);
 	tcase_add_loop_test(tc, sender_records_sized, 0, 2);
+	tcase_add_loop_test(tc, empty_entries_sealed, 0, 2);
+	tcase_add_loop_test(tc, timeout_after_header_reads_on, 0, 2);
 	tcase_add_loop_test(tc, flipped_byte_anywhere_refused, 0, 2);
 	tcase_add_loop_test(tc, flipped_byte_in_largest_record_refused, 0, 2);
 	tcase_add_loop_test(tc, dest_uses_nothing_of_a_refused_record, 0, 2);

@@ -300,7 +300,7 @@ static int seal_send(struct mig_chan *ch, struct iov_at *at, uint32_t len, uint3
 			k = MAC_PIECE;
 		if (ch->encrypt) {
 			ok = EVP_EncryptUpdate(ch->tx.ctx, out, &n, p, (int)k) == 1;
-		} else {
+		} else if (k) { /* an empty entry's base may be NULL */
 			memcpy(out, p, k);
 			ok = EVP_EncryptUpdate(ch->tx.ctx, NULL, &n, out, (int)k) == 1;
 		}
@@ -414,11 +414,14 @@ static int open_record(struct mig_chan *ch)
 	need = HDR + h.len + MIG_SEAL_TAG;
 	if (ch->rend < need) {
 		ret = raw_take(ch, need - ch->rend, need + HDR - ch->rend);
-		if (ret < 0) {
-			/* the header is taken: the next read would take the payload for one */
-			ch->torn = true;
+		/*
+		 * A wait that gave up: the header and what came of the record
+		 * before it stay in rbuf, so the next read goes on from there;
+		 * a wait that gave up after it took bytes lost them
+		 * (mig_conn_torn(), and so mig_chan_torn()).
+		 */
+		if (ret < 0)
 			return ret;
-		}
 		if (ch->rend < need) {
 			ch->fail = FAIL_CUT;
 			return -EPIPE;

@@ -104,7 +104,12 @@ int mig_chan_read(struct mig_chan *ch, void *buf, size_t len);
  * gone: the next read would not start where a message does (transport.h).
  */
 bool mig_chan_torn(const struct mig_chan *ch);
-/* Bytes the channel holds that no read has handed on yet (a sealed record's rest, bytes given back). */
+/*
+ * Bytes the channel holds that no read has handed on yet: a sealed
+ * record's rest, bytes given back, and bytes read ahead of the next
+ * record (its header, or part of it, not yet checked).  Any of them
+ * after the stream's END is a byte the peer sent after it.
+ */
 size_t mig_chan_buffered(const struct mig_chan *ch);
 /*
  * Nothing more will be sent (sealed: the MIG_SEAL_LAST record first, once;
