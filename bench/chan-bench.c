@@ -36,6 +36,7 @@
 #define RUN_PAGES 256u
 #define READ_PAGES 32u
 #define PAGE 4096u
+#define STAGE (READ_PAGES * PAGE) /* a staged end's buffer: 128 KiB */
 
 static double mono_s(void) {
   struct timespec ts;
@@ -134,6 +135,7 @@ struct lane {
   unsigned int index;
   const struct chanbench_cfg *cfg;
   uint8_t *buf; /* this lane's part of the 1 GiB buffer */
+  uint8_t stage[STAGE]; /* cfg->staged: the pages pass through here */
   uint64_t buf_bytes, bytes;
   int ret;
   pthread_t thread;
@@ -179,7 +181,19 @@ static void *send_lane(void *p) {
 
     rec.first = off / PAGE;
     rec.count = n / PAGE;
-    l->ret = mig_chan_writev(ch, iov, 3);
+    if (l->cfg->staged) {
+      uint64_t k;
+
+      l->ret = mig_chan_writev(ch, iov, 2);
+      for (k = 0; l->ret == 0 && k < n; k += STAGE) {
+        struct iovec one = {l->stage, n - k < STAGE ? n - k : STAGE};
+
+        memcpy(l->stage, l->buf + off + k, one.iov_len);
+        l->ret = mig_chan_writev(ch, &one, 1);
+      }
+    } else {
+      l->ret = mig_chan_writev(ch, iov, 3);
+    }
     left -= n;
     off = (off + n) % l->buf_bytes;
   }
@@ -215,10 +229,14 @@ static void *recv_lane(void *p) {
       break;
     }
     for (done = 0; done < rec.count && l->ret == 0; done += n) {
+      uint8_t *to = l->buf + (rec.first + done) * PAGE;
+
       n = rec.count - done < READ_PAGES ? rec.count - done : READ_PAGES;
-      if (mig_chan_read(ch, l->buf + (rec.first + done) * PAGE, n * PAGE) !=
+      if (mig_chan_read(ch, l->cfg->staged ? l->stage : to, n * PAGE) !=
           (int)(n * PAGE))
         l->ret = -EPROTO;
+      else if (l->cfg->staged)
+        memcpy(to, l->stage, n * PAGE);
     }
     got += rec.count * PAGE;
   }

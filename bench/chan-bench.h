@@ -11,6 +11,12 @@
 
 struct chanbench_cfg {
   bool sealed, encrypt;
+  /*
+   * plain, each end's pages through a buffer of STAGE bytes in cache (a
+   * user-space copy each end, as sealing makes): the socket's own cost
+   * with the pages' copies in user space, not the kernel's
+   */
+  bool staged;
   unsigned int conns;
   uint64_t bytes; /* in all, a multiple of 1 MiB a connection */
   uint8_t key[2][32];
