@@ -338,10 +338,14 @@ int chanbench_run(const struct chanbench_cfg *cfg,
   pid[0] = end_child(cfg, lfd, ntohs(sin.sin_port), false, p[0][1]);
   pid[1] = end_child(cfg, lfd, ntohs(sin.sin_port), true, p[1][1]);
   close(lfd);
-  for (i = 0; i < 2; i++) {
-    close(p[i][1]);
+  close(p[0][1]);
+  close(p[1][1]);
+  /* the sender first: a sender that failed leaves the receiver waiting for it */
+  for (i = 1; i >= 0; i--) {
     ok &= read(p[i][0], r[i], sizeof(r[i])) == (ssize_t)sizeof(r[i]);
     close(p[i][0]);
+    if (!ok && i == 1 && pid[0] > 0)
+      kill(pid[0], SIGKILL);
   }
   for (i = 0; i < 2; i++)
     ok &= pid[i] > 0 && waitpid(pid[i], &st[i], 0) == pid[i] &&
