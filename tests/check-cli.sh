@@ -50,9 +50,17 @@ if [ "$kvm_status" = 77 ]; then
 	expect 77 "kvmdirty-vmm: /dev/kvm: " "$vmm" -v 1 -m 8 -p 1
 	expect 77 "kvmdirty-migrate: /dev/kvm: " "$migrate" listen unix:/tmp/x -m 4 -v 1
 	expect 77 "kvmdirty-migrate: /dev/kvm: " "$migrate" demo -m 64 -v 1
+	expect 77 "kvmdirty-migrate: /dev/kvm: " "$migrate" rate -m 64 -v 1 --count 1
+	expect 77 "kvmdirty-migrate: /dev/kvm: " "$migrate" rate -m 64 -v 1 --count 1 --during-migration
 fi
 
 expect 2 "unknown command 'fly'" "$migrate" fly
+expect 2 "--interval '5'" "$migrate" rate --interval 5
+expect 2 "--count 'x'" "$migrate" rate --count x
+expect 2 "unexpected argument 'now'" "$migrate" rate now
+expect 2 "are rate's options" "$migrate" send unix:/tmp/x --json
+expect 2 "are rate's options" "$migrate" listen unix:/tmp/x --during-migration
+expect 2 "--vcpu 3: the guest has 2 vCPUs" "$migrate" rate --vcpu 3=idle
 expect 2 "probe takes no arguments" "$migrate" probe now
 expect 2 "needs an address" "$migrate" send
 expect 2 "-m 'lots'" "$migrate" send unix:/tmp/x -m lots

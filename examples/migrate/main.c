@@ -6,6 +6,7 @@
  *   kvmdirty-migrate listen ADDR [guest options] [--run-ms MS] [-T MS] [--deadline S]
  *   kvmdirty-migrate send ADDR [guest options] [migration options]
  *   kvmdirty-migrate demo
+ *   kvmdirty-migrate rate [guest options] [--interval MS] [--count N] [--json] [--during-migration]
  *   kvmdirty-migrate plot STATS.json [-o OUT.svg]
  *   kvmdirty-migrate genkey FILE
  *
@@ -75,6 +76,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +94,7 @@
 #include "hostmem.h"
 #include "keyfile.h"
 #include "plot.h"
+#include "rate.h"
 #include "source.h"
 #include "testguest.h"
 
@@ -117,6 +120,9 @@ struct args {
 	struct mig_psk psk;
 	const char *control; /* --control PATH, or NULL */
 	struct mig_daemon *d;
+	/* rate: every interval_ms, count times (0: until interrupted), as JSON, beside a migration */
+	uint64_t rate_interval_ms, rate_count;
+	bool rate_json, rate_migrate, rate_opts; /* rate_opts: one of them given */
 };
 
 static void usage(void)
@@ -130,6 +136,8 @@ static void usage(void)
 			"                              [--stats FILE] [--baseline MS] [--run-ms MS] [--psk FILE] [--encrypt]\n"
 			"                              [--peer-name NAME] [--connections N] [--control PATH] [--max-bandwidth MIB_PER_S]\n"
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
+			"       kvmdirty-migrate rate [guest options] [--interval MS] [--count N] [--json]\n"
+			"                             [--during-migration [send options]]   (the test guest's dirty rate)\n"
 			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
 			"       kvmdirty-migrate probe                   (what this host's KVM offers; 77 where none)\n"
 			"       kvmdirty-migrate genkey FILE             (a new key for --psk, in a new file, mode 0600)\n"
@@ -229,6 +237,10 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "name", required_argument, NULL, 'A' },
 		{ "peer-name", required_argument, NULL, 'P' },
 		{ "max-bandwidth", required_argument, NULL, 'Y' },
+		{ "interval", required_argument, NULL, 'I' },
+		{ "count", required_argument, NULL, 'J' },
+		{ "json", no_argument, NULL, 'G' },
+		{ "during-migration", no_argument, NULL, 'U' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -247,6 +259,8 @@ static int parse(int argc, char **argv, struct args *a)
 	a->recv = (struct mig_recv_opts){ .timeout_ms = 30000, .inline_hash = a->send.inline_hash };
 	a->run_ms = 1000;
 	a->mode = "clear-log";
+	a->rate_interval_ms = 1000;
+	a->rate_count = 10;
 	optind = 2;
 	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:T:h", longopts, NULL)) != -1) {
 		switch (c) {
@@ -374,6 +388,22 @@ static int parse(int argc, char **argv, struct args *a)
 			else
 				a->send.peer_name = optarg;
 			break;
+		case 'I':
+			if (cli_number("kvmdirty-migrate", "--interval", optarg, 10, 3600000, &a->rate_interval_ms))
+				return -1;
+			a->rate_opts = true;
+			break;
+		case 'J':
+			if (cli_number("kvmdirty-migrate", "--count", optarg, 0, UINT32_MAX, &a->rate_count))
+				return -1;
+			a->rate_opts = true;
+			break;
+		case 'G':
+			a->rate_json = a->rate_opts = true;
+			break;
+		case 'U':
+			a->rate_migrate = a->rate_opts = true;
+			break;
 		case 'h':
 			usage();
 			exit(0);
@@ -391,6 +421,10 @@ static int parse(int argc, char **argv, struct args *a)
 				a->guest.vcpus);
 			return -1;
 		}
+	}
+	if (a->rate_opts && strcmp(a->cmd, "rate")) {
+		fprintf(stderr, "kvmdirty-migrate: --interval, --count, --json and --during-migration are rate's options\n");
+		return -1;
 	}
 	if (!a->baseline_set && a->stats)
 		a->send.baseline_ms = 500;
@@ -639,28 +673,30 @@ static int cmd_send(struct args *a)
 	return status;
 }
 
-static int cmd_demo(struct args *a)
+/*
+ * The destination of a migration over a Unix socket of this process's, in
+ * a child: its pid, or -1 (said why).  Forked before the source's guest
+ * and threads exist: no thread of ours is in the child.
+ */
+static pid_t fork_destination(struct args *a, char *addr, size_t len)
 {
-	char addr[108], err[256];
-	int lfd, status, wstatus, ret;
 	struct mig_daemon d;
-	struct testvm *tv;
+	char err[256];
+	int lfd, ret;
 	pid_t pid;
 
-	snprintf(addr, sizeof(addr), "unix:/tmp/kvmdirty-demo-%d.sock", (int)getpid());
+	snprintf(addr, len, "unix:/tmp/kvmdirty-%s-%d.sock", a->cmd, (int)getpid());
 	a->addr = addr;
-	printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB flat out, tracked with %s, over %s\n",
-	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->mode, addr);
-	fflush(stdout);
 	lfd = mig_listen(addr, err, sizeof(err));
 	if (lfd < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
-		return 1;
+		return -1;
 	}
 	pid = fork();
 	if (pid < 0) {
 		fprintf(stderr, "kvmdirty-migrate: fork: %s\n", strerror(errno));
-		return 1;
+		close(lfd);
+		return -1;
 	}
 	if (pid == 0) {
 		/* the destination's own status; --control is the source's */
@@ -674,12 +710,136 @@ static int cmd_demo(struct args *a)
 		_exit(ret ? 1 : 0);
 	}
 	close(lfd);
+	return pid;
+}
+
+/* The sampler of rate, on a thread of its own beside a migration or on the caller's. */
+struct sampler {
+	struct mig_rate *r;
+	const struct args *a;
+	volatile bool stop;
+	int ret;
+	pthread_t thread;
+};
+
+static volatile sig_atomic_t interrupted;
+
+static void on_interrupt(int sig)
+{
+	(void)sig;
+	interrupted = 1;
+}
+
+static void *sampler_run(void *p)
+{
+	struct sampler *sm = p;
+	char line[4096];
+	uint64_t i, waited;
+
+	for (i = 0; !sm->stop && !interrupted && (!sm->a->rate_count || i < sm->a->rate_count); i++) {
+		struct mig_rate_sample s;
+
+		/* in slices: a stop or an interrupt ends the wait */
+		for (waited = 0; waited < sm->a->rate_interval_ms && !sm->stop && !interrupted; waited += 10)
+			sleep_ms(sm->a->rate_interval_ms - waited < 10 ? sm->a->rate_interval_ms - waited : 10);
+		if (sm->stop || interrupted)
+			break;
+		sm->ret = mig_rate_sample(sm->r, &s);
+		if (sm->ret < 0) {
+			fprintf(stderr, "kvmdirty-migrate: rate: counting: %s\n", strerror(-sm->ret));
+			break;
+		}
+		mig_rate_format(&s, sm->a->rate_json, line, sizeof(line));
+		printf("%s\n", line);
+		fflush(stdout);
+	}
+	return NULL;
+}
+
+/*
+ * rate: the test guest (send's guest options) and its dirty rate every
+ * --interval, --count times; with --during-migration a migration of the
+ * same guest over a Unix socket to a destination in a child runs at the
+ * same time, the sampler on a thread of its own until it ends.
+ */
+static int cmd_rate(struct args *a)
+{
+	struct sampler sm = { .a = a };
+	char addr[108] = "", err[256];
+	struct sigaction sa = { .sa_handler = on_interrupt };
+	struct mig_daemon d;
+	int status = 0, wstatus, ret;
+	struct testvm *tv;
+	pid_t pid = -1;
+
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
+	if (a->rate_migrate && (pid = fork_destination(a, addr, sizeof(addr))) < 0)
+		return 1;
+	ret = a->rate_migrate ? mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a)) : 0;
+	a->d = ret == 0 && a->rate_migrate ? &d : NULL;
+	if (ret < 0 || source_guest(a, &tv) < 0) {
+		if (pid > 0) {
+			kill(pid, SIGTERM);
+			waitpid(pid, NULL, 0);
+			unlink(addr + 5);
+		}
+		if (ret == 0 && a->rate_migrate)
+			mig_daemon_fini(&d);
+		return 1;
+	}
+	ret = mig_rate_new(tv->tracker, tv->vcpu, tv->nr_vcpus, &sm.r, err, sizeof(err));
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		status = 1;
+	} else if (!a->rate_migrate) {
+		sampler_run(&sm);
+		status = sm.ret < 0;
+	} else if (pthread_create(&sm.thread, NULL, sampler_run, &sm)) {
+		fprintf(stderr, "kvmdirty-migrate: rate: cannot start the sampler's thread\n");
+		status = 1;
+	} else {
+		status = migrate_to(a, tv);
+		fflush(stdout);
+		sm.stop = true;
+		pthread_join(sm.thread, NULL);
+		status |= sm.ret < 0;
+	}
+	mig_rate_free(sm.r);
+	mig_testvm_free(tv);
+	if (pid > 0) {
+		/* a migration that never started leaves the destination waiting: end it */
+		if (status)
+			kill(pid, SIGTERM);
+		if (waitpid(pid, &wstatus, 0) < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus))
+			status = 1;
+		unlink(addr + 5);
+		mig_daemon_fini(&d);
+	}
+	return status;
+}
+
+static int cmd_demo(struct args *a)
+{
+	char addr[108];
+	int status, wstatus, ret;
+	struct mig_daemon d;
+	struct testvm *tv;
+	pid_t pid;
+
+	pid = fork_destination(a, addr, sizeof(addr));
+	if (pid < 0)
+		return 1;
+	printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB flat out, tracked with %s, over %s\n",
+	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->mode, addr);
+	fflush(stdout);
 	/* the source's status and --control, once the child is forked: no thread of ours is in it */
 	ret = mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a));
 	a->d = &d;
 	if (ret < 0 || source_guest(a, &tv) < 0) {
 		kill(pid, SIGTERM);
 		waitpid(pid, NULL, 0);
+		unlink(addr + 5);
 		if (ret == 0)
 			mig_daemon_fini(&d);
 		return 1;
@@ -981,6 +1141,17 @@ int main(int argc, char **argv)
 		mig_psk_clear(&a.psk);
 		return ret;
 	}
+	if (!strcmp(a.cmd, "rate")) {
+		if (parse(argc, argv, &a) || load_key(&a))
+			return 2;
+		/* one migration at most, from here: the destination takes the first stream */
+		a.once = true;
+		ret = before_guest(&a, NULL);
+		if (!ret)
+			ret = cmd_rate(&a);
+		mig_psk_clear(&a.psk);
+		return ret;
+	}
 	if (!strcmp(a.cmd, "plot"))
 		return cmd_plot(argc, argv);
 	if (!strcmp(a.cmd, "probe"))
@@ -992,7 +1163,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
-		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, plot, probe or genkey; --help for more)\n", a.cmd);
+		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, rate, plot, probe or genkey; --help for more)\n", a.cmd);
 		return 2;
 	}
 	if (argc < 3) {

@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: MIT
+/*
+ * The dirty-rate sampler (rate.h): a counting consumer for the guest, the
+ * library's per-vCPU counts for its vCPUs.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "errf.h"
+#include "rate.h"
+#include "stream.h"
+
+struct mig_rate {
+	struct kvmdirty_tracker *t;
+	struct kvmdirty_consumer *cons;
+	bool own_tracking, by_ring;
+	unsigned int n;
+	struct kvmdirty_vcpu *const *vcpus;
+	uint64_t t0_ns, last_ns;
+	uint64_t *prev;	 /* [n] each vCPU's count at the sample before */
+	uint64_t *rates; /* [n] the last sample's rates */
+};
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* vCPU i's count: ring entries harvested for it (DIRTY_RING), else the page faults KVM took for it. */
+static uint64_t vcpu_count(const struct mig_rate *r, unsigned int i)
+{
+	struct kvmdirty_vcpu_stats st;
+
+	if (kvmdirty_vcpu_stats(r->vcpus[i], &st, sizeof(st)) < 0)
+		return 0;
+	return r->by_ring ? st.dirtied : st.faults;
+}
+
+int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus, unsigned int n,
+		 struct mig_rate **ret_r, char *err, size_t len)
+{
+	struct kvmdirty_consumer_info ci;
+	struct kvmdirty_count k;
+	struct mig_rate *r;
+	unsigned int i;
+	int ret;
+
+	if (!t || (n && !vcpus))
+		return mig_errf(err, len, -EINVAL, "rate: no tracker, or vCPUs missing");
+	r = calloc(1, sizeof(*r));
+	if (!r || !(r->prev = calloc(n ? n : 1, sizeof(uint64_t))) || !(r->rates = calloc(n ? n : 1, sizeof(uint64_t)))) {
+		if (r)
+			free(r->prev);
+		free(r);
+		return mig_errf(err, len, -ENOMEM, "rate: out of memory");
+	}
+	r->t = t;
+	r->n = n;
+	r->vcpus = vcpus;
+	r->by_ring = kvmdirty_tracker_mode(t) == KVMDIRTY_MODE_DIRTY_RING;
+	/* tracking on where it was off; a migration that starts later keeps it on (and leaves it so) */
+	r->own_tracking = kvmdirty_consumer_info(kvmdirty_tracker_consumer(t), &ci, sizeof(ci)) < 0 ||
+			  !ci.tracked_pages;
+	ret = kvmdirty_tracker_start(t, NULL);
+	if (ret < 0) {
+		r->own_tracking = false;
+		mig_rate_free(r);
+		return mig_errf(err, len, ret, "rate: starting dirty tracking: %s", strerror(-ret));
+	}
+	ret = kvmdirty_consumer_new(t, KVMDIRTY_CONSUMER_COUNT | KVMDIRTY_CONSUMER_EMPTY, &r->cons);
+	/* the first count takes what was pending when it joined: the intervals start after it */
+	if (ret == 0)
+		ret = kvmdirty_consumer_count(r->cons, &k, sizeof(k));
+	if (ret < 0) {
+		mig_rate_free(r);
+		return mig_errf(err, len, ret, "rate: a counting consumer of the dirty log: %s", strerror(-ret));
+	}
+	for (i = 0; i < n; i++)
+		r->prev[i] = vcpu_count(r, i);
+	r->t0_ns = r->last_ns = mono_ns();
+	*ret_r = r;
+	return 0;
+}
+
+int mig_rate_sample(struct mig_rate *r, struct mig_rate_sample *ret_s)
+{
+	struct kvmdirty_count k;
+	unsigned int i;
+	uint64_t now, ns;
+	int ret = kvmdirty_consumer_count(r->cons, &k, sizeof(k));
+
+	if (ret < 0)
+		return ret;
+	now = mono_ns();
+	ns = now - r->last_ns ? now - r->last_ns : 1;
+	r->last_ns = now;
+	for (i = 0; i < r->n; i++) {
+		uint64_t c = vcpu_count(r, i);
+
+		r->rates[i] = (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns);
+		r->prev[i] = c;
+	}
+	*ret_s = (struct mig_rate_sample){ .t_ms = (now - r->t0_ns) / 1000000u,
+					   .ns = k.ns,
+					   .pages = k.pages,
+					   .pages_per_s = k.pages_per_sec,
+					   .by_ring = r->by_ring,
+					   .nr_vcpus = r->n,
+					   .vcpu_pages_per_s = r->rates };
+	return 0;
+}
+
+/* Append to buf at *off, never past len (what does not fit is cut). */
+static void put(char *buf, size_t len, size_t *off, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+static void put(char *buf, size_t len, size_t *off, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	if (*off >= len)
+		return;
+	va_start(ap, fmt);
+	n = vsnprintf(buf + *off, len - *off, fmt, ap);
+	va_end(ap);
+	if (n > 0)
+		*off = *off + (size_t)n < len ? *off + (size_t)n : len;
+}
+
+void mig_rate_format(const struct mig_rate_sample *s, bool json, char *buf, size_t len)
+{
+	const uint64_t page = MIG_PAGE_SIZE;
+	size_t off = 0;
+	unsigned int i;
+
+	if (!len)
+		return;
+	buf[0] = 0;
+	if (json) {
+		put(buf, len, &off,
+		    "{\"t_ms\":%" PRIu64 ",\"guest_pages_per_s\":%" PRIu64 ",\"guest_bytes_per_s\":%" PRIu64
+		    ",\"vcpu_by\":\"%s\",\"vcpus\":[",
+		    s->t_ms, s->pages_per_s, s->pages_per_s * page, s->by_ring ? "ring" : "faults");
+		for (i = 0; i < s->nr_vcpus; i++)
+			put(buf, len, &off, "%s{\"pages_per_s\":%" PRIu64 ",\"bytes_per_s\":%" PRIu64 "}", i ? "," : "",
+			    s->vcpu_pages_per_s[i], s->vcpu_pages_per_s[i] * page);
+		put(buf, len, &off, "]}");
+		return;
+	}
+	put(buf, len, &off, "rate t_ms=%" PRIu64 " guest_pages_per_s=%" PRIu64 " guest_bytes_per_s=%" PRIu64 " vcpu_by=%s",
+	    s->t_ms, s->pages_per_s, s->pages_per_s * page, s->by_ring ? "ring" : "faults");
+	for (i = 0; i < s->nr_vcpus; i++)
+		put(buf, len, &off, " vcpu%u=%" PRIu64 " vcpu%u_bytes_per_s=%" PRIu64, i, s->vcpu_pages_per_s[i], i,
+		    s->vcpu_pages_per_s[i] * page);
+}
+
+void mig_rate_free(struct mig_rate *r)
+{
+	if (!r)
+		return;
+	kvmdirty_consumer_free(r->cons);
+	if (r->own_tracking)
+		kvmdirty_tracker_stop(r->t, NULL);
+	free(r->prev);
+	free(r->rates);
+	free(r);
+}
