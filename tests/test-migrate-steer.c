@@ -9,7 +9,9 @@
  * stop-and-copy, after READY) leaves the guest running here, with another
  * consumer of its tracker given every write, and the next migration of the
  * same guest to the same destination exact; a cancel after COMMIT is
- * refused and the migration completes; events in order for a migration
+ * refused and the migration completes; a migration that fails (its peer
+ * cuts the stream) leaves another consumer given every write, in each
+ * mode; events in order for a migration
  * that converges, one that does not and one cancelled, the same on the
  * engine's callback and its fd; and the daemon: cancelled through its
  * control socket (exit status 4) with a subscriber that never reads.
@@ -650,6 +652,64 @@ START_TEST(cancel_ends_a_wait_on_the_peer)
 }
 END_TEST
 
+/* A peer that reads part of the stream (its first MiB), then cuts the connection both ways. */
+static void *cutting_peer(void *p)
+{
+	struct peer *pe = p;
+	uint8_t buf[65536];
+	ssize_t k;
+
+	while (pe->got < (1u << 20) && (k = read(pe->fd, buf, sizeof(buf))) > 0)
+		pe->got += (size_t)k;
+	shutdown(pe->fd, SHUT_RDWR);
+	return NULL;
+}
+
+/*
+ * A migration that fails (its peer cuts the stream in the first pass):
+ * the guest runs on here and another consumer of its tracker, there from
+ * before the migration, is given every write (the migration's consumer is
+ * aborted and freed, tracking left on: the migration did not turn it on);
+ * in each mode.
+ */
+START_TEST(failure_leaves_other_consumers_whole)
+{
+	static const enum kvmdirty_mode modes[] = { KVMDIRTY_MODE_CLEAR_LOG, KVMDIRTY_MODE_DIRTY_LOG,
+						    KVMDIRTY_MODE_DIRTY_RING };
+	struct mig_testvm_opts go = guest_opts(modes[_i]);
+	struct mig_send_opts o = base_opts;
+	struct peer pe = { 0 };
+	struct mig_status st;
+	struct mig_result res;
+	struct sampler sm;
+	struct mig_guest g;
+	struct testvm *tv = running_source(&go, &g);
+	char err[512];
+	int sv[2], ret;
+
+	sampler_start(&sm, &g);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	pe.fd = sv[1];
+	mig_status_init(&st, false);
+	ev_reset(&st, NULL, 0, ACT_NONE);
+	o.status = &st;
+	o.verify = false;
+	ck_assert_int_eq(pthread_create(&pe.thread, NULL, cutting_peer, &pe), 0);
+	ret = mig_send(&g, sv[0], &o, &res, err, sizeof(err));
+	pthread_join(pe.thread, NULL);
+	close(sv[0]);
+	close(sv[1]);
+	printf("failure (%d): %d (%s), the peer got %zu bytes\n", _i, ret, err, pe.got);
+	ck_assert_msg(ret < 0 && ret != -ECANCELED, "%d: %s", ret, err);
+	ck_assert_int_eq(res.outcome, MIG_OUTCOME_HERE);
+	expect_running(tv, go.vcpus);
+	sampler_check(&sm, &g);
+	sampler_free(&sm, &g);
+	mig_status_destroy(&st);
+	mig_testvm_free(tv);
+}
+END_TEST
+
 /* ---- events ---- */
 
 /* Lines from a pipe's reading end, as one string of their names. */
@@ -837,6 +897,11 @@ static Suite *suite(void)
 	tcase_add_loop_test(tc, cancel_ends_a_wait_on_the_peer, 0, 2);
 	tcase_add_loop_test(tc, events_in_order, 0, 2);
 	tcase_add_test(tc, daemon_cancelled_through_its_socket);
+	suite_add_tcase(s, tc);
+	/* a case of its own: CK_RUN_CASE=failure runs it alone */
+	tc = tcase_create("failure");
+	tcase_set_timeout(tc, 900);
+	tcase_add_loop_test(tc, failure_leaves_other_consumers_whole, 0, 3);
 	suite_add_tcase(s, tc);
 	return s;
 }
