@@ -13,7 +13,9 @@
  * plain, with a key (records sealed), with a key and encryption, over one
  * connection and two, each end's CPU time per GiB, after the cipher alone
  * on this CPU and the channel alone (bench-migrate channel, which needs
- * no guest: chan-bench.c).  And a keyed migration through the
+ * no guest: chan-bench.c).  And the dirty-rate sampler (bench-migrate
+ * rate): measured against set rates, and a migration with it beside and
+ * without.  And a keyed migration through the
  * listener's gate (gate.h) with 16 strangers trickling hellos at it, against
  * the same undisturbed (bench-migrate tricklers).  And the control plane
  * (bench-migrate control): query every 10 ms during a migration whose guest
@@ -42,6 +44,7 @@
 #include "dest.h"
 #include "gate.h"
 #include "handoff.h"
+#include "rate.h"
 #include "source.h"
 #include "testguest.h"
 #include "../examples/common/kvm-host.h"
@@ -213,6 +216,30 @@ static bool fill_all = true;
 static bool halted;
 /* the status of the next run's source (its control socket's), or NULL */
 static struct mig_status *run_status;
+/* a dirty-rate sampler beside the next run's migration, every run_sampler_ms (0: none) */
+static uint64_t run_sampler_ms;
+static unsigned int run_samples; /* the last run's samples taken */
+
+struct bench_sampler {
+	struct mig_rate *r;
+	volatile bool stop;
+	unsigned int samples;
+	pthread_t thread;
+};
+
+static void *bench_sampler_run(void *p)
+{
+	struct bench_sampler *b = p;
+	struct mig_rate_sample smp;
+
+	while (!b->stop) {
+		nanosleep(&(struct timespec){ (time_t)(run_sampler_ms / 1000), (long)(run_sampler_ms % 1000) * 1000000 },
+			  NULL);
+		if (!b->stop && mig_rate_sample(b->r, &smp) == 0)
+			b->samples++;
+	}
+	return NULL;
+}
 /* the last run's CPU seconds: the source's process (its guest halted) and the destination's, each its own */
 static double run_cpu_src, run_cpu_dst;
 
@@ -223,6 +250,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 				   .peer_timeout_ms = 60000, .verify = verify, .inline_hash = inline_hash,
 				   .psk = psk, .encrypt = encrypt, .connections = conns, .connect = connect_again,
 				   .connect_ctx = addr, .status = run_status, .force_switchover = run_status != NULL };
+	struct bench_sampler smp = { 0 };
 	struct mig_guest sg;
 	struct testvm *tv;
 	int lfd, fd, ret, st, ready[2], i;
@@ -257,10 +285,21 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	}
 	if (trickling) /* all of them in, trickling, before the source */
 		nanosleep(&(struct timespec){ 0, 500000000 }, NULL);
+	if (run_sampler_ms && (mig_rate_new(tv->tracker, tv->vcpu, tv->nr_vcpus, &smp.r, err, sizeof(err)) < 0 ||
+			       pthread_create(&smp.thread, NULL, bench_sampler_run, &smp))) {
+		fprintf(stderr, "bench-migrate: %s: the sampler: %s\n", name, err);
+		return -1;
+	}
 	run_cpu_src = cpu_now();
 	fd = mig_connect(addr, 10000, err, sizeof(err));
 	ret = fd < 0 ? fd : mig_send(&sg, fd, &o, r, err, sizeof(err));
 	run_cpu_src = cpu_now() - run_cpu_src;
+	if (run_sampler_ms) {
+		smp.stop = true;
+		pthread_join(smp.thread, NULL);
+		mig_rate_free(smp.r);
+		run_samples = smp.samples;
+	}
 	if (fd >= 0)
 		close(fd);
 	for (i = 0; trickling && i < TRICKLERS; i++)
@@ -627,6 +666,106 @@ static int sessions(int rounds, int mib)
 		printf(" ms\n");
 	}
 	fflush(stdout);
+	return 0;
+}
+
+/*
+ * The dirty-rate sampler (rate.h), right and undisturbing.  Right: a vCPU
+ * dirtying a working set of twice what it writes in an interval (so no
+ * page is written twice in one) at 1, 10 and 100 MiB/s, beside an idle
+ * one; 5 intervals of 1 s after one let go, the guest's measured rate
+ * against the set one, and what the guest itself says it wrote
+ * (mig_testvm_progress()) over the same intervals.  Undisturbing: a
+ * migration of a 1 GiB guest whose two vCPUs dirty 64 MiB at 10 MiB/s
+ * each, over a Unix socket, with a sampler every 100 ms beside it and
+ * without, rounds of both in turn: the medians of the time and of what was
+ * sent, and their ratios.
+ */
+static int rate_bench(int rounds)
+{
+	static const uint64_t set_mibps[] = { 1, 10, 100 };
+	unsigned int k, i;
+
+	for (k = 0; k < sizeof(set_mibps) / sizeof(set_mibps[0]); k++) {
+		uint64_t ws = 2 * set_mibps[k] < 4 ? 4 : 2 * set_mibps[k];
+		struct mig_testvm_opts g = { .mib = ws + 64 < 256 ? 256 : ws + 64, .vcpus = 2,
+					     .mode = KVMDIRTY_MODE_CLEAR_LOG };
+		double measured = 0, says = 0, v0 = 0;
+		struct mig_rate_sample smp;
+		struct mig_rate *r;
+		struct testvm *tv;
+		char err[256];
+		uint64_t p0, p1;
+
+		g.work[0] = (struct mig_vcpu_work){ .kind = MIG_WORK_DIRTY, .mib = ws, .rate = set_mibps[k] * 256 };
+		g.work[1] = (struct mig_vcpu_work){ .kind = MIG_WORK_IDLE };
+		if (mig_testvm_new(&g, true, &tv, err, sizeof(err)) < 0 || testvm_spawn(tv) < 0 ||
+		    mig_rate_new(tv->tracker, tv->vcpu, tv->nr_vcpus, &r, err, sizeof(err)) < 0) {
+			fprintf(stderr, "bench-migrate: rate %" PRIu64 " MiB/s: %s\n", set_mibps[k], err);
+			return -1;
+		}
+		/* the first interval let go: the vCPU's first pass maps its pages */
+		for (i = 0; i <= 5; i++) {
+			p0 = mig_testvm_progress(tv, 0);
+			nanosleep(&(struct timespec){ 1, 0 }, NULL);
+			p1 = mig_testvm_progress(tv, 0);
+			if (mig_rate_sample(r, &smp) < 0) {
+				fprintf(stderr, "bench-migrate: rate: counting failed\n");
+				return -1;
+			}
+			if (!i)
+				continue;
+			measured += smp.pages_per_s / 256.0 / 5;
+			v0 += smp.vcpu_pages_per_s[0] / 256.0 / 5;
+			says += (double)(p1 - p0) / (smp.ns / 1e9) / 256.0 / 5;
+		}
+		/* ratio: against the rate set; of_guest: against what the guest says it wrote (a host too slow for the set rate) */
+		printf("rate set_mibps=%" PRIu64 " measured_mibps=%.2f ratio=%.3f guest_says_mibps=%.2f of_guest=%.3f "
+		       "vcpu0_mibps=%.2f vcpu1_pages_per_s=%" PRIu64 "\n",
+		       set_mibps[k], measured, measured / set_mibps[k], says, says > 0 ? measured / says : 0, v0,
+		       smp.vcpu_pages_per_s[1]);
+		fflush(stdout);
+		mig_rate_free(r);
+		mig_testvm_free(tv);
+	}
+	{
+		struct mig_testvm_opts g = { .mib = 1024, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 64,
+					     .rate = 10 * 256 };
+		double ms[2][16], mib[2][16], m[2], b[2];
+		unsigned int samples = 0;
+		struct mig_result res;
+		int on;
+
+		if (rounds > 16)
+			rounds = 16;
+		tcp = false;
+		fill_all = false;
+		for (i = 0; i < (unsigned int)rounds; i++) {
+			for (on = 1; on >= 0; on--) {
+				run_sampler_ms = on ? 100 : 0;
+				if (run(on ? "sampler on" : "sampler off", &g, true, &res) < 0) {
+					run_sampler_ms = 0;
+					fill_all = true;
+					return -1;
+				}
+				ms[on][i] = res.total_ms;
+				mib[on][i] = res.bytes / 1048576.0;
+				if (on)
+					samples += run_samples;
+			}
+		}
+		run_sampler_ms = 0;
+		fill_all = true;
+		for (on = 0; on < 2; on++) {
+			m[on] = median(ms[on], rounds);
+			b[on] = median(mib[on], rounds);
+		}
+		printf("migrate sampler=on every_ms=100 runs=%d total_ms=%.1f sent_mib=%.1f vs_off=%.3f sent_vs_off=%.3f "
+		       "samples=%u\n",
+		       rounds, m[1], b[1], m[0] > 0 ? m[1] / m[0] : 0, b[0] > 0 ? b[1] / b[0] : 0, samples);
+		printf("migrate sampler=off runs=%d total_ms=%.1f sent_mib=%.1f\n", rounds, m[0], b[0]);
+		fflush(stdout);
+	}
 	return 0;
 }
 
@@ -1100,7 +1239,7 @@ static int control(void)
 }
 
 /*
- * bench-migrate [all|idle|sparse|throughput|sessions|channel|tricklers|handoff|handoff-alone|control|downtime
+ * bench-migrate [all|idle|sparse|throughput|sessions|channel|rate|tricklers|handoff|handoff-alone|control|downtime
  * [ROUNDS [MIB]]]: every case by default, 5 rounds of downtime at 256 MiB
  * and 2 GiB (MIB: only that one); sessions and channel move 2 GiB (MIB:
  * that much instead, for a slow host).
@@ -1130,6 +1269,8 @@ int main(int argc, char **argv)
 	if ((all || !strcmp(what, "throughput")) && throughput() < 0)
 		return 1;
 	if ((all || !strcmp(what, "sessions")) && sessions(rounds, only > 0 ? only : GUEST_MIB) < 0)
+		return 1;
+	if ((all || !strcmp(what, "rate")) && rate_bench(rounds) < 0)
 		return 1;
 	if ((all || !strcmp(what, "tricklers")) && tricklers_bench(rounds) < 0)
 		return 1;
