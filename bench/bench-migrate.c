@@ -654,9 +654,9 @@ static int sessions(int rounds, int mib)
 		cs = median(v, rounds);
 		memcpy(v, dst[k], sizeof(v));
 		cd = median(v, rounds);
-		printf("migrate net=loopback guest_gib=%.1f fill=all verify=on%s session=%s conns=%u runs=%d total_ms=%.1f "
+		printf("migrate net=loopback guest_gib=%.2f fill=all verify=on hash=%s session=%s conns=%u runs=%d total_ms=%.1f "
 		       "mibps=%.0f vs_plain=%.2f cpu_s_per_gib_src=%.3f cpu_s_per_gib_dst=%.3f\n",
-		       gib, inline_hash ? " inline_hash" : "", sess_cfg[k].name, sess_cfg[k].conns, rounds, m[k],
+		       gib, inline_hash ? "inline" : "thread", sess_cfg[k].name, sess_cfg[k].conns, rounds, m[k],
 		       mib / (m[k] / 1e3), m[k] > 0 ? m[base] / m[k] : 0, cs, cd);
 	}
 	for (k = 0; k < NSESS; k++) {
