@@ -286,8 +286,17 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	if (trickling) /* all of them in, trickling, before the source */
 		nanosleep(&(struct timespec){ 0, 500000000 }, NULL);
 	if (run_sampler_ms && (mig_rate_new(tv->tracker, tv->vcpu, tv->nr_vcpus, &smp.r, err, sizeof(err)) < 0 ||
-			       pthread_create(&smp.thread, NULL, bench_sampler_run, &smp))) {
+			       (pthread_create(&smp.thread, NULL, bench_sampler_run, &smp) &&
+				snprintf(err, sizeof(err), "cannot start its thread") > 0))) {
 		fprintf(stderr, "bench-migrate: %s: the sampler: %s\n", name, err);
+		/* nothing started: the destination waits for a source that will not come */
+		mig_rate_free(smp.r);
+		kill(pid, SIGKILL);
+		waitpid(pid, NULL, 0);
+		close(ready[0]);
+		if (!tcp)
+			unlink(addr + 5);
+		mig_testvm_free(tv);
 		return -1;
 	}
 	run_cpu_src = cpu_now();

@@ -753,6 +753,13 @@ static void *sampler_run(void *p)
 		printf("%s\n", line);
 		fflush(stdout);
 	}
+	/* interrupted beside a migration still under way: cancel it (too late after COMMIT: it completes) */
+	if (interrupted && !sm->stop && sm->a->rate_migrate && sm->a->d) {
+		char err[256];
+
+		if (mig_status_cancel(&sm->a->d->st, err, sizeof(err)) < 0)
+			fprintf(stderr, "kvmdirty-migrate: rate: interrupted, the migration goes on: %s\n", err);
+	}
 	return NULL;
 }
 
@@ -772,10 +779,17 @@ static int cmd_rate(struct args *a)
 	struct testvm *tv;
 	pid_t pid = -1;
 
-	sigaction(SIGINT, &sa, NULL);
-	sigaction(SIGTERM, &sa, NULL);
 	if (a->rate_migrate && (pid = fork_destination(a, addr, sizeof(addr))) < 0)
 		return 1;
+	/*
+	 * After the fork: the destination keeps the default actions, so that
+	 * SIGTERM ends it on the way out below.  Here an interrupt ends the
+	 * sampling and cancels a migration under way as the control socket's
+	 * cancel does (the guest runs on here; after COMMIT it is too late,
+	 * and the migration completes).
+	 */
+	sigaction(SIGINT, &sa, NULL);
+	sigaction(SIGTERM, &sa, NULL);
 	ret = a->rate_migrate ? mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a)) : 0;
 	a->d = ret == 0 && a->rate_migrate ? &d : NULL;
 	if (ret < 0 || source_guest(a, &tv) < 0) {
@@ -808,11 +822,13 @@ static int cmd_rate(struct args *a)
 	mig_rate_free(sm.r);
 	mig_testvm_free(tv);
 	if (pid > 0) {
-		/* a migration that never started leaves the destination waiting: end it */
-		if (status)
+		/* a migration that failed or never started may leave the destination waiting: end it */
+		if (status) {
 			kill(pid, SIGTERM);
-		if (waitpid(pid, &wstatus, 0) < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus))
+			waitpid(pid, NULL, 0);
+		} else if (waitpid(pid, &wstatus, 0) < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus)) {
 			status = 1;
+		}
 		unlink(addr + 5);
 		mig_daemon_fini(&d);
 	}
