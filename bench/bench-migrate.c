@@ -222,7 +222,7 @@ static unsigned int run_samples; /* the last run's samples taken */
 
 struct bench_sampler {
 	struct mig_rate *r;
-	volatile bool stop;
+	_Atomic bool stop;
 	unsigned int samples;
 	pthread_t thread;
 };
@@ -265,6 +265,10 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	/* forked before the source has threads: a child of a threaded process could inherit held locks */
 	pid = child_destination(lfd, g, ready[1]);
 	close(lfd);
+	if (pid < 0) {
+		fprintf(stderr, "bench-migrate: %s: fork: %s\n", name, strerror(errno));
+		return -1;
+	}
 	if (mig_testvm_new(g, true, &tv, err, sizeof(err)) < 0 || mig_testvm_guest(tv, &sg) < 0) {
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, err);
 		return -1;
@@ -291,7 +295,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 		fprintf(stderr, "bench-migrate: %s: the sampler: %s\n", name, err);
 		/* nothing started: the destination waits for a source that will not come */
 		mig_rate_free(smp.r);
-		kill(pid, SIGKILL);
+		kill(pid, SIGKILL); /* pid > 0: checked after the fork */
 		waitpid(pid, NULL, 0);
 		close(ready[0]);
 		if (!tcp)
@@ -701,16 +705,18 @@ static int rate_bench(int rounds)
 					     .mode = KVMDIRTY_MODE_CLEAR_LOG };
 		double measured = 0, says = 0, v0 = 0;
 		struct mig_rate_sample smp;
-		struct mig_rate *r;
-		struct testvm *tv;
-		char err[256];
+		struct mig_rate *r = NULL;
+		struct testvm *tv = NULL;
+		char err[256] = "";
 		uint64_t p0, p1;
 
 		g.work[0] = (struct mig_vcpu_work){ .kind = MIG_WORK_DIRTY, .mib = ws, .rate = set_mibps[k] * 256 };
 		g.work[1] = (struct mig_vcpu_work){ .kind = MIG_WORK_IDLE };
-		if (mig_testvm_new(&g, true, &tv, err, sizeof(err)) < 0 || testvm_spawn(tv) < 0 ||
+		if (mig_testvm_new(&g, true, &tv, err, sizeof(err)) < 0 ||
+		    (testvm_spawn(tv) < 0 && snprintf(err, sizeof(err), "starting the vCPUs") > 0) ||
 		    mig_rate_new(tv->tracker, tv->vcpu, tv->nr_vcpus, &r, err, sizeof(err)) < 0) {
 			fprintf(stderr, "bench-migrate: rate %" PRIu64 " MiB/s: %s\n", set_mibps[k], err);
+			mig_testvm_free(tv);
 			return -1;
 		}
 		/* the first interval let go: the vCPU's first pass maps its pages */
@@ -720,6 +726,8 @@ static int rate_bench(int rounds)
 			p1 = mig_testvm_progress(tv, 0);
 			if (mig_rate_sample(r, &smp) < 0) {
 				fprintf(stderr, "bench-migrate: rate: counting failed\n");
+				mig_rate_free(r);
+				mig_testvm_free(tv);
 				return -1;
 			}
 			if (!i)

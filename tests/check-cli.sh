@@ -61,6 +61,8 @@ expect 2 "unexpected argument 'now'" "$migrate" rate now
 expect 2 "are rate's options" "$migrate" send unix:/tmp/x --json
 expect 2 "are rate's options" "$migrate" listen unix:/tmp/x --during-migration
 expect 2 "--vcpu 3: the guest has 2 vCPUs" "$migrate" rate --vcpu 3=idle
+expect 2 "with --during-migration only" "$migrate" rate --stats /tmp/x.json
+expect 2 "with --during-migration only" "$migrate" rate --connections 2
 expect 2 "probe takes no arguments" "$migrate" probe now
 expect 2 "needs an address" "$migrate" send
 expect 2 "-m 'lots'" "$migrate" send unix:/tmp/x -m lots

@@ -426,6 +426,13 @@ static int parse(int argc, char **argv, struct args *a)
 		fprintf(stderr, "kvmdirty-migrate: --interval, --count, --json and --during-migration are rate's options\n");
 		return -1;
 	}
+	if (!strcmp(a->cmd, "rate") && !a->rate_migrate &&
+	    (a->stats || a->control || a->psk_file || a->send.connections || a->send.peer_name || a->recv.name ||
+	     a->send.max_bandwidth || a->recv.deadline_ms)) {
+		fprintf(stderr, "kvmdirty-migrate: rate: --stats, --control, --psk, --connections, --name, --peer-name, "
+				"--max-bandwidth and --deadline are the migration's: with --during-migration only\n");
+		return -1;
+	}
 	if (!a->baseline_set && a->stats)
 		a->send.baseline_ms = 500;
 	if (a->send.encrypt && !a->psk_file) {
@@ -696,9 +703,17 @@ static pid_t fork_destination(struct args *a, char *addr, size_t len)
 	if (pid < 0) {
 		fprintf(stderr, "kvmdirty-migrate: fork: %s\n", strerror(errno));
 		close(lfd);
+		unlink(addr + 5);
 		return -1;
 	}
 	if (pid == 0) {
+		/*
+		 * rate: a terminal's interrupt reaches the whole process group;
+		 * the source cancels (or, after COMMIT, completes), and the
+		 * destination must live through it to answer or to run the guest
+		 */
+		if (a->rate_migrate)
+			signal(SIGINT, SIG_IGN);
 		/* the destination's own status; --control is the source's */
 		ret = mig_daemon_init(&d, true, NULL, NULL);
 		a->d = &d;
@@ -717,7 +732,7 @@ static pid_t fork_destination(struct args *a, char *addr, size_t len)
 struct sampler {
 	struct mig_rate *r;
 	const struct args *a;
-	volatile bool stop;
+	_Atomic bool stop;
 	int ret;
 	pthread_t thread;
 };
@@ -753,6 +768,9 @@ static void *sampler_run(void *p)
 		printf("%s\n", line);
 		fflush(stdout);
 	}
+	/* beside a migration, the lines done: an interrupt still cancels it until it ends */
+	while (sm->a->rate_migrate && !sm->stop && !interrupted)
+		sleep_ms(10);
 	/* interrupted beside a migration still under way: cancel it (too late after COMMIT: it completes) */
 	if (interrupted && !sm->stop && sm->a->rate_migrate && sm->a->d) {
 		char err[256];
@@ -776,6 +794,7 @@ static int cmd_rate(struct args *a)
 	struct sigaction sa = { .sa_handler = on_interrupt };
 	struct mig_daemon d;
 	int status = 0, wstatus, ret;
+	bool migrated = false;
 	struct testvm *tv;
 	pid_t pid = -1;
 
@@ -813,25 +832,33 @@ static int cmd_rate(struct args *a)
 		fprintf(stderr, "kvmdirty-migrate: rate: cannot start the sampler's thread\n");
 		status = 1;
 	} else {
+		migrated = true;
 		status = migrate_to(a, tv);
 		fflush(stdout);
 		sm.stop = true;
 		pthread_join(sm.thread, NULL);
-		status |= sm.ret < 0;
 	}
 	mig_rate_free(sm.r);
 	mig_testvm_free(tv);
 	if (pid > 0) {
-		/* a migration that failed or never started may leave the destination waiting: end it */
-		if (status) {
+		/*
+		 * A migration that never started leaves the destination waiting:
+		 * end it.  One that did, whatever its outcome, the destination
+		 * ends on its own (it took that one stream; its waits are
+		 * bounded), and may hold the only running guest: wait for it.
+		 */
+		if (!migrated)
 			kill(pid, SIGTERM);
-			waitpid(pid, NULL, 0);
-		} else if (waitpid(pid, &wstatus, 0) < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus)) {
+		while ((ret = waitpid(pid, &wstatus, 0)) < 0 && errno == EINTR)
+			;
+		if (migrated && !status && (ret < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus)))
 			status = 1;
-		}
 		unlink(addr + 5);
 		mig_daemon_fini(&d);
 	}
+	/* a count that failed (said in its own line) once the migration's outcome is settled: it decided the above */
+	if (!status && sm.ret < 0)
+		status = 1;
 	return status;
 }
 

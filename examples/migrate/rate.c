@@ -34,13 +34,16 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* vCPU i's count: ring entries harvested for it (DIRTY_RING), else the page faults KVM took for it. */
-static uint64_t vcpu_count(const struct mig_rate *r, unsigned int i)
+/*
+ * vCPU i's count: ring entries harvested for it (DIRTY_RING), else the
+ * page faults KVM took for it; prev where the library cannot say.
+ */
+static uint64_t vcpu_count(const struct mig_rate *r, unsigned int i, uint64_t prev)
 {
 	struct kvmdirty_vcpu_stats st;
 
 	if (kvmdirty_vcpu_stats(r->vcpus[i], &st, sizeof(st)) < 0)
-		return 0;
+		return prev;
 	return r->by_ring ? st.dirtied : st.faults;
 }
 
@@ -84,7 +87,7 @@ int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus,
 		return mig_errf(err, len, ret, "rate: a counting consumer of the dirty log: %s", strerror(-ret));
 	}
 	for (i = 0; i < n; i++)
-		r->prev[i] = vcpu_count(r, i);
+		r->prev[i] = vcpu_count(r, i, 0);
 	r->t0_ns = r->last_ns = mono_ns();
 	*ret_r = r;
 	return 0;
@@ -103,9 +106,10 @@ int mig_rate_sample(struct mig_rate *r, struct mig_rate_sample *ret_s)
 	ns = now - r->last_ns ? now - r->last_ns : 1;
 	r->last_ns = now;
 	for (i = 0; i < r->n; i++) {
-		uint64_t c = vcpu_count(r, i);
+		uint64_t c = vcpu_count(r, i, r->prev[i]);
 
-		r->rates[i] = (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns);
+		/* counts only grow; one that did not (a vCPU's counter started again) reads 0 */
+		r->rates[i] = c >= r->prev[i] ? (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns) : 0;
 		r->prev[i] = c;
 	}
 	*ret_s = (struct mig_rate_sample){ .t_ms = (now - r->t0_ns) / 1000000u,
