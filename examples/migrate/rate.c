@@ -59,7 +59,8 @@ int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus,
 	if (!t || (n && !vcpus))
 		return mig_errf(err, len, -EINVAL, "rate: no tracker, or vCPUs missing");
 	r = calloc(1, sizeof(*r));
-	if (!r || !(r->prev = calloc(n ? n : 1, sizeof(uint64_t))) || !(r->rates = calloc(n ? n : 1, sizeof(uint64_t)))) {
+	if (!r || !(r->prev = calloc(n ? n : 1, sizeof(uint64_t))) ||
+	    !(r->rates = calloc(n ? n : 1, sizeof(uint64_t)))) {
 		if (r)
 			free(r->prev);
 		free(r);
@@ -70,8 +71,8 @@ int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus,
 	r->vcpus = vcpus;
 	r->by_ring = kvmdirty_tracker_mode(t) == KVMDIRTY_MODE_DIRTY_RING;
 	/* tracking on where it was off; a migration that starts later keeps it on (and leaves it so) */
-	r->own_tracking = kvmdirty_consumer_info(kvmdirty_tracker_consumer(t), &ci, sizeof(ci)) < 0 ||
-			  !ci.tracked_pages;
+	r->own_tracking =
+		kvmdirty_consumer_info(kvmdirty_tracker_consumer(t), &ci, sizeof(ci)) < 0 || !ci.tracked_pages;
 	ret = kvmdirty_tracker_start(t, NULL);
 	if (ret < 0) {
 		r->own_tracking = false;
@@ -159,8 +160,9 @@ void mig_rate_format(const struct mig_rate_sample *s, bool json, char *buf, size
 		put(buf, len, &off, "]}");
 		return;
 	}
-	put(buf, len, &off, "rate t_ms=%" PRIu64 " guest_pages_per_s=%" PRIu64 " guest_bytes_per_s=%" PRIu64 " vcpu_by=%s",
-	    s->t_ms, s->pages_per_s, s->pages_per_s * page, s->by_ring ? "ring" : "faults");
+	put(buf, len, &off,
+	    "rate t_ms=%" PRIu64 " guest_pages_per_s=%" PRIu64 " guest_bytes_per_s=%" PRIu64 " vcpu_by=%s", s->t_ms,
+	    s->pages_per_s, s->pages_per_s * page, s->by_ring ? "ring" : "faults");
 	for (i = 0; i < s->nr_vcpus; i++)
 		put(buf, len, &off, " vcpu%u=%" PRIu64 " vcpu%u_bytes_per_s=%" PRIu64, i, s->vcpu_pages_per_s[i], i,
 		    s->vcpu_pages_per_s[i] * page);
