@@ -251,7 +251,7 @@ static void nonce(const struct mig_chan *ch, uint64_t seq, uint8_t out[IV_SIZE])
 /* Where the caller's bytes are: iov[i] from off. */
 struct iov_at {
 	const struct iovec *iov;
-	int n, i;
+	int i;
 	size_t off;
 };
 
@@ -326,7 +326,7 @@ static int seal_send(struct mig_chan *ch, struct iov_at *at, uint32_t len, uint3
 
 int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
 {
-	struct iov_at at = { .iov = iov, .n = n };
+	struct iov_at at = { .iov = iov };
 	uint64_t left = 0;
 	int i, ret;
 
@@ -338,12 +338,10 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n)
 		return ch->tx_err ? ch->tx_err : -EPIPE;
 	for (i = 0; i < n; i++)
 		left += iov[i].iov_len;
-	/* skip empty entries as the cursor reaches them: seal_send() takes from at->i on */
+	/* seal_send() steps over empty entries as its cursor reaches them */
 	while (left) {
 		uint32_t k = left < ch->record ? (uint32_t)left : ch->record;
 
-		while (!at.iov[at.i].iov_len)
-			at.i++;
 		ret = seal_send(ch, &at, k, 0);
 		if (ret < 0)
 			return ret;
