@@ -552,7 +552,11 @@ struct kvmdirty_count {
 	uint64_t pages;		/* distinct pages written over the interval */
 	uint64_t ns;		/* the interval: since the last count (or the consumer's creation) */
 	uint64_t pages_per_sec; /* pages over ns */
+	uint64_t flags;		/* KVMDIRTY_COUNT_* (0.4; kvmdirty_vcpu_count() only, 0 from a consumer) */
 };
+
+/* pages is a lower bound: ring entries were lost (an overflow), or memory ran out to hold them */
+#define KVMDIRTY_COUNT_INCOMPLETE (1ull << 0)
 
 /*
  * A counting consumer's measure: sync, then take every page it has
@@ -691,6 +695,26 @@ struct kvmdirty_vcpu_stats {
  * kvmdirty_tracker_stats().  Errors: -EINVAL NULL or size 0.
  */
 int kvmdirty_vcpu_stats(const struct kvmdirty_vcpu *vcpu, struct kvmdirty_vcpu_stats *ret_stats, size_t size);
+
+/*
+ * The distinct pages one vCPU dirtied since the last call for it
+ * (DIRTY_RING mode): every page its ring reported, each counted once
+ * however often it was written again and harvested again.  A vCPU that
+ * writes nothing reads 0; a page two vCPUs write counts for each whose
+ * ring reported it (KVM reports a page once per re-protect, to the vCPU
+ * that wrote it first).  The first call starts counting and reads 0 over
+ * 0 ns.  It counts what harvests took: sync first (kvmdirty_consumer_count()
+ * and kvmdirty_tracker_sync() harvest every ring) for an interval that
+ * ends now.  Memory: 16 bytes or so per page dirtied in the interval,
+ * freed at the next call; never per page of the guest.  Any thread; one
+ * caller per vCPU makes the intervals (two would split them).  Entries
+ * lost to a ring overflow, or a set that could not grow: the count is
+ * returned with KVMDIRTY_COUNT_INCOMPLETE.  size as for
+ * kvmdirty_tracker_stats().  Errors: -EINVAL NULL or size 0; -EOPNOTSUPP
+ * not DIRTY_RING mode (the bitmap modes cannot tell whose write a dirty
+ * bit is: kvmdirty_vcpu_stats().faults); -ENOMEM (the interval goes on).
+ */
+int kvmdirty_vcpu_count(struct kvmdirty_vcpu *vcpu, struct kvmdirty_count *ret_count, size_t size);
 
 /* ---- Version ---------------------------------------------------------- */
 

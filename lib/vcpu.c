@@ -101,6 +101,15 @@ static void account(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, uint64_t n)
 	kick(vs, v);
 }
 
+/* What a harvest of v's ring brought, into the pages it dirtied since its last count. */
+static void note_seen(struct kvmdirty_vcpu *v, const struct kd_ring_entry *e, uint32_t n)
+{
+	uint32_t i;
+
+	for (i = 0; i < n; i++)
+		kd_pageset_add(&v->seen, e[i].slot, e[i].offset);
+}
+
 /* Collect one ring and publish what it held (the caller checked no other ring awaits a reset). */
 static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirty_vcpu *v, bool ring_full)
 {
@@ -109,10 +118,14 @@ static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirt
 	int64_t n;
 
 	n = kd_ring_collect(ring, vs->kvm, vs->buf, vs->buf_cap, ring_full, &loss, &vs->kernel_ns);
+	if (loss && v)
+		v->seen_lost = true;
 	if (loss && sink)
 		sink->lost(vs->sink_ctx, v, loss);
 	if (n > 0) {
 		account(vs, v, (uint64_t)n);
+		if (v && v->seen_on)
+			note_seen(v, vs->buf, (uint32_t)n);
 		if (sink)
 			sink->pages(vs->sink_ctx, v, vs->buf, (uint32_t)n);
 	}
@@ -426,6 +439,7 @@ KD_EXPORT void kvmdirty_vcpu_free(struct kvmdirty_vcpu *v)
 	vcpu_unmap(v);
 	if (v->owns_fd)
 		close(v->fd);
+	kd_pageset_fini(&v->seen);
 	free(v);
 }
 
@@ -687,6 +701,45 @@ KD_EXPORT int kvmdirty_vcpu_stats(const struct kvmdirty_vcpu *v, struct kvmdirty
 	st.ring_full_exits = LOAD(v->full_exits);
 	st.faults = read_faults(v);
 	memcpy(ret_stats, &st, size < sizeof(st) ? size : sizeof(st));
+	return 0;
+}
+
+KD_EXPORT int kvmdirty_vcpu_count(struct kvmdirty_vcpu *v, struct kvmdirty_count *ret_count, size_t size)
+{
+	struct kvmdirty_count k = { 0 };
+	struct kd_pageset fresh, old = { 0 };
+	struct kd_vcpus *vs;
+	uint64_t now;
+	int ret;
+
+	if (!v || !ret_count || !size)
+		return -EINVAL;
+	if (!v->ring.gfns)
+		return -EOPNOTSUPP;
+	vs = v->owner;
+	/* the next interval's set, made outside the lock that harvests wait for */
+	ret = kd_pageset_init(&fresh, LOAD(v->seen_hint));
+	if (ret < 0)
+		return ret;
+	pthread_mutex_lock(&vs->lock);
+	now = kd_now_ns();
+	if (v->seen_on) {
+		old = v->seen;
+		k.pages = old.n;
+		k.ns = now - v->seen_ns;
+		if (old.failed || v->seen_lost)
+			k.flags |= KVMDIRTY_COUNT_INCOMPLETE;
+	}
+	v->seen = fresh;
+	v->seen_on = true;
+	v->seen_lost = false;
+	v->seen_ns = now;
+	STORE(v->seen_hint, k.pages);
+	pthread_mutex_unlock(&vs->lock);
+	kd_pageset_fini(&old);
+	if (k.ns)
+		k.pages_per_sec = (uint64_t)((unsigned __int128)k.pages * 1000000000u / k.ns);
+	memcpy(ret_count, &k, size < sizeof(k) ? size : sizeof(k));
 	return 0;
 }
 

@@ -20,6 +20,7 @@
 
 #include "dirty-ring.h"
 #include "kvm.h"
+#include "pageset.h"
 
 struct kd_vcpus;
 
@@ -48,6 +49,15 @@ struct kvmdirty_vcpu {
 	uint64_t budget_at;
 	uint64_t hold_until; /* CLOCK_MONOTONIC ns the vCPU stays out of KVM_RUN until; 0: none */
 	uint64_t held_ns, holds, kicks, full_exits;
+	/*
+	 * kvmdirty_vcpu_count(): the distinct pages its harvests reported
+	 * since the last count, once a first count turned it on (seen_on);
+	 * under the set's lock.  seen_hint (atomic) sizes the next set.
+	 */
+	struct kd_pageset seen;
+	bool seen_on;
+	bool seen_lost; /* entries of its ring were lost since the last count */
+	uint64_t seen_ns, seen_hint;
 	/*
 	 * Kicks: while the vCPU's thread is in kvmdirty_vcpu_run(), in_run is
 	 * set and thread names it.  A kicker raises kickers before it looks at

@@ -21,7 +21,7 @@ import sys
 # component: layer.  Layer 0 is what everything may use.
 LAYER = {
     "base": 0,
-    "kvm": 1, "scan": 1, "index": 1, "version": 1,
+    "kvm": 1, "scan": 1, "index": 1, "pageset": 1, "version": 1,
     "regions": 2,
     "dirty-log": 3, "dirty-ring": 3,
     "vcpu": 4,

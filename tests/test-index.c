@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "index.h"
+#include "pageset.h"
 #include "rng.h"
 #include "test-util.h"
 
@@ -325,6 +326,46 @@ START_TEST(bad_input)
 }
 END_TEST
 
+/*
+ * The set of pages kvmdirty_vcpu_count() counts with: against a plain
+ * bitmap of the same (slot, page) pairs, through many growths, each pair
+ * added several times, neighbours and far slots that share low bits.
+ */
+START_TEST(pageset_distinct)
+{
+	enum { SLOTS = 4, PAGES = 1 << 16 };
+	static const uint32_t slots[SLOTS] = { 0, 1, 1u << 16 | 1, 32763 };
+	static uint8_t ref[SLOTS][PAGES];
+	uint64_t x = 99, n = 0, i, wrong = 0, bad_i = 0;
+	struct kd_pageset s;
+
+	memset(ref, 0, sizeof(ref));
+	ck_assert_int_eq(kd_pageset_init(&s, 0), 0);
+	for (i = 0; i < 400000; i++) {
+		unsigned int k = (unsigned int)(xorshift64(&x) % SLOTS);
+		/* pages clustered low (rewritten often) and spread high, the top of the 40 bits too */
+		uint64_t p = xorshift64(&x) % (i & 1 ? 4096 : PAGES);
+		uint64_t page = p == PAGES - 1 ? (1ull << 40) - 1 : p;
+		uint64_t slot_page = p;
+		bool added = kd_pageset_add(&s, slots[k], page), fresh = !ref[k][slot_page];
+
+		ref[k][slot_page] = 1;
+		n += fresh;
+		if (added != fresh && !wrong++)
+			bad_i = i;
+	}
+	ck_assert_msg(!wrong, "%" PRIu64 " adds answered wrongly, the first at %" PRIu64, wrong, bad_i);
+	ck_assert_uint_eq(s.n, n);
+	ck_assert(!s.failed);
+	ck_assert_uint_ge(s.cap, 2 * s.n);
+	kd_pageset_fini(&s);
+	/* sized ahead: no growth needed for what it was sized for */
+	ck_assert_int_eq(kd_pageset_init(&s, 5000), 0);
+	ck_assert_uint_ge(s.cap, 10000);
+	kd_pageset_fini(&s);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("index");
@@ -338,6 +379,7 @@ int main(void)
 	tcase_add_test(tc, random_small);
 	tcase_add_test(tc, random_medium);
 	tcase_add_test(tc, random_large);
+	tcase_add_test(tc, pageset_distinct);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
