@@ -17,6 +17,9 @@
  *   consumer joins empty meanwhile; each consumer must see those writes.
  * - counting: a counting consumer's count equals the pages the guest
  *   wrote, 0 for an idle guest, and takes nothing from the others.
+ * - vcpu_count: each vCPU's distinct pages, however often its ring
+ *   reported them; 0 for a vCPU that writes nothing; counted while the
+ *   vCPU runs and every harvester harvests, nothing lost or counted twice.
  * doc/consumers.md names the invariant each test guards.
  */
 #include <pthread.h>
@@ -700,6 +703,152 @@ START_TEST(counting)
 END_TEST
 
 /*
+ * Each vCPU's distinct pages (kvmdirty_vcpu_count): vCPU 0 writes every
+ * page of its region twice an interval, with a harvest (and so a
+ * re-protect) between, so its ring reports each page twice; vCPU 1 runs
+ * all along and writes no tracked page.  The counts are exactly the
+ * region's pages and 0; the bitmap modes refuse by name.
+ */
+START_TEST(vcpu_count)
+{
+	enum kvmdirty_mode mode = modes[_i];
+	struct testvm_opts o = { .nr_vcpus = 2, .track = true, .track_opts = { .mode = mode } };
+	struct kvmdirty_vcpu_stats s0, s1;
+	struct kvmdirty_count k0, k1;
+	struct kvmdirty_region *r;
+	struct testvm *tv;
+	uint64_t pages = (1 << 20) / PAGE;
+	void *mem;
+	int round, half;
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &tv));
+	ck_assert_ok(testvm_add_memory(tv, R_GPA, pages * PAGE, 0, &mem, &r));
+	rig_work(tv, 0, R_GPA, pages, GUEST_SEQUENTIAL, GUEST_F_EXIT_EVERY_PASS | GUEST_F_CHECK);
+	/* its mailbox and stack are in the system region, which is not tracked here */
+	rig_work(tv, 1, R_GPA, 64, GUEST_COMPUTE, GUEST_F_EXIT_EVERY_PASS);
+	ck_assert_ok(kvmdirty_tracker_start(tv->tracker, r));
+	ck_assert_errno(kvmdirty_vcpu_count(NULL, &k0, sizeof(k0)), EINVAL);
+	ck_assert_errno(kvmdirty_vcpu_count(tv->vcpu[0], &k0, 0), EINVAL);
+	if (mode != KVMDIRTY_MODE_DIRTY_RING) {
+		ck_assert_errno(kvmdirty_vcpu_count(tv->vcpu[0], &k0, sizeof(k0)), EOPNOTSUPP);
+		goto out;
+	}
+	ck_assert_int_ge(kvmdirty_tracker_sync(tv->tracker), 0);
+	/* the first count starts the interval */
+	ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[0], &k0, sizeof(k0)));
+	ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[1], &k1, sizeof(k1)));
+	ck_assert_uint_eq(k0.pages, 0);
+	ck_assert_uint_eq(k0.ns, 0);
+	for (round = 0; round < 3; round++) {
+		ck_assert_ok(kvmdirty_vcpu_stats(tv->vcpu[0], &s0, sizeof(s0)));
+		for (half = 0; half < 2; half++) {
+			rig_run_pass(tv, 0);
+			rig_run_pass(tv, 1);
+			ck_assert_int_ge(kvmdirty_tracker_sync(tv->tracker), 0);
+		}
+		ck_assert_ok(kvmdirty_vcpu_stats(tv->vcpu[0], &s1, sizeof(s1)));
+		/* the ring reported every page twice ... */
+		ck_assert_uint_eq(s1.dirtied - s0.dirtied, 2 * pages);
+		/* ... the count has each once */
+		ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[0], &k0, sizeof(k0)));
+		ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[1], &k1, sizeof(k1)));
+		ck_assert_msg(k0.pages == pages && !k0.flags, "round %d: vCPU 0 counted %" PRIu64 " (flags %" PRIu64
+			      "), it wrote %" PRIu64 " distinct pages", round, k0.pages, k0.flags, pages);
+		ck_assert_msg(k1.pages == 0 && !k1.flags, "round %d: vCPU 1 wrote nothing and counted %" PRIu64,
+			      round, k1.pages);
+		ck_assert_uint_gt(k0.ns, 0);
+		ck_assert_uint_gt(testvm_mailbox(tv, 1)->pass, (uint64_t)2 * round);
+		/* nothing written since */
+		ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[0], &k0, sizeof(k0)));
+		ck_assert_uint_eq(k0.pages, 0);
+	}
+out:
+	testvm_free(tv);
+	testvm_unmap(mem, pages * PAGE);
+}
+END_TEST
+
+/* A vCPU on a thread of its own, run until its guest is done. */
+struct run_once {
+	struct testvm *tv;
+	int ret, done;
+	struct testvm_exit ex;
+};
+
+static void *run_once_main(void *p)
+{
+	struct run_once *r = p;
+
+	do
+		r->ret = testvm_run(r->tv, 0, &r->ex);
+	while (!r->ret && (r->ex.event == TESTVM_PASS || r->ex.event == TESTVM_TICK));
+	__atomic_store_n(&r->done, 1, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+/*
+ * kvmdirty_vcpu_count() from another thread while the vCPU runs, its
+ * small ring filling (ring-full exits harvested by the run helper), the
+ * reaper harvesting every millisecond and syncs harvesting too: each
+ * harvest's pages go into one interval's set or the next, the swap being
+ * under the lock every harvest takes.  The guest writes each page once
+ * (its tag, two stores: a harvest between them reports the page again),
+ * so the intervals' counts add up to at least its pages, and to at most
+ * the entries its ring reported: a page dropped at a swap makes the sum
+ * short, a set not emptied by a count makes it overshoot.
+ */
+START_TEST(vcpu_count_while_running)
+{
+	struct testvm_opts o = { .nr_vcpus = 1, .track = true,
+				 .track_opts = { .mode = KVMDIRTY_MODE_DIRTY_RING, .ring_entries = 256, .reaper_ms = 1 } };
+	uint64_t pages = (16ull << 20) / PAGE, total = 0, flags = 0, counts = 0, entries;
+	struct kvmdirty_vcpu_stats s0, s1;
+	struct kvmdirty_region *r;
+	struct kvmdirty_count k;
+	struct run_once ro;
+	pthread_t th;
+	struct testvm *tv;
+	void *mem;
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &tv));
+	ck_assert_ok(testvm_add_memory(tv, R_GPA, pages * PAGE, 0, &mem, &r));
+	rig_work(tv, 0, R_GPA, pages, GUEST_SEQUENTIAL, GUEST_F_CHECK);
+	testvm_mailbox(tv, 0)->until_pass = 1;
+	ck_assert_ok(kvmdirty_tracker_start(tv->tracker, r));
+	ck_assert_int_ge(kvmdirty_tracker_sync(tv->tracker), 0);
+	ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[0], &k, sizeof(k)));
+	ck_assert_ok(kvmdirty_vcpu_stats(tv->vcpu[0], &s0, sizeof(s0)));
+	ro = (struct run_once){ .tv = tv };
+	ck_assert_int_eq(pthread_create(&th, NULL, run_once_main, &ro), 0);
+	while (!__atomic_load_n(&ro.done, __ATOMIC_ACQUIRE)) {
+		if (counts++ % 2 && kvmdirty_tracker_sync(tv->tracker) < 0)
+			break;
+		if (kvmdirty_vcpu_count(tv->vcpu[0], &k, sizeof(k)) < 0)
+			break;
+		total += k.pages;
+		flags |= k.flags;
+	}
+	pthread_join(th, NULL);
+	ck_assert_msg(ro.ret == 0 && ro.ex.event == TESTVM_DONE, "the guest: %s, %s", strerror(-ro.ret),
+		      testvm_event_name(ro.ex.event));
+	ck_assert_int_ge(kvmdirty_tracker_sync(tv->tracker), 0);
+	ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[0], &k, sizeof(k)));
+	total += k.pages;
+	flags |= k.flags;
+	ck_assert_ok(kvmdirty_vcpu_stats(tv->vcpu[0], &s1, sizeof(s1)));
+	entries = s1.dirtied - s0.dirtied;
+	ck_assert_msg(total >= pages && total <= entries && !flags,
+		      "%" PRIu64 " counts added up to %" PRIu64 " pages (flags %" PRIu64 "), the guest wrote %" PRIu64
+		      ", its ring reported %" PRIu64,
+		      counts, total, flags, pages, entries);
+	testvm_free(tv);
+	testvm_unmap(mem, pages * PAGE);
+}
+END_TEST
+
+/*
  * A consumer's place (cursor) in a region that is removed, and the slot id
  * given to a smaller region: the next hand-out must start at that
  * region's head and stay inside it.  Each consumer's cursor went stale
@@ -867,6 +1016,8 @@ int main(void)
 	tcase_add_test(tc, fetch_to_clear_window);
 	tcase_add_test(tc, join_empty_in_fetch_to_clear_window);
 	tcase_add_loop_test(tc, counting, 0, MODES);
+	tcase_add_loop_test(tc, vcpu_count, 0, MODES);
+	tcase_add_test(tc, vcpu_count_while_running);
 	tcase_add_loop_test(tc, slot_reused_cursor, 0, MODES);
 	tcase_add_test(tc, count_fails_partway);
 	tcase_add_test(tc, bad_calls);
