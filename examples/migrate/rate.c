@@ -34,17 +34,33 @@ static uint64_t mono_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/*
- * vCPU i's count: ring entries harvested for it (DIRTY_RING), else the
- * page faults KVM took for it; prev where the library cannot say.
- */
-static uint64_t vcpu_count(const struct mig_rate *r, unsigned int i, uint64_t prev)
+/* vCPU i's page faults so far (the bitmap modes); prev where the library cannot say. */
+static uint64_t vcpu_faults(const struct mig_rate *r, unsigned int i, uint64_t prev)
 {
 	struct kvmdirty_vcpu_stats st;
 
 	if (kvmdirty_vcpu_stats(r->vcpus[i], &st, sizeof(st)) < 0)
 		return prev;
-	return r->by_ring ? st.dirtied : st.faults;
+	return st.faults;
+}
+
+/*
+ * vCPU i's rate over the interval of ns that ended with the guest's count
+ * (which harvested every ring): the distinct pages its ring reported
+ * (DIRTY_RING), else its page faults; 0 where the library cannot say.
+ */
+static uint64_t vcpu_rate(struct mig_rate *r, unsigned int i, uint64_t ns)
+{
+	struct kvmdirty_count k;
+	uint64_t c;
+
+	if (r->by_ring)
+		return kvmdirty_vcpu_count(r->vcpus[i], &k, sizeof(k)) < 0 ? 0 : k.pages_per_sec;
+	c = vcpu_faults(r, i, r->prev[i]);
+	/* counts only grow; one that did not (a vCPU's counter started again) reads 0 */
+	r->rates[i] = c >= r->prev[i] ? (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns) : 0;
+	r->prev[i] = c;
+	return r->rates[i];
 }
 
 int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus, unsigned int n,
@@ -87,8 +103,16 @@ int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus,
 		mig_rate_free(r);
 		return mig_errf(err, len, ret, "rate: a counting consumer of the dirty log: %s", strerror(-ret));
 	}
-	for (i = 0; i < n; i++)
-		r->prev[i] = vcpu_count(r, i, 0);
+	/* each vCPU's interval starts here too (the count above harvested every ring) */
+	for (i = 0; i < n && ret == 0; i++)
+		if (r->by_ring)
+			ret = kvmdirty_vcpu_count(vcpus[i], &k, sizeof(k));
+		else
+			r->prev[i] = vcpu_faults(r, i, 0);
+	if (ret < 0) {
+		mig_rate_free(r);
+		return mig_errf(err, len, ret, "rate: counting vCPU %u's pages: %s", i - 1, strerror(-ret));
+	}
 	r->t0_ns = r->last_ns = mono_ns();
 	*ret_r = r;
 	return 0;
@@ -106,13 +130,8 @@ int mig_rate_sample(struct mig_rate *r, struct mig_rate_sample *ret_s)
 	now = mono_ns();
 	ns = now - r->last_ns ? now - r->last_ns : 1;
 	r->last_ns = now;
-	for (i = 0; i < r->n; i++) {
-		uint64_t c = vcpu_count(r, i, r->prev[i]);
-
-		/* counts only grow; one that did not (a vCPU's counter started again) reads 0 */
-		r->rates[i] = c >= r->prev[i] ? (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns) : 0;
-		r->prev[i] = c;
-	}
+	for (i = 0; i < r->n; i++)
+		r->rates[i] = vcpu_rate(r, i, ns);
 	*ret_s = (struct mig_rate_sample){ .t_ms = (now - r->t0_ns) / 1000000u,
 					   .ns = k.ns,
 					   .pages = k.pages,

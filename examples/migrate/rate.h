@@ -7,12 +7,14 @@
  * migrate and while a migration runs: a counting consumer of the guest's
  * tracker (kvmdirty_consumer_count(): it takes nothing from any other
  * consumer, so a migration beside it sends the pages it would send
- * without it), and each vCPU's part from the library's per-vCPU counts
- * (kvmdirty_vcpu_stats()): in DIRTY_RING mode the ring entries harvested
- * for it, the pages it dirtied; in the bitmap modes, which cannot tell
- * whose write a dirty bit is, the write faults KVM took for it (after a
- * count protects every page it took again, a vCPU's first write to each
- * page faults once).
+ * without it), and each vCPU's part from the library's per-vCPU counts:
+ * in DIRTY_RING mode the distinct pages its ring reported over the
+ * interval (kvmdirty_vcpu_count(): a page rewritten after each harvest
+ * still counts once); in the bitmap modes, which cannot tell whose write
+ * a dirty bit is, the write faults KVM took for it (kvmdirty_vcpu_stats():
+ * after a count protects every page it took again, a vCPU's first write
+ * to each page faults once, and a harvest between counts makes it fault
+ * again).
  *
  * One thread samples; mig_rate_sample() and mig_rate_free() from it.
  */
