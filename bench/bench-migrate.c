@@ -697,12 +697,14 @@ static int sessions(int rounds, int mib)
 static int rate_bench(int rounds)
 {
 	static const uint64_t set_mibps[] = { 1, 10, 100 };
+	/* the bitmap modes split the rate by vCPU from faults, the ring from its distinct pages */
+	static const enum kvmdirty_mode modes[] = { KVMDIRTY_MODE_CLEAR_LOG, KVMDIRTY_MODE_DIRTY_RING };
 	unsigned int k, i;
 
-	for (k = 0; k < sizeof(set_mibps) / sizeof(set_mibps[0]); k++) {
-		uint64_t ws = 2 * set_mibps[k] < 4 ? 4 : 2 * set_mibps[k];
-		struct mig_testvm_opts g = { .mib = ws + 64 < 256 ? 256 : ws + 64, .vcpus = 2,
-					     .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	for (k = 0; k < 2 * sizeof(set_mibps) / sizeof(set_mibps[0]); k++) {
+		unsigned int si = k % 3;
+		uint64_t ws = 2 * set_mibps[si] < 4 ? 4 : 2 * set_mibps[si];
+		struct mig_testvm_opts g = { .mib = ws + 64 < 256 ? 256 : ws + 64, .vcpus = 2, .mode = modes[k / 3] };
 		double measured = 0, says = 0, v0 = 0;
 		struct mig_rate_sample smp;
 		struct mig_rate *r = NULL;
@@ -710,12 +712,12 @@ static int rate_bench(int rounds)
 		char err[256] = "";
 		uint64_t p0, p1;
 
-		g.work[0] = (struct mig_vcpu_work){ .kind = MIG_WORK_DIRTY, .mib = ws, .rate = set_mibps[k] * 256 };
+		g.work[0] = (struct mig_vcpu_work){ .kind = MIG_WORK_DIRTY, .mib = ws, .rate = set_mibps[si] * 256 };
 		g.work[1] = (struct mig_vcpu_work){ .kind = MIG_WORK_IDLE };
 		if (mig_testvm_new(&g, true, &tv, err, sizeof(err)) < 0 ||
 		    (testvm_spawn(tv) < 0 && snprintf(err, sizeof(err), "starting the vCPUs") > 0) ||
 		    mig_rate_new(tv->tracker, tv->vcpu, tv->nr_vcpus, &r, err, sizeof(err)) < 0) {
-			fprintf(stderr, "bench-migrate: rate %" PRIu64 " MiB/s: %s\n", set_mibps[k], err);
+			fprintf(stderr, "bench-migrate: rate %" PRIu64 " MiB/s: %s\n", set_mibps[si], err);
 			mig_testvm_free(tv);
 			return -1;
 		}
@@ -737,10 +739,10 @@ static int rate_bench(int rounds)
 			says += (double)(p1 - p0) / (smp.ns / 1e9) / 256.0 / 5;
 		}
 		/* ratio: against the rate set; of_guest: against what the guest says it wrote (a host too slow for the set rate) */
-		printf("rate set_mibps=%" PRIu64 " measured_mibps=%.2f ratio=%.3f guest_says_mibps=%.2f of_guest=%.3f "
+		printf("rate mode=%s set_mibps=%" PRIu64 " measured_mibps=%.2f ratio=%.3f guest_says_mibps=%.2f of_guest=%.3f "
 		       "vcpu0_mibps=%.2f vcpu1_pages_per_s=%" PRIu64 "\n",
-		       set_mibps[k], measured, measured / set_mibps[k], says, says > 0 ? measured / says : 0, v0,
-		       smp.vcpu_pages_per_s[1]);
+		       k / 3 ? "dirty-ring" : "clear-log", set_mibps[si], measured, measured / set_mibps[si], says,
+		       says > 0 ? measured / says : 0, v0, smp.vcpu_pages_per_s[1]);
 		fflush(stdout);
 		mig_rate_free(r);
 		mig_testvm_free(tv);
