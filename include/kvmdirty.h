@@ -703,16 +703,21 @@ int kvmdirty_vcpu_stats(const struct kvmdirty_vcpu *vcpu, struct kvmdirty_vcpu_s
  * writes nothing reads 0; a page two vCPUs write counts for each whose
  * ring reported it (KVM reports a page once per re-protect, to the vCPU
  * that wrote it first).  The first call starts counting and reads 0 over
- * 0 ns.  It counts what harvests took: sync first (kvmdirty_consumer_count()
- * and kvmdirty_tracker_sync() harvest every ring) for an interval that
- * ends now.  Memory: 16 bytes or so per page dirtied in the interval,
- * freed at the next call; never per page of the guest.  Any thread; one
- * caller per vCPU makes the intervals (two would split them).  Entries
- * lost to a ring overflow, or a set that could not grow: the count is
- * returned with KVMDIRTY_COUNT_INCOMPLETE.  size as for
- * kvmdirty_tracker_stats().  Errors: -EINVAL NULL or size 0; -EOPNOTSUPP
- * not DIRTY_RING mode (the bitmap modes cannot tell whose write a dirty
- * bit is: kvmdirty_vcpu_stats().faults); -ENOMEM (the interval goes on).
+ * 0 ns; ret_count NULL stops counting (the set freed; the next call
+ * starts again).  It counts what harvests took: sync first
+ * (kvmdirty_consumer_count() and kvmdirty_tracker_sync() harvest every
+ * ring) for an interval that ends now.  Memory while counting: 16 to 32
+ * bytes per page dirtied in the interval (never per page of the guest),
+ * freed at the next call; stop counting when no longer asking.  Any
+ * thread; one caller per vCPU makes the intervals (two would split them).
+ * Entries lost to an overflow of any vCPU's ring (in this interval or the
+ * one before: the lost pages stay writable until a sync re-protects
+ * them), or a set that could not grow: KVMDIRTY_COUNT_INCOMPLETE.  size as
+ * for kvmdirty_tracker_stats() (zero the struct first where the library
+ * may be older than the header).  Errors: -EINVAL NULL vcpu, size 0;
+ * -EOPNOTSUPP not DIRTY_RING mode (the bitmap modes cannot tell whose write
+ * a dirty bit is: kvmdirty_vcpu_stats().faults); -ENOMEM (the interval
+ * goes on).
  */
 int kvmdirty_vcpu_count(struct kvmdirty_vcpu *vcpu, struct kvmdirty_count *ret_count, size_t size);
 

@@ -101,13 +101,18 @@ static void account(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, uint64_t n)
 	kick(vs, v);
 }
 
-/* What a harvest of v's ring brought, into the pages it dirtied since its last count. */
+/*
+ * What a harvest of v's ring brought, into the pages it dirtied since its
+ * last count: address space 0 only, as the tracker (its slot ids are
+ * below 2^16, so the set's keys never alias).
+ */
 static void note_seen(struct kvmdirty_vcpu *v, const struct kd_ring_entry *e, uint32_t n)
 {
 	uint32_t i;
 
 	for (i = 0; i < n; i++)
-		kd_pageset_add(&v->seen, e[i].slot, e[i].offset);
+		if (!(e[i].slot >> 16))
+			kd_pageset_add(&v->seen, e[i].slot, e[i].offset);
 }
 
 /* Collect one ring and publish what it held (the caller checked no other ring awaits a reset). */
@@ -118,8 +123,8 @@ static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirt
 	int64_t n;
 
 	n = kd_ring_collect(ring, vs->kvm, vs->buf, vs->buf_cap, ring_full, &loss, &vs->kernel_ns);
-	if (loss && v)
-		v->seen_lost = true;
+	if (loss)
+		vs->loss_seq++;
 	if (loss && sink)
 		sink->lost(vs->sink_ctx, v, loss);
 	if (n > 0) {
@@ -704,6 +709,21 @@ KD_EXPORT int kvmdirty_vcpu_stats(const struct kvmdirty_vcpu *v, struct kvmdirty
 	return 0;
 }
 
+/* Stop counting v's pages: its set freed. */
+static int count_stop(struct kvmdirty_vcpu *v)
+{
+	struct kd_vcpus *vs = v->owner;
+	struct kd_pageset old;
+
+	pthread_mutex_lock(&vs->lock);
+	old = v->seen;
+	v->seen = (struct kd_pageset){ 0 };
+	v->seen_on = false;
+	pthread_mutex_unlock(&vs->lock);
+	kd_pageset_fini(&old);
+	return 0;
+}
+
 KD_EXPORT int kvmdirty_vcpu_count(struct kvmdirty_vcpu *v, struct kvmdirty_count *ret_count, size_t size)
 {
 	struct kvmdirty_count k = { 0 };
@@ -712,10 +732,12 @@ KD_EXPORT int kvmdirty_vcpu_count(struct kvmdirty_vcpu *v, struct kvmdirty_count
 	uint64_t now;
 	int ret;
 
-	if (!v || !ret_count || !size)
+	if (!v || (ret_count && !size))
 		return -EINVAL;
 	if (!v->ring.gfns)
 		return -EOPNOTSUPP;
+	if (!ret_count)
+		return count_stop(v);
 	vs = v->owner;
 	/* the next interval's set, made outside the lock that harvests wait for */
 	ret = kd_pageset_init(&fresh, LOAD(v->seen_hint));
@@ -727,12 +749,16 @@ KD_EXPORT int kvmdirty_vcpu_count(struct kvmdirty_vcpu *v, struct kvmdirty_count
 		old = v->seen;
 		k.pages = old.n;
 		k.ns = now - v->seen_ns;
-		if (old.failed || v->seen_lost)
+		/* a loss in this interval or the one before (its pages writable until a sync re-protected them) */
+		if (old.failed || vs->loss_seq != v->seen_loss[0])
 			k.flags |= KVMDIRTY_COUNT_INCOMPLETE;
+		v->seen_loss[0] = v->seen_loss[1];
+	} else {
+		v->seen_loss[0] = vs->loss_seq;
 	}
+	v->seen_loss[1] = vs->loss_seq;
 	v->seen = fresh;
 	v->seen_on = true;
-	v->seen_lost = false;
 	v->seen_ns = now;
 	STORE(v->seen_hint, k.pages);
 	pthread_mutex_unlock(&vs->lock);

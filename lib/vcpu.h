@@ -56,8 +56,14 @@ struct kvmdirty_vcpu {
 	 */
 	struct kd_pageset seen;
 	bool seen_on;
-	bool seen_lost; /* entries of its ring were lost since the last count */
 	uint64_t seen_ns, seen_hint;
+	/*
+	 * The set's loss_seq at its last two counts: a loss in any ring
+	 * leaves pages writable, for every vCPU, until the tracker's next
+	 * sync re-protects them, so the interval that saw it and the next
+	 * are both incomplete.
+	 */
+	uint64_t seen_loss[2];
 	/*
 	 * Kicks: while the vCPU's thread is in kvmdirty_vcpu_run(), in_run is
 	 * set and thread names it.  A kicker raises kickers before it looks at
@@ -120,6 +126,7 @@ struct kd_vcpus {
 	uint32_t buf_cap;
 	uint64_t kernel_ns; /* in KVM_RESET_DIRTY_RINGS, for kd_vcpus_harvest() */
 	uint64_t win_start; /* the rate window's start, CLOCK_MONOTONIC ns */
+	uint64_t loss_seq;  /* ring losses seen, any ring (under the lock) */
 	int kick_signo;	    /* signal that takes a vCPU over its limit out of KVM_RUN; 0: none */
 	uint32_t kick_gen;  /* kick_signo's changes, counted (atomic) */
 };

@@ -763,6 +763,13 @@ START_TEST(vcpu_count)
 		ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[0], &k0, sizeof(k0)));
 		ck_assert_uint_eq(k0.pages, 0);
 	}
+	/* stopped, what comes after is not counted: the next count starts again */
+	ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[0], NULL, 0));
+	rig_run_pass(tv, 0);
+	ck_assert_int_ge(kvmdirty_tracker_sync(tv->tracker), 0);
+	ck_assert_ok(kvmdirty_vcpu_count(tv->vcpu[0], &k0, sizeof(k0)));
+	ck_assert_msg(k0.pages == 0 && k0.ns == 0, "after a stop: %" PRIu64 " pages over %" PRIu64 " ns", k0.pages,
+		      k0.ns);
 out:
 	testvm_free(tv);
 	testvm_unmap(mem, pages * PAGE);

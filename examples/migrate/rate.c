@@ -58,9 +58,9 @@ static uint64_t vcpu_rate(struct mig_rate *r, unsigned int i, uint64_t ns)
 		return kvmdirty_vcpu_count(r->vcpus[i], &k, sizeof(k)) < 0 ? 0 : k.pages_per_sec;
 	c = vcpu_faults(r, i, r->prev[i]);
 	/* counts only grow; one that did not (a vCPU's counter started again) reads 0 */
-	r->rates[i] = c >= r->prev[i] ? (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns) : 0;
+	ns = c >= r->prev[i] ? (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns) : 0;
 	r->prev[i] = c;
-	return r->rates[i];
+	return ns;
 }
 
 int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus, unsigned int n,
@@ -189,8 +189,13 @@ void mig_rate_format(const struct mig_rate_sample *s, bool json, char *buf, size
 
 void mig_rate_free(struct mig_rate *r)
 {
+	unsigned int i;
+
 	if (!r)
 		return;
+	/* each vCPU's set of pages goes: nobody asks any more */
+	for (i = 0; r->by_ring && i < r->n; i++)
+		kvmdirty_vcpu_count(r->vcpus[i], NULL, 0);
 	kvmdirty_consumer_free(r->cons);
 	if (r->own_tracking)
 		kvmdirty_tracker_stop(r->t, NULL);
