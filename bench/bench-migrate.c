@@ -300,6 +300,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 		close(ready[0]);
 		if (!tcp)
 			unlink(addr + 5);
+		mig_guest_release(&sg);
 		mig_testvm_free(tv);
 		return -1;
 	}
@@ -325,6 +326,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	waitpid(pid, &st, 0);
 	if (!tcp)
 		unlink(addr + 5);
+	mig_guest_release(&sg);
 	mig_testvm_free(tv);
 	if (ret != 0 || !WIFEXITED(st) || WEXITSTATUS(st)) {
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, ret ? err : "destination failed");

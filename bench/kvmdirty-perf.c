@@ -307,7 +307,7 @@ int main(int argc, char **argv)
 		mb->flags = GUEST_F_EXIT_EVERY_PASS;
 	}
 	p.region[p.vcpus] = p.tv->sys_region;
-	p.bitmap[p.vcpus] = calloc(KVMDIRTY_BITMAP_WORDS(GUEST_SYS_SIZE / PAGE), 8);
+	p.bitmap[p.vcpus] = calloc(KVMDIRTY_BITMAP_WORDS(p.tv->sys_size / PAGE), 8);
 	pthread_barrier_init(&p.go, NULL, p.vcpus + 1);
 	pthread_barrier_init(&p.done, NULL, p.vcpus + 1);
 	for (i = 0; i < p.vcpus; i++) {

@@ -78,6 +78,9 @@ expect 2 "--vcpu 'x'" "$migrate" send unix:/tmp/x --vcpu x=compute
 expect 2 "--vcpu 3: the guest has 2 vCPUs" "$migrate" send unix:/tmp/x -v 2 --vcpu 3=compute
 expect 2 "--fill 'most'" "$migrate" send unix:/tmp/x --fill most
 expect 2 "--fill '0'" "$migrate" send unix:/tmp/x --fill 0
+expect 2 "--regions '0'" "$migrate" send unix:/tmp/x --regions 0
+expect 2 "--regions '65535'" "$migrate" listen unix:/tmp/x --regions 65535
+expect 2 "--regions 'many'" "$migrate" rate --regions many
 expect 2 "--baseline 'soon'" "$migrate" send unix:/tmp/x --baseline soon
 expect 2 "-m ' 64'" "$migrate" send unix:/tmp/x -m " 64"
 expect 2 "-m '+64'" "$migrate" send unix:/tmp/x -m +64
@@ -86,6 +89,7 @@ expect 2 "-m 'K'" "$migrate" send unix:/tmp/x -m K
 # a leading 0 is decimal (08 would not be octal), 0x is hex
 needs_kvm 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 08 -v 1 -d 010
 needs_kvm 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 0x10 -v 1
+expect 1 "--regions 2000: at most 65534, and no more than memory's 1024 pages" "$migrate" send unix:/nonexistent/sock -m 4 --regions 2000
 expect 1 "working sets of 96 MiB exceed memory 64 MiB" "$migrate" send unix:/nonexistent/sock -m 64 -v 2 --vcpu 0=dirty:64 -w 32
 # the demo's own 64 MiB working set, not -w (which it sets itself), is what must fit
 expect 1 "working sets of 64 MiB exceed memory 32 MiB" "$migrate" demo -m 32 -v 1 -w 8

@@ -68,21 +68,26 @@ static inline pid_t spawn_migrate(char *const *args, int errfd)
 
 static inline pid_t spawn_listener(const char *addr, const struct mig_testvm_opts *g, const char *timeout_ms)
 {
-	char mib[32], vcpus[32];
-	char *args[] = { "listen", (char *)addr, "-m", mib, "-v", vcpus, "--run-ms", "300", "-T", (char *)timeout_ms,
-			 NULL };
+	char mib[32], vcpus[32], regions[32];
+	char *args[] = { "listen",  (char *)addr, "-m",		  mib, "-v", vcpus, "--run-ms", "300",
+			 "-T",	    (char *)timeout_ms, "--regions", regions, NULL };
 
 	snprintf(mib, sizeof(mib), "%" PRIu64, g->mib);
 	snprintf(vcpus, sizeof(vcpus), "%u", g->vcpus);
+	snprintf(regions, sizeof(regions), "%u", g->regions ? g->regions : 1);
 	return spawn_migrate(args, -1);
 }
 
-/* Connect once the listener is up (it binds, then builds its guest). */
+/*
+ * Connect once the listener is up (it builds its guest, then binds:
+ * thousands of memslots take KVM a while), for up to 10 minutes or until
+ * the listener exits.
+ */
 static inline int connect_retry(const char *addr, pid_t listener, char *err, size_t len)
 {
 	int i, fd = -1, st;
 
-	for (i = 0; i < 500 && fd < 0; i++) {
+	for (i = 0; i < 60000 && fd < 0; i++) {
 		fd = mig_connect(addr, 10000, err, len);
 		if (fd < 0) {
 			ck_assert_msg(waitpid(listener, &st, WNOHANG) == 0, "the listener exited: %s", err);

@@ -35,6 +35,7 @@ static const struct mig_region fake_layout[] = {
 
 struct fake_guest {
 	struct mig_guest g;
+	void *mem[FAKE_NR_REGIONS]; /* the regions' memory (g.regions, which mig_guest_release() frees, points here) */
 	/* each vCPU's state: fresh (fake_fresh()) until a stream loads one */
 	struct mig_vcpu_state loaded[FAKE_NR_VCPUS];
 	unsigned int loads;
@@ -100,10 +101,14 @@ static inline int fake_guest_init(struct fake_guest *f)
 	f->g.nr_vcpus = FAKE_NR_VCPUS;
 	f->g.ops = &fake_ops;
 	f->g.ctx = f;
+	f->g.regions = calloc(FAKE_NR_REGIONS, sizeof(*f->g.regions));
+	if (!f->g.regions)
+		return -ENOMEM;
 	for (i = 0; i < FAKE_NR_REGIONS; i++) {
+		f->mem[i] = calloc(1, fake_layout[i].size);
 		f->g.regions[i] = (struct mig_guest_region){ .gpa = fake_layout[i].gpa, .size = fake_layout[i].size,
-							     .hva = calloc(1, fake_layout[i].size) };
-		if (!f->g.regions[i].hva)
+							     .hva = f->mem[i] };
+		if (!f->mem[i])
 			return -ENOMEM;
 	}
 	return 0;
@@ -113,8 +118,9 @@ static inline void fake_guest_free(struct fake_guest *f)
 {
 	unsigned int i;
 
+	mig_guest_release(&f->g);
 	for (i = 0; i < FAKE_NR_REGIONS; i++)
-		free(f->g.regions[i].hva);
+		free(f->mem[i]);
 }
 
 struct mem_stream {

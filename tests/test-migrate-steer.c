@@ -193,6 +193,7 @@ static void rig_down(struct rig *r, bool moved)
 	ck_assert_int_eq(child_status(r->listener), moved ? 0 : 128 + SIGTERM);
 	drop_addr(r->addr);
 	mig_status_destroy(&r->st);
+	mig_guest_release(&r->g);
 	mig_testvm_free(r->tv);
 }
 
@@ -350,7 +351,7 @@ END_TEST
 /* Another consumer of the guest's tracker (a snapshot, a rate sampler): its own copy of memory. */
 struct sampler {
 	struct kvmdirty_consumer *c;
-	uint8_t *copy[MIG_MAX_REGIONS];
+	uint8_t *copy[4]; /* the test guest has two regions */
 };
 
 static void sampler_take(struct sampler *sm, const struct mig_guest *g)
@@ -377,6 +378,7 @@ static void sampler_start(struct sampler *sm, const struct mig_guest *g)
 	/* tracking on before the migration: the migration does not turn it off after */
 	ck_assert_ok(kvmdirty_tracker_start(g->tracker, NULL));
 	ck_assert_ok(kvmdirty_consumer_new(g->tracker, 0, &sm->c));
+	ck_assert_uint_le(g->nr_regions, sizeof(sm->copy) / sizeof(sm->copy[0]));
 	for (i = 0; i < g->nr_regions; i++) {
 		sm->copy[i] = malloc(g->regions[i].size);
 		ck_assert_ptr_nonnull(sm->copy[i]);
@@ -648,6 +650,7 @@ START_TEST(cancel_ends_a_wait_on_the_peer)
 	}
 	expect_running(tv, go.vcpus);
 	mig_status_destroy(&st);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -706,6 +709,7 @@ START_TEST(failure_leaves_other_consumers_whole)
 	sampler_check(&sm, &g);
 	sampler_free(&sm, &g);
 	mig_status_destroy(&st);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST

@@ -51,10 +51,10 @@ static const struct mig_send_opts send_opts = {
 	.force_switchover = true,
 };
 
-static int migrate_once(const struct mig_guest *g, const struct mig_testvm_opts *o, const char *addr,
-			struct mig_result *r, char *err, size_t len)
+static int migrate_once_waiting(const struct mig_guest *g, const struct mig_testvm_opts *o, const char *addr,
+				const char *timeout_ms, struct mig_result *r, char *err, size_t len)
 {
-	pid_t pid = spawn_listener(addr, o, "60000");
+	pid_t pid = spawn_listener(addr, o, timeout_ms);
 	int fd = connect_retry(addr, pid, err, len), ret, status;
 
 	ck_assert_msg(fd >= 0, "%s", err);
@@ -66,6 +66,12 @@ static int migrate_once(const struct mig_guest *g, const struct mig_testvm_opts 
 	status = child_status(pid);
 	drop_addr(addr);
 	return ret < 0 ? ret : ret > 0 ? -EIO : status ? -status : 0;
+}
+
+static int migrate_once(const struct mig_guest *g, const struct mig_testvm_opts *o, const char *addr,
+			struct mig_result *r, char *err, size_t len)
+{
+	return migrate_once_waiting(g, o, addr, "60000", r, err, len);
 }
 
 struct case_ {
@@ -103,6 +109,111 @@ START_TEST(migrate)
 	       addr, c->vcpus, c->mode, c->ws_mib, r.passes, r.total_ms, r.downtime_ms, r.zero_pages, r.verified_pages);
 	ck_assert_uint_ge(r.zero_pages, 1);
 	ck_assert_uint_eq(r.lost_pages, 0);
+	mig_guest_release(&g);
+	mig_testvm_free(tv);
+}
+END_TEST
+
+/*
+ * Many regions (memslots), where the stream and the engine once took 16:
+ * the guest's memory as 4,096 regions, and as many as KVM's memslots
+ * allow but the system region's (the library's bound here), migrated
+ * while the guest dirties across their boundaries, verified page by page
+ * (the source checks its final memory against what it sent) and run on
+ * by the destination with its self-check.
+ */
+START_TEST(many_regions)
+{
+	struct mig_testvm_opts o = { .mib = 128, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 16 };
+	struct kvmdirty_vm *vm;
+	struct mig_result r;
+	struct mig_guest g;
+	struct testvm *tv;
+	char addr[128], err[512];
+	uint64_t slots, total = 0;
+	int ret;
+
+	ck_assert_ok(kvmdirty_vm_new(&vm));
+	slots = kvmdirty_vm_cap(vm, KVMDIRTY_CAP_NR_MEMSLOTS);
+	kvmdirty_vm_free(vm);
+	o.regions = _i == 0 ? 4096 : (unsigned int)(slots < MIG_MAX_REGIONS ? slots : MIG_MAX_REGIONS) - 1;
+	if (o.regions > (o.mib << 20) / PAGE)
+		o.regions = (unsigned int)((o.mib << 20) / PAGE);
+	tv = running_source(&o, &g);
+	ck_assert_uint_eq(g.nr_regions, o.regions + 1);
+	make_addr("unix", addr, sizeof(addr));
+	/* starting to track thousands of memslots (after the connection, before the header) takes KVM a while */
+	ret = migrate_once_waiting(&g, &o, addr, "600000", &r, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%u regions: %d (%s)", g.nr_regions, ret,
+		      ret < -100 ? "destination failed: see its log" : err);
+	printf("%u regions migrated: %" PRIu64 " passes, %.1f ms, %" PRIu64 " pages verified after switchover\n",
+	       g.nr_regions, r.passes, r.total_ms, r.verified_pages);
+	ck_assert_uint_eq(r.lost_pages, 0);
+	for (ret = 0; ret < (int)g.nr_regions; ret++)
+		total += g.regions[ret].size / PAGE;
+	/* every page of every region: the source's final memory against what it sent */
+	ck_assert_uint_eq(r.verified_pages, total);
+	if (_i == 0) {
+		/* a destination whose guest has other regions refuses by name; the guest runs on here */
+		struct mig_testvm_opts other = o;
+		char want[128];
+
+		other.regions = 1;
+		make_addr("unix", addr, sizeof(addr));
+		ret = migrate_once_waiting(&g, &other, addr, "600000", &r, err, sizeof(err));
+		snprintf(want, sizeof(want), "header.nr_regions: %u, this destination has 2", g.nr_regions);
+		ck_assert_msg(ret < 0 && strstr(err, want), "to a destination of 2 regions: %d (%s)", ret, err);
+		ck_assert_ok(mig_testvm_check_running(tv, 300, err, sizeof(err)));
+	}
+	mig_guest_release(&g);
+	mig_testvm_free(tv);
+}
+END_TEST
+
+/*
+ * Many vCPUs, where the engine, the throttle and the test guest once took
+ * 64: 65 (the first past the test guest's 2 MiB layout), and with
+ * KD_TEST_MAX_VCPUS set (meson's migrate-max-vcpus, plain build only) as
+ * many as KVM allows, up to 1,024.  vCPU 0 dirties, the others idle (their
+ * loop writes only their mailboxes); every page verified, each vCPU's
+ * state carried, the destination runs them all with its self-check.
+ */
+START_TEST(many_vcpus)
+{
+	struct mig_testvm_opts o = { .mib = 64, .mode = KVMDIRTY_MODE_DIRTY_RING, .ws_mib = 0 };
+	struct kvmdirty_vm *vm;
+	struct mig_result r;
+	struct mig_guest g;
+	struct testvm *tv;
+	char addr[128], err[512];
+	uint64_t total = 0;
+	int64_t max;
+	unsigned int i;
+	int ret;
+
+	ck_assert_ok(kvmdirty_vm_new(&vm));
+	max = kvmdirty_vm_cap(vm, KVMDIRTY_CAP_MAX_VCPUS);
+	kvmdirty_vm_free(vm);
+	o.vcpus = _i == 0 ? GUEST_LOW_VCPUS + 1 : (unsigned int)(max < GUEST_MAX_VCPUS ? max : GUEST_MAX_VCPUS);
+	if (_i == 1 && !getenv("KD_TEST_MAX_VCPUS")) {
+		printf("many_vcpus: %u vCPUs only with KD_TEST_MAX_VCPUS (meson test migrate-max-vcpus)\n", o.vcpus);
+		return;
+	}
+	o.work[0] = (struct mig_vcpu_work){ .kind = MIG_WORK_DIRTY, .mib = 8, .rate = 2000 };
+	for (i = 1; i < o.vcpus; i++)
+		o.work[i] = (struct mig_vcpu_work){ .kind = MIG_WORK_IDLE };
+	tv = running_source(&o, &g);
+	ck_assert_uint_eq(g.nr_vcpus, o.vcpus);
+	make_addr("unix", addr, sizeof(addr));
+	ret = migrate_once(&g, &o, addr, &r, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%u vCPUs: %d (%s)", o.vcpus, ret, ret < -100 ? "destination failed: see its log" : err);
+	printf("%u vCPUs migrated: %" PRIu64 " passes, %.1f ms, downtime %.1f ms\n", o.vcpus, r.passes, r.total_ms,
+	       r.downtime_ms);
+	for (i = 0; i < g.nr_regions; i++)
+		total += g.regions[i].size / PAGE;
+	ck_assert_uint_eq(r.lost_pages, 0);
+	ck_assert_uint_eq(r.verified_pages, total);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -356,6 +467,7 @@ static void record_stream(bool verify)
 
 	o.verify = verify;
 	ck_assert_msg(record_migration(&g, &o, &rec, &r, err, sizeof(err)) == 0, "recording a stream: %s", err);
+	mig_guest_release(&g);
 	mig_testvm_free(src);
 	if (!dst) {
 		ck_assert_msg(mig_testvm_new(&bad_guest, false, &dst, err, sizeof(err)) == 0, "%s", err);
@@ -365,6 +477,7 @@ static void record_stream(bool verify)
 
 static void bad_streams_done(void)
 {
+	mig_guest_release(&dst_g);
 	mig_testvm_free(dst);
 	dst = NULL;
 	recording_free(&rec);
@@ -662,6 +775,7 @@ START_TEST(listener_outlives_bad_peers)
 		      ack.status, ack.message);
 	close(silent);
 	close(bad);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -754,6 +868,7 @@ START_TEST(verify_off_the_downtime)
 	ck_assert_uint_eq(r.verified_pages, total);
 	ck_assert_uint_eq(r.lost_pages, 0);
 	recording_free(&rec);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -794,6 +909,7 @@ START_TEST(verify_catches_a_lost_write)
 	ck_assert_ok(mig_testvm_guest(dst, &dst_g));
 	ck_assert_msg(feed_stream(rec.buf, rec.len, err, sizeof(err)) == 0, "destination: %s", err);
 	bad_streams_done();
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -859,6 +975,7 @@ START_TEST(connection_drop)
 	make_addr("unix", addr, sizeof(addr));
 	ret = migrate_once(&g, &o, addr, &r, err, sizeof(err));
 	ck_assert_msg(ret == 0, "second migration: %d (%s)", ret, err);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -920,6 +1037,7 @@ START_TEST(untouched_never_read)
 	ret = (int)mapped_pages(data + ws * PAGE, pages - ws);
 	ck_assert_msg(ret == 0, "%d pages the guest never touched were read by the source (of %" PRIu64 ")", ret,
 		      pages - ws);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -971,6 +1089,7 @@ START_TEST(file_backed_arrives)
 		      "%" PRIu64 ")", bad, pages, first);
 	mig_guest_release(&dst_g);
 	bad_streams_done();
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 	close(o.data_fd);
 	free(want);
@@ -1025,6 +1144,7 @@ START_TEST(dest_leaves_unwritten_alone)
 	mig_guest_release(&dst_g);
 	bad_streams_done();
 	testvm_unmap(mem, 8 * MIB);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -1153,6 +1273,7 @@ START_TEST(vcpu_progress_reported)
 	ck_assert_msg(r.vcpu_during[1] > 0, "compute vCPU: %.1f/s during", r.vcpu_during[1]);
 	fclose(f);
 	recording_free(&rec);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -1227,6 +1348,7 @@ START_TEST(time_limit_from_tracking)
 		usleep(1000);
 	ck_assert_msg(mig_testvm_progress(tv, 1) != p, "the source's guest stopped after an abandoned migration");
 	fclose(f);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -1618,6 +1740,7 @@ START_TEST(connections_digest_exact)
 	       " records, digest-exact\n", c->conns, c->mode, c->psk, c->encrypt, r.pages, r.passes, rv.res.records);
 	mig_guest_release(&dg);
 	mig_testvm_free(dtv);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 	unlink(keypath);
 	mig_psk_clear(&psk);
@@ -1798,6 +1921,7 @@ START_TEST(authentication_refused)
 	unlink(keypath_b);
 	mig_psk_clear(&psk);
 	mig_psk_clear(&psk_b);
+	mig_guest_release(&g);
 	mig_testvm_free(tv);
 }
 END_TEST
@@ -1830,6 +1954,18 @@ int main(void)
 	tcase_add_test(tc, dest_leaves_unwritten_alone);
 	tcase_add_test(tc, vcpu_progress_reported);
 	tcase_add_test(tc, time_limit_from_tracking);
+	suite_add_tcase(s, tc);
+	/* CK_RUN_CASE=vcpus runs these alone */
+	tc = tcase_create("vcpus");
+	tcase_set_tags(tc, "scale");
+	tcase_set_timeout(tc, 1800);
+	tcase_add_loop_test(tc, many_vcpus, 0, 2);
+	suite_add_tcase(s, tc);
+	/* CK_RUN_CASE=regions runs these alone */
+	tc = tcase_create("regions");
+	tcase_set_tags(tc, "scale");
+	tcase_set_timeout(tc, 1800);
+	tcase_add_loop_test(tc, many_regions, 0, 2);
 	suite_add_tcase(s, tc);
 	/* CK_RUN_CASE=sessions runs these alone */
 	tc = tcase_create("sessions");

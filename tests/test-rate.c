@@ -15,7 +15,7 @@
 #include "rate.h"
 #include "test-util.h"
 
-static uint64_t rates[64];
+static uint64_t rates[1024];
 
 static struct mig_rate_sample sample(unsigned int n, uint64_t base, bool ring)
 {
@@ -117,6 +117,23 @@ START_TEST(short_buffers_cut_not_overrun)
 }
 END_TEST
 
+/* 1,024 vCPUs at the largest figures: 256 bytes and 96 a vCPU (what the sampler allots, rate.h) hold the line whole. */
+START_TEST(largest_line_fits)
+{
+	static char buf[256 + 96 * 1024];
+	struct mig_rate_sample s = sample(1024, UINT64_MAX - 2000, _i);
+	size_t n;
+
+	s.t_ms = s.pages_per_s = UINT64_MAX;
+	mig_rate_format(&s, _i, buf, sizeof(buf));
+	n = strlen(buf);
+	/* whole: room to spare, and it ends with the last vCPU's field */
+	ck_assert_msg(n < sizeof(buf) - 1 && (_i ? n >= 2 && !strcmp(buf + n - 2, "]}")
+					       : strstr(buf, " vcpu1023_bytes_per_s=") != NULL),
+		      "%s line of 1024 vCPUs: %zu bytes, cut", _i ? "JSON" : "text", n);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("rate");
@@ -125,6 +142,7 @@ int main(void)
 	tcase_add_test(tc, json_as_documented);
 	tcase_add_test(tc, text_as_documented);
 	tcase_add_loop_test(tc, short_buffers_cut_not_overrun, 0, 2);
+	tcase_add_loop_test(tc, largest_line_fits, 0, 2);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -11,10 +11,10 @@
 #include <stdint.h>
 
 #define GUEST_PAGE_SIZE 4096ull
-#define GUEST_SYS_SIZE 0x200000ull /* system region: gpa [0, 2 MiB) */
+#define GUEST_SYS_SIZE 0x200000ull /* system region of up to GUEST_LOW_VCPUS vCPUs: gpa [0, 2 MiB) */
 #define GUEST_GDT_GPA 0x1000ull
 #define GUEST_TSS_GPA 0x2000ull
-#define GUEST_MAILBOX_GPA 0x10000ull /* struct guest_vcpu[GUEST_MAX_VCPUS] */
+#define GUEST_MAILBOX_GPA 0x10000ull /* struct guest_vcpu[GUEST_LOW_VCPUS] */
 #define GUEST_PML4_GPA 0x20000ull
 #define GUEST_PDPT_GPA 0x21000ull
 #define GUEST_PD_GPA 0x80000ull /* GUEST_PD_COUNT page directories */
@@ -23,7 +23,9 @@
 #define GUEST_CODE_GPA 0x100000ull
 #define GUEST_CODE_MAX 0x40000ull
 #define GUEST_STACK_SIZE 0x2000ull /* stacks grow down from the top of the region */
-#define GUEST_MAX_VCPUS 64
+#define GUEST_LOW_VCPUS 64	   /* vCPUs whose mailboxes and stacks fit the 2 MiB layout above */
+#define GUEST_MAX_VCPUS 1024	   /* KVM's default KVM_MAX_VCPUS on x86 */
+#define GUEST_HIGH_MAILBOX_GPA 0x200000ull /* more vCPUs: their mailboxes here, their stacks above */
 
 /* Ports the guest writes (32-bit out) to report to the host. */
 #define GUEST_PORT_PASS 0xe0  /* a pass finished (GUEST_F_EXIT_EVERY_PASS); value = pass */
@@ -83,5 +85,23 @@ struct guest_tag {
 #ifndef __cplusplus
 _Static_assert(sizeof(struct guest_vcpu) == 256, "mailbox layout");
 #endif
+
+/*
+ * The system region of a guest of nr_vcpus: 2 MiB up to GUEST_LOW_VCPUS;
+ * beyond, the mailboxes from 2 MiB on and the stacks above them, in
+ * whole 2 MiB pages.  Both ends of a migration agree on it by the vCPU
+ * count.
+ */
+static inline uint64_t guest_sys_size(unsigned int nr_vcpus)
+{
+	uint64_t end = GUEST_HIGH_MAILBOX_GPA + (uint64_t)nr_vcpus * (sizeof(struct guest_vcpu) + GUEST_STACK_SIZE);
+
+	return nr_vcpus <= GUEST_LOW_VCPUS ? GUEST_SYS_SIZE : (end + GUEST_SYS_SIZE - 1) & ~(GUEST_SYS_SIZE - 1);
+}
+
+static inline uint64_t guest_mailbox_gpa(unsigned int nr_vcpus)
+{
+	return nr_vcpus <= GUEST_LOW_VCPUS ? GUEST_MAILBOX_GPA : GUEST_HIGH_MAILBOX_GPA;
+}
 
 #endif

@@ -41,9 +41,10 @@ struct dest {
 	const struct mig_guest *g;
 	const struct mig_reader *rd;
 	struct mig_decoder dec;
-	struct mig_region own[MIG_MAX_REGIONS];
-	uint64_t *missing[MIG_MAX_REGIONS]; /* pages that have not arrived */
-	uint64_t *bad[MIG_MAX_REGIONS];	    /* pages whose latest copy did not match its hash */
+	/* [g->nr_regions] each, connection 0's, which the other connections share */
+	struct mig_region *own;
+	uint64_t **missing; /* pages that have not arrived */
+	uint64_t **bad;	    /* pages whose latest copy did not match its hash */
 	struct mig_vcpu_state *vs;
 	/* each vCPU as it was before the stream: loaded back on any refusal or drop */
 	struct mig_vcpu_state *fresh;
@@ -437,9 +438,22 @@ static int check_complete(struct dest *d)
 	return 0;
 }
 
+static int receive_table(struct dest *d)
+{
+	struct mig_region *theirs = calloc(d->g->nr_regions ? d->g->nr_regions : 1, sizeof(*theirs));
+	int ret;
+
+	if (!theirs)
+		return fail(d, -ENOMEM, "this destination: out of memory for the region table");
+	ret = get(d, theirs, d->g->nr_regions * sizeof(theirs[0]), "the region table");
+	if (ret == 0)
+		ret = mig_decode_regions(&d->dec, theirs, d->err, d->len);
+	free(theirs);
+	return ret;
+}
+
 static int receive(struct dest *d)
 {
-	struct mig_region theirs[MIG_MAX_REGIONS];
 	struct mig_header h;
 	struct mig_record rec;
 	unsigned int i;
@@ -451,9 +465,7 @@ static int receive(struct dest *d)
 	if (ret == 0 && (h.flags & MIG_F_PAGE_HASH) && !d->inline_hash && mig_worker_start(&d->w, verifier, d) < 0)
 		ret = fail(d, -EAGAIN, "this destination: cannot start the verifier thread");
 	if (ret == 0)
-		ret = get(d, theirs, d->g->nr_regions * sizeof(theirs[0]), "the region table");
-	if (ret == 0)
-		ret = mig_decode_regions(&d->dec, theirs, d->err, d->len);
+		ret = receive_table(d);
 	if (ret == 0 && d->sh)
 		ret = start_lanes(d);
 	if (ret < 0)
@@ -556,7 +568,10 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 		goto out;
 	}
 	d->vs = calloc(g->nr_vcpus, sizeof(*d->vs));
-	for (i = 0; i < g->nr_regions; i++) {
+	d->own = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->own));
+	d->missing = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->missing));
+	d->bad = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->bad));
+	for (i = 0; d->own && d->missing && d->bad && i < g->nr_regions; i++) {
 		uint64_t np = g->regions[i].size / PAGE;
 
 		d->own[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
@@ -589,9 +604,9 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 			*l = (struct dest){ .g = g, .rd = &rd[i], .inline_hash = true, .sh = &sh, .lane = i, .handoff_fd = -1,
 					    .err = l->lane_err, .len = sizeof(l->lane_err) };
 			l->res = &l->lane_res;
-			memcpy(l->own, d->own, sizeof(d->own));
-			memcpy(l->missing, d->missing, sizeof(d->missing));
-			memcpy(l->bad, d->bad, sizeof(d->bad));
+			l->own = d->own;
+			l->missing = d->missing;
+			l->bad = d->bad;
 			sh.d[i] = l;
 		}
 	}
@@ -613,10 +628,13 @@ out:
 		free(sh.d[i]);
 	if (d->sh)
 		pthread_mutex_destroy(&sh.lock);
-	for (i = 0; i < MIG_MAX_REGIONS; i++) {
+	for (i = 0; i < g->nr_regions && d->missing && d->bad; i++) {
 		free(d->missing[i]);
 		free(d->bad[i]);
 	}
+	free(d->own);
+	free(d->missing);
+	free(d->bad);
 	free(d->vs);
 	free(d);
 	return ret;

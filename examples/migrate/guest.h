@@ -62,8 +62,9 @@ struct mig_guest_region {
 };
 
 struct mig_guest {
-	unsigned int nr_regions;
-	struct mig_guest_region regions[MIG_MAX_REGIONS];
+	unsigned int nr_regions; /* at most MIG_MAX_REGIONS */
+	/* [nr_regions]: mig_guest_set_regions() allocates it, mig_guest_release() frees it */
+	struct mig_guest_region *regions;
 	unsigned int nr_vcpus;
 	struct kvmdirty_tracker *tracker; /* source: tracks the regions above */
 	/*
@@ -78,7 +79,8 @@ struct mig_guest {
 
 /*
  * Set g's regions to vm's, in the library's order (both ends list them
- * the same way); -E2BIG past MIG_MAX_REGIONS.
+ * the same way): an array of its own, which mig_guest_release() frees
+ * (g's earlier one is freed here); -E2BIG past MIG_MAX_REGIONS, -ENOMEM.
  */
 int mig_guest_set_regions(struct mig_guest *g, const struct kvmdirty_vm *vm);
 
@@ -90,6 +92,7 @@ int mig_guest_set_regions(struct mig_guest *g, const struct kvmdirty_vm *vm);
  * bitmaps are then NULL).  mig_guest_release() frees them.
  */
 int mig_guest_zero_known(struct mig_guest *g);
+/* The written bitmaps and the regions array freed (a region array a caller set is freed too); g has no regions. */
 void mig_guest_release(struct mig_guest *g);
 
 /*

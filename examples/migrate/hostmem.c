@@ -4,46 +4,101 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "hostmem.h"
 
-int mig_hostmem_private_anon(const void *hva, uint64_t size)
+/* One mapping of /proc/self/maps: [lo, hi), and whether it is private anonymous memory. */
+struct mapping {
+	uint64_t lo, hi;
+	bool anon;
+};
+
+/* Every mapping, in address order (as the file lists them); -errno. */
+static int read_maps(struct mapping **ret, size_t *ret_n)
 {
-	uint64_t at = (uintptr_t)hva, end = at + size;
 	FILE *f = fopen("/proc/self/maps", "re");
+	struct mapping *m = NULL, *grown;
+	size_t n = 0, cap = 0;
 	char line[4096];
-	int ret = 0;
 
 	if (!f)
 		return -errno;
-	/* lines are in address order: walk the mappings that cover [at, end) */
-	while (at < end && fgets(line, sizeof(line), f)) {
+	while (fgets(line, sizeof(line), f)) {
 		uint64_t lo, hi, off, inode;
 		char perms[8], dev[16];
-		int n = 0;
 
-		if (sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %15s %" SCNu64 " %n", &lo, &hi, perms, &off,
-			   dev, &inode, &n) < 6)
+		if (sscanf(line, "%" SCNx64 "-%" SCNx64 " %7s %" SCNx64 " %15s %" SCNu64, &lo, &hi, perms, &off, dev,
+			   &inode) < 6)
 			continue;
-		if (hi <= at)
-			continue;
-		if (lo > at)
-			break; /* a hole */
+		if (n == cap) {
+			cap = cap ? 2 * cap : 256;
+			grown = realloc(m, cap * sizeof(*m));
+			if (!grown) {
+				free(m);
+				fclose(f);
+				return -ENOMEM;
+			}
+			m = grown;
+		}
 		/*
 		 * Private ('p') with no inode: plain anonymous memory, also
 		 * [heap], [stack] and named anonymous mappings; a private
 		 * file mapping has an inode, shared memory an 's'.
 		 */
-		if (perms[3] != 'p' || inode != 0)
-			break;
-		at = hi;
+		m[n++] = (struct mapping){ lo, hi, perms[3] == 'p' && inode == 0 };
 	}
-	if (at >= end)
-		ret = 1;
 	fclose(f);
+	*ret = m;
+	*ret_n = n;
+	return 0;
+}
+
+/* 1 if [at, end) lies wholly in the anonymous mappings of m[0..n), else 0. */
+static int anon_in(const struct mapping *m, size_t n, uint64_t at, uint64_t end)
+{
+	size_t lo = 0, hi = n;
+
+	/* the first mapping that ends after at */
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+
+		if (m[mid].hi <= at)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	for (; at < end && lo < n; lo++) {
+		if (m[lo].lo > at || !m[lo].anon)
+			return 0; /* a hole, or not anonymous */
+		at = m[lo].hi;
+	}
+	return at >= end;
+}
+
+int mig_hostmem_private_anon_n(void *const *hva, const uint64_t *size, unsigned int n, bool *ret_anon)
+{
+	struct mapping *m;
+	size_t nm;
+	unsigned int i;
+	int ret = read_maps(&m, &nm);
+
+	for (i = 0; i < n; i++)
+		ret_anon[i] = ret == 0 && anon_in(m, nm, (uintptr_t)hva[i], (uintptr_t)hva[i] + size[i]) == 1;
+	if (ret == 0)
+		free(m);
 	return ret;
+}
+
+int mig_hostmem_private_anon(const void *hva, uint64_t size)
+{
+	void *h = (void *)hva;
+	bool anon;
+	int ret = mig_hostmem_private_anon_n(&h, &size, 1, &anon);
+
+	return ret < 0 ? ret : anon;
 }
 
 /* What mig_pagemap_keep() opened, and in which process: a child's pagemap is another file. */

@@ -44,6 +44,14 @@ static inline bool mig_pm_untouched(uint64_t entry)
 int mig_hostmem_private_anon(const void *hva, uint64_t size);
 
 /*
+ * The same for n ranges at once, from one read of the maps (a guest of
+ * thousands of regions would read them thousands of times): ret_anon[i]
+ * for [hva[i], hva[i] + size[i]).  0, or -errno (-ENOMEM; the maps
+ * unreadable), ret_anon then all false.
+ */
+int mig_hostmem_private_anon_n(void *const *hva, const uint64_t *size, unsigned int n, bool *ret_anon);
+
+/*
  * Open /proc/self/pagemap now and keep it for mig_pagemap_open(), in a
  * process that is about to make itself not dumpable (keyfile.h): /proc/self
  * then belongs to root, and a process that is not root can no longer open

@@ -125,11 +125,15 @@ struct args {
 	bool rate_json, rate_migrate, rate_opts; /* rate_opts: one of them given */
 };
 
+/* Long options without a short one. */
+enum { OPT_REGIONS = 0x100 };
+
 static void usage(void)
 {
-	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--run-ms MS] [-T|--peer-timeout MS] [--deadline S] [--once]\n"
+	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--regions N] [--run-ms MS] [-T|--peer-timeout MS]\n"
+			"                                [--deadline S] [--once]\n"
 			"                                [--psk FILE] [--encrypt] [--name NAME] [--control PATH]\n"
-			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
+			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [--regions N] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
 			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
@@ -226,6 +230,7 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "deadline", required_argument, NULL, 'D' },
 		{ "vcpu", required_argument, NULL, 'V' },
 		{ "fill", required_argument, NULL, 'F' },
+		{ "regions", required_argument, NULL, OPT_REGIONS },
 		{ "baseline", required_argument, NULL, 'B' },
 		{ "no-throttle", no_argument, NULL, 'X' },
 		{ "force-switchover", no_argument, NULL, 'W' },
@@ -337,6 +342,11 @@ static int parse(int argc, char **argv, struct args *a)
 		case 'F':
 			if (parse_fill(optarg, a))
 				return -1;
+			break;
+		case OPT_REGIONS:
+			if (cli_number("kvmdirty-migrate", "--regions", optarg, 1, MIG_MAX_REGIONS - 1, &v))
+				return -1;
+			a->guest.regions = (unsigned int)v;
 			break;
 		case 'B':
 			if (cli_number("kvmdirty-migrate", "--baseline", optarg, 0, 60000, &a->send.baseline_ms))
@@ -663,6 +673,7 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 		if (ret > 0)
 			fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 	}
+	mig_guest_release(&g);
 	if (o.stats)
 		fclose(o.stats);
 	return ret < 0 ? (r.cancelled ? EXIT_CANCELLED : 1) : ret > 0 ? EXIT_LOST : 0;
@@ -748,9 +759,16 @@ static void on_interrupt(int sig)
 static void *sampler_run(void *p)
 {
 	struct sampler *sm = p;
-	char line[4096];
+	/* at most 96 bytes a vCPU, as text or JSON (rate.h) */
+	size_t len = 256 + 96 * (size_t)sm->a->guest.vcpus;
+	char *line = malloc(len);
 	uint64_t i, waited;
 
+	if (!line) {
+		sm->ret = -ENOMEM;
+		fprintf(stderr, "kvmdirty-migrate: rate: out of memory\n");
+		return NULL;
+	}
 	for (i = 0; !sm->stop && !interrupted && (!sm->a->rate_count || i < sm->a->rate_count); i++) {
 		struct mig_rate_sample s;
 
@@ -764,7 +782,7 @@ static void *sampler_run(void *p)
 			fprintf(stderr, "kvmdirty-migrate: rate: counting: %s\n", strerror(-sm->ret));
 			break;
 		}
-		mig_rate_format(&s, sm->a->rate_json, line, sizeof(line));
+		mig_rate_format(&s, sm->a->rate_json, line, len);
 		printf("%s\n", line);
 		fflush(stdout);
 	}
@@ -778,6 +796,7 @@ static void *sampler_run(void *p)
 		if (mig_status_cancel(&sm->a->d->st, err, sizeof(err)) < 0)
 			fprintf(stderr, "kvmdirty-migrate: rate: interrupted, the migration goes on: %s\n", err);
 	}
+	free(line);
 	return NULL;
 }
 

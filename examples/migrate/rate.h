@@ -53,7 +53,8 @@ int mig_rate_sample(struct mig_rate *r, struct mig_rate_sample *ret_s);
  * or with json one JSON object:
  *   {"t_ms":T,"guest_pages_per_s":P,"guest_bytes_per_s":B,"vcpu_by":"ring",
  *    "vcpus":[{"pages_per_s":P0,"bytes_per_s":B0},...]}
- * Truncated to len (a line of 64 vCPUs needs about 3 KiB).
+ * Truncated to len (a line of 64 vCPUs needs about 3 KiB; 256 bytes and 96 a
+ * vCPU always do).
  */
 void mig_rate_format(const struct mig_rate_sample *s, bool json, char *buf, size_t len);
 /* The consumer freed, tracking off where mig_rate_new() turned it on; NULL: no-op. */

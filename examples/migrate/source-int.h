@@ -93,14 +93,15 @@ struct source {
 	struct lane *lane;
 	unsigned int nlanes;
 	bool lanes_send; /* several connections: each lane's worker sends, the main thread only fills */
-	uint64_t *sent_hash[MIG_MAX_REGIONS]; /* verify: each page's latest data copy; the hasher's */
-	uint64_t *sent_data[MIG_MAX_REGIONS]; /* ... whose latest copy was data (else zero); the hasher's */
+	/* [nr_regions], or NULL without verify */
+	uint64_t **sent_hash; /* verify: each page's latest data copy; the hasher's */
+	uint64_t **sent_data; /* ... whose latest copy was data (else zero); the hasher's */
 	uint64_t zero_hash;
 	struct mig_vcpu_state *vs;
 	uint64_t pages, zero_pages, untouched_pages;
 	uint64_t in_hand; /* pages handed out by the tracker, not yet queued */
 	/* which pages were never touched: the regions wholly in private anonymous memory, and pagemap */
-	bool anon[MIG_MAX_REGIONS];
+	bool *anon; /* [nr_regions]; NULL: none known to be (out of memory) */
 	int pagemap;
 	uint64_t pme[PM_BATCH];
 	/* stats: start, last sample, and each vCPU's progress then */

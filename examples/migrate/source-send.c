@@ -95,7 +95,7 @@ static void *lane_worker(void *p)
 		if (!b)
 			break;
 		pthread_mutex_unlock(&l->w.lock);
-		if (l->s->sent_hash[0])
+		if (l->s->sent_hash)
 			src_hash_batch(l, b);
 		ret = l->s->lanes_send ? send_batch(l, b) : 0;
 		pthread_mutex_lock(&l->w.lock);
@@ -184,7 +184,7 @@ static int ship(struct lane *l)
 	int ret = 0;
 
 	if (!l->w.running) {
-		if (l->s->sent_hash[0])
+		if (l->s->sent_hash)
 			src_hash_batch(l, b);
 		return send_batch(l, b);
 	}
@@ -261,7 +261,7 @@ int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t p
 	}
 	b->hdr[b->nh] = rec;
 	b->iov[b->ni++] = (struct iovec){ &b->hdr[b->nh++], sizeof(rec) };
-	if (run && s->sent_hash[0]) {
+	if (run && s->sent_hash) {
 		b->runs[b->nruns] = *run;
 		if (!run->zero) {
 			b->runs[b->nruns].out = b->hashes + b->nhashes;
@@ -336,18 +336,33 @@ static int send_read(struct source *s, uint32_t idx, uint64_t page, uint64_t n, 
 /* Which pages were never touched: where the guest's memory is private anonymous, pagemap says. */
 void src_untouched_open(struct source *s)
 {
-	unsigned int i;
+	unsigned int i, n;
+	uint64_t *size;
+	void **hva;
 
 	/* without pagemap every page is read: slower, never wrong */
 	s->pagemap = mig_pagemap_open();
-	for (i = 0; i < s->g->nr_regions; i++)
-		s->anon[i] = mig_hostmem_private_anon(s->g->regions[i].hva, s->g->regions[i].size) == 1;
+	n = s->g->nr_regions;
+	s->anon = calloc(n ? n : 1, sizeof(*s->anon));
+	hva = calloc(n ? n : 1, sizeof(*hva));
+	size = calloc(n ? n : 1, sizeof(*size));
+	for (i = 0; s->anon && hva && size && i < n; i++) {
+		hva[i] = s->g->regions[i].hva;
+		size[i] = s->g->regions[i].size;
+	}
+	/* one read of the maps for all regions; where it fails, none is known to be */
+	if (s->anon && (!hva || !size || mig_hostmem_private_anon_n(hva, size, n, s->anon) < 0))
+		memset(s->anon, 0, (n ? n : 1) * sizeof(*s->anon));
+	free(hva);
+	free(size);
 }
 
 void src_untouched_close(struct source *s)
 {
 	if (s->pagemap >= 0)
 		close(s->pagemap);
+	free(s->anon);
+	s->anon = NULL;
 }
 
 /*
@@ -361,7 +376,7 @@ uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64
 
 	if (n > PM_BATCH)
 		n = PM_BATCH;
-	if (!s->anon[idx] || s->pagemap < 0 || mig_pagemap_read(s->pagemap, hva, n, s->pme) < 0)
+	if (!s->anon || !s->anon[idx] || s->pagemap < 0 || mig_pagemap_read(s->pagemap, hva, n, s->pme) < 0)
 		return 0;
 	return n;
 }

@@ -17,8 +17,12 @@
 
 int src_alloc_hashes(struct source *s)
 {
-	unsigned int i;
+	unsigned int i, n = s->g->nr_regions ? s->g->nr_regions : 1;
 
+	s->sent_hash = calloc(n, sizeof(*s->sent_hash));
+	s->sent_data = calloc(n, sizeof(*s->sent_data));
+	if (!s->sent_hash || !s->sent_data)
+		return -ENOMEM;
 	for (i = 0; i < s->g->nr_regions; i++) {
 		s->sent_hash[i] = calloc(s->g->regions[i].size / PAGE, sizeof(uint64_t));
 		s->sent_data[i] = calloc(KVMDIRTY_BITMAP_WORDS(s->g->regions[i].size / PAGE), sizeof(uint64_t));
@@ -32,10 +36,15 @@ void src_free_hashes(struct source *s)
 {
 	unsigned int i;
 
-	for (i = 0; i < MIG_MAX_REGIONS; i++) {
-		free(s->sent_hash[i]);
-		free(s->sent_data[i]);
+	for (i = 0; i < s->g->nr_regions; i++) {
+		if (s->sent_hash)
+			free(s->sent_hash[i]);
+		if (s->sent_data)
+			free(s->sent_data[i]);
 	}
+	free(s->sent_hash);
+	free(s->sent_data);
+	s->sent_hash = s->sent_data = NULL;
 }
 
 void src_hash_batch(struct lane *l, struct batch *b)

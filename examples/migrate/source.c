@@ -90,16 +90,19 @@ static int prepare(struct source *s, struct mig_result *res, char *err, size_t l
 static int header(struct source *s, char *err, size_t len)
 {
 	const struct mig_guest *g = s->g;
-	struct mig_region desc[MIG_MAX_REGIONS];
+	struct mig_region *desc = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*desc));
 	struct mig_header h;
 	struct iovec iov[2] = { { &h, sizeof(h) }, { desc, g->nr_regions * sizeof(desc[0]) } };
 	unsigned int i;
 	int ret;
 
+	if (!desc)
+		return mig_errf(err, len, -ENOMEM, "out of memory for the region table");
 	for (i = 0; i < g->nr_regions; i++)
 		desc[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
 	mig_encode_header(&s->lane[0].enc, &h, desc, g->nr_regions, g->nr_vcpus, s->o->verify ? MIG_F_PAGE_HASH : 0);
 	ret = mig_chan_writev(s->lane[0].ch, iov, 2);
+	free(desc);
 	/* err says why; the result stays the write's, whatever a refusing destination said */
 	if (ret < 0)
 		src_net_fail(s, ret, "sending the header", err, len);
@@ -129,7 +132,13 @@ static int track(struct source *s, char *err, size_t len)
 	return 0;
 }
 
-/* The throttle's measures, the start line, tracking on, and the header. */
+/*
+ * The throttle's measures, the start line, the header, and tracking on.
+ * The header goes first: a plain stream's first bytes must reach the
+ * destination within its handshake budget (MIG_HANDSHAKE_MS), and turning
+ * dirty logging on for thousands of memslots can take KVM longer; after
+ * the header the destination waits -T for each record instead.
+ */
 static int start(struct source *s, const struct mig_result *res, char *err, size_t len)
 {
 	int ret;
@@ -139,11 +148,14 @@ static int start(struct source *s, const struct mig_result *res, char *err, size
 	src_throttle_init(s);
 	if (s->o->stats)
 		src_start_line(s, res);
+	ret = header(s, err, len);
+	if (ret < 0)
+		return ret;
 	ret = track(s, err, len);
 	if (ret < 0)
 		return ret;
 	mig_status_set_state(s->st, "precopy");
-	return header(s, err, len);
+	return 0;
 }
 
 /* The vCPUs paused, stop-and-copy, the destination's answer: the downtime is all of it. */

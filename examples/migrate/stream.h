@@ -76,8 +76,8 @@
 #define MIG_MAGIC "KVMDMIG"
 #define MIG_VERSION 3
 #define MIG_PAGE_SIZE 4096u
-#define MIG_MAX_REGIONS 16
-#define MIG_MAX_VCPUS 256
+#define MIG_MAX_REGIONS 65535u /* the library's own limit (KVM's memslots, at most 65,535 ids) */
+#define MIG_MAX_VCPUS 1024 /* KVM's default KVM_MAX_VCPUS on x86 */
 #define MIG_RUN_PAGES 256u /* pages a DATA record carries at most (1 MiB) */
 
 /*

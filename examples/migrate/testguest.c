@@ -55,28 +55,61 @@ int mig_testvm_check(const struct mig_testvm_opts *g, char *err, size_t len)
 
 	if (!g->vcpus || g->vcpus > GUEST_MAX_VCPUS)
 		return mig_errf(err, len, -EINVAL, "%u vCPUs: 1 to %u", g->vcpus, GUEST_MAX_VCPUS);
+	if (g->regions > MIG_MAX_REGIONS - 1 || g->regions > (g->mib << 20) / PAGE)
+		return mig_errf(err, len, -EINVAL, "--regions %u: at most %u, and no more than memory's %" PRIu64 " pages",
+				g->regions, MIG_MAX_REGIONS - 1, (uint64_t)((g->mib << 20) / PAGE));
 	return plan_work(g, pages, err, len);
 }
 
-/* The data memory: anonymous (testvm's), or the caller's file. */
+/* The data memory: its regions lie one after another from MIG_DATA_GPA, in guest and host addresses alike. */
+static uint8_t *data_mem(struct testvm *tv, uint64_t *ret_size)
+{
+	struct kvmdirty_region *r = tv ? kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA) : NULL;
+	uint8_t *hva = r ? kvmdirty_region_hva(r) : NULL;
+	uint64_t size = 0;
+
+	while (r && (uint8_t *)kvmdirty_region_hva(r) == hva + size) {
+		size += kvmdirty_region_size(r);
+		r = kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA + size);
+	}
+	*ret_size = size;
+	return hva;
+}
+
+/* The data memory: anonymous (testvm's), or the caller's file; in g->regions regions. */
 static int add_data(struct testvm *tv, const struct mig_testvm_opts *g, void **ret_mem)
 {
-	uint64_t size = g->mib << 20;
-	void *mem;
-	int ret;
+	uint64_t size = g->mib << 20, n = g->regions > 1 ? g->regions : 1, part = size / n / PAGE * PAGE, i;
+	uint8_t *mem;
+	int ret = 0;
 
-	if (!g->data_file)
-		return testvm_add_memory(tv, MIG_DATA_GPA, size, 0, ret_mem, NULL);
-	mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, g->data_fd, 0);
-	if (mem == MAP_FAILED)
-		return -errno;
-	ret = kvmdirty_region_add(tv->vm, MIG_DATA_GPA, size, mem, 0, NULL);
+	mem = g->data_file ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, g->data_fd, 0) : testvm_map(size);
+	if (!mem || mem == MAP_FAILED)
+		return g->data_file ? -errno : -ENOMEM;
+	for (i = 0; i < n && ret == 0; i++)
+		ret = kvmdirty_region_add(tv->vm, MIG_DATA_GPA + i * part, i + 1 < n ? part : size - i * part,
+					  mem + i * part, 0, NULL);
 	if (ret < 0) {
-		munmap(mem, size);
+		/* the regions added go with the VM, which the caller frees */
+		testvm_unmap(mem, size);
 		return ret;
 	}
 	*ret_mem = mem;
 	return 0;
+}
+
+/* KVM_CAP_MAX_VCPUS of this host, or -errno. */
+static int64_t max_vcpus(void)
+{
+	struct kvmdirty_vm *vm;
+	int64_t max;
+	int ret = kvmdirty_vm_new(&vm);
+
+	if (ret < 0)
+		return ret;
+	max = kvmdirty_vm_cap(vm, KVMDIRTY_CAP_MAX_VCPUS);
+	kvmdirty_vm_free(vm);
+	return max;
 }
 
 int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm **ret_tv, char *err, size_t len)
@@ -92,6 +125,7 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 						 .ring_entries = g->mode == KVMDIRTY_MODE_DIRTY_RING ? 512 : 0,
 						 .reaper_ms = g->mode == KVMDIRTY_MODE_DIRTY_RING ? 10 : 0 } };
 	uint64_t pages[GUEST_MAX_VCPUS], at = 0, fill;
+	int64_t max;
 	struct testvm *tv;
 	void *mem;
 	unsigned int i;
@@ -102,6 +136,8 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 		return ret;
 	plan_work(g, pages, err, len);
 	ret = testvm_new(&o, &tv);
+	if (ret < 0 && (max = max_vcpus()) > 0 && g->vcpus > (uint64_t)max)
+		return mig_errf(err, len, ret, "-v %u: this host's KVM allows %lld vCPUs", g->vcpus, (long long)max);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "creating the VM: %s", strerror(-ret));
 	ret = add_data(tv, g, &mem);
@@ -145,9 +181,8 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 
 void mig_testvm_free(struct testvm *tv)
 {
-	struct kvmdirty_region *r = tv ? kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA) : NULL;
-	void *hva = r ? kvmdirty_region_hva(r) : NULL;
-	uint64_t size = r ? kvmdirty_region_size(r) : 0;
+	uint64_t size;
+	void *hva = data_mem(tv, &size);
 
 	testvm_free(tv);
 	testvm_unmap(hva, size);
@@ -155,9 +190,8 @@ void mig_testvm_free(struct testvm *tv)
 
 void mig_testvm_fill_range(struct testvm *tv, uint64_t first, uint64_t count, uint64_t zero_every)
 {
-	struct kvmdirty_region *r = kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA);
-	uint8_t *p = (uint8_t *)kvmdirty_region_hva(r) + first * PAGE;
-	uint64_t i, x = 0x9e3779b97f4a7c15ull ^ first;
+	uint64_t size, i, x = 0x9e3779b97f4a7c15ull ^ first;
+	uint8_t *p = data_mem(tv, &size) + first * PAGE;
 
 	for (i = first; i < first + count; i++, p += PAGE) {
 		uint64_t *w = (uint64_t *)p, k;
@@ -176,9 +210,10 @@ void mig_testvm_fill_range(struct testvm *tv, uint64_t first, uint64_t count, ui
 
 void mig_testvm_fill(struct testvm *tv, uint64_t zero_every)
 {
-	struct kvmdirty_region *r = kvmdirty_region_from_gpa(tv->vm, MIG_DATA_GPA);
+	uint64_t size;
 
-	mig_testvm_fill_range(tv, 0, kvmdirty_region_size(r) / PAGE, zero_every);
+	data_mem(tv, &size);
+	mig_testvm_fill_range(tv, 0, size / PAGE, zero_every);
 }
 
 uint64_t mig_testvm_progress(struct testvm *tv, unsigned int i)

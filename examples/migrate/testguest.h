@@ -52,6 +52,13 @@ struct mig_testvm_opts {
 	/* data memory: MAP_SHARED of data_fd (filled beforehand) instead of anonymous memory */
 	bool data_file;
 	int data_fd;
+	/*
+	 * The data memory as this many regions (memslots), one after another
+	 * in guest and host addresses, each of a whole number of pages, the
+	 * last taking what does not divide (0 or 1: one region); at most
+	 * MIG_MAX_REGIONS - 1 and the memory's pages.
+	 */
+	unsigned int regions;
 };
 
 /*

@@ -26,7 +26,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define MIG_THROTTLE_MAX_VCPUS 64
+#define MIG_THROTTLE_MAX_VCPUS 1024 /* MIG_MAX_VCPUS: every vCPU a stream carries */
 /* below this share of the link a vCPU counts as not dirtying */
 #define MIG_THROTTLE_IDLE 0.01
 

@@ -82,7 +82,7 @@ void testvm_unmap(void *hva, uint64_t size)
 
 struct guest_vcpu *testvm_mailbox(struct testvm *tv, unsigned int i)
 {
-	return (struct guest_vcpu *)(tv->sys + GUEST_MAILBOX_GPA) + i;
+	return (struct guest_vcpu *)(tv->sys + tv->mailbox_gpa) + i;
 }
 
 static uint64_t seg_desc(uint64_t access, uint64_t flags)
@@ -135,7 +135,7 @@ static void set_seg(struct kvm_segment *s, uint16_t sel, uint8_t type, bool code
 
 static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpuid)
 {
-	bool ring0 = (tv->ring0_vcpus >> i) & 1;
+	bool ring0 = i < 64 ? (tv->ring0_vcpus >> i) & 1 : tv->ring0_all;
 	uint8_t dpl = ring0 ? 0 : 3;
 	struct kvm_sregs sregs;
 	struct kvm_regs regs;
@@ -177,8 +177,8 @@ static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpui
 
 	memset(&regs, 0, sizeof(regs));
 	regs.rip = GUEST_CODE_GPA;
-	regs.rsp = GUEST_SYS_SIZE - i * GUEST_STACK_SIZE;
-	regs.rdi = GUEST_MAILBOX_GPA + i * sizeof(struct guest_vcpu);
+	regs.rsp = tv->sys_size - i * GUEST_STACK_SIZE;
+	regs.rdi = tv->mailbox_gpa + i * sizeof(struct guest_vcpu);
 	regs.rflags = RFLAGS_FIXED | (ring0 ? 0 : RFLAGS_IOPL3);
 	ret = sys_ioctl(fd, KVM_SET_REGS, &regs);
 	if (ret < 0)
@@ -217,7 +217,8 @@ int testvm_set_ring0(struct testvm *tv, unsigned int i, bool ring0)
 	ret = sys_ioctl(fd, KVM_SET_REGS, &regs);
 	if (ret < 0)
 		return ret;
-	tv->ring0_vcpus = ring0 ? tv->ring0_vcpus | (1ull << i) : tv->ring0_vcpus & ~(1ull << i);
+	if (i < 64)
+		tv->ring0_vcpus = ring0 ? tv->ring0_vcpus | (1ull << i) : tv->ring0_vcpus & ~(1ull << i);
 	return 0;
 }
 
@@ -258,6 +259,9 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	if (!tv)
 		return -ENOMEM;
 	tv->ring0_vcpus = opts->ring0 ? ~0ull : opts->ring0_vcpus;
+	tv->ring0_all = opts->ring0;
+	tv->sys_size = guest_sys_size(opts->nr_vcpus);
+	tv->mailbox_gpa = guest_mailbox_gpa(opts->nr_vcpus);
 	pthread_mutex_init(&tv->lock, NULL);
 	pthread_cond_init(&tv->cond, NULL);
 	{
@@ -279,13 +283,13 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 		if (ret < 0)
 			goto err;
 	}
-	tv->sys = testvm_map(GUEST_SYS_SIZE);
+	tv->sys = testvm_map(tv->sys_size);
 	if (!tv->sys) {
 		ret = -ENOMEM;
 		goto err;
 	}
 	build_system(tv);
-	ret = kvmdirty_region_add(tv->vm, 0, GUEST_SYS_SIZE, tv->sys, 0, &tv->sys_region);
+	ret = kvmdirty_region_add(tv->vm, 0, tv->sys_size, tv->sys, 0, &tv->sys_region);
 	if (ret < 0)
 		goto err;
 	cpuid = supported_cpuid(kvmdirty_vm_kvm_fd(tv->vm), &ret);
@@ -331,7 +335,7 @@ void testvm_free(struct testvm *tv)
 		drop_timer(tv, i);
 	/* frees the tracker and the vCPUs too */
 	kvmdirty_vm_free(tv->vm);
-	testvm_unmap(tv->sys, GUEST_SYS_SIZE);
+	testvm_unmap(tv->sys, tv->sys_size);
 	pthread_mutex_destroy(&tv->lock);
 	pthread_cond_destroy(&tv->cond);
 	pthread_cond_destroy(&tv->sit_cond);
@@ -344,7 +348,7 @@ int testvm_add_memory(struct testvm *tv, uint64_t gpa, uint64_t size, uint32_t f
 	void *hva;
 	int ret;
 
-	if (gpa < GUEST_SYS_SIZE || gpa + size > GUEST_MAP_TOP || gpa + size < gpa)
+	if (gpa < tv->sys_size || gpa + size > GUEST_MAP_TOP || gpa + size < gpa)
 		return -ERANGE;
 	hva = testvm_map(size);
 	if (!hva)

@@ -27,9 +27,11 @@ struct testvm {
 	struct kvmdirty_vm *vm;
 	struct kvmdirty_tracker *tracker; /* when asked for */
 	uint8_t *sys; /* host view of the system region */
+	uint64_t sys_size, mailbox_gpa; /* guest_sys_size(), guest_mailbox_gpa() of nr_vcpus */
 	struct kvmdirty_region *sys_region;
 	unsigned int nr_vcpus;
-	uint64_t ring0_vcpus; /* bit i: vCPU i runs its workload at CPL 0 */
+	uint64_t ring0_vcpus; /* bit i: vCPU i runs its workload at CPL 0 (the first 64) */
+	bool ring0_all;	      /* ... all of them (opts.ring0) */
 	uint64_t tsc_khz;
 	struct kvmdirty_vcpu *vcpu[GUEST_MAX_VCPUS];
 	/* testvm_spawn() threads */

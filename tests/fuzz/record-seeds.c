@@ -342,6 +342,7 @@ int main(int argc, char **argv)
 	put_file("seeds", "passes.bin", passes.buf, passes.len);
 	regressions(&hashed, &plain);
 	sealed_seeds();
+	mig_guest_release(&g);
 	kvmdirty_vm_free(vm);
 	return 0;
 }
