@@ -16,7 +16,7 @@
 
 #include <kvmdirty.h>
 
-#include "rng.h"
+#include "bitmap-fill.h"
 #include "scan.h"
 
 struct result {
@@ -109,35 +109,6 @@ static double measure(void (*fn)(const uint64_t *, uint64_t, struct result *), c
 	return (double)(nbits / 8) * (double)reps / (t - t0);
 }
 
-/* Independent bits at density p, or runs of run_len set bits starting at density p / run_len. */
-static void fill(uint64_t *map, uint64_t nbits, double p, unsigned int run_len, uint64_t *rng)
-{
-	uint64_t words = nbits / 64, i, b;
-
-	if (p >= 1) {
-		memset(map, 0xff, words * 8);
-		return;
-	}
-	memset(map, 0, words * 8);
-	if (p == 0.5) {
-		for (i = 0; i < words; i++)
-			map[i] = xorshift64(rng);
-		return;
-	}
-	if (p <= 0)
-		return;
-	/* geometric gaps between set bits (or runs) */
-	for (b = 0;; b += run_len) {
-		double u = (double)(xorshift64(rng) >> 11) / (double)(1ull << 53);
-
-		b += (uint64_t)(log(u > 0 ? u : 1e-300) / log1p(-p / run_len));
-		if (b + run_len > nbits)
-			break;
-		for (i = b; i < b + run_len; i++)
-			map[i / 64] |= 1ull << (i % 64);
-	}
-}
-
 int main(void)
 {
 	static const uint64_t mib[] = { 3, 256 };
@@ -165,7 +136,7 @@ int main(void)
 			struct result rl, rp, rw, rb, rr;
 			double lib, port, word, bit, roof, min_ns = 300e6;
 
-			fill(map, nbits, dens[d], run_len[d], &rng);
+			bitmap_fill(map, nbits, dens[d], run_len[d], &rng);
 			roof = measure(roofline, map, nbits, min_ns, &rr);
 			kd_scan_select(roof_ops->name);
 			lib = measure(lib_runs, map, nbits, min_ns, &rl);
