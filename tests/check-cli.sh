@@ -166,6 +166,7 @@ expect 2 "--connections '17'" "$migrate" send unix:/tmp/x --connections 17
 expect 2 "--connections '0'" "$migrate" send unix:/tmp/x --connections 0
 needs_kvm 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 4 -v 1 --psk "$keydir/good" --encrypt --connections 2
 expect 2 "-P 'zigzag'" "$vmm" -P zigzag
-expect 2 "-v '999'" "$vmm" -v 999
+expect 2 "-v '1025'" "$vmm" -v 1025
+expect 2 "-v '1025'" "$migrate" send unix:/tmp/x -v 1025
 expect 2 "invalid option -- 'q'" "$vmm" -q
 exit $status
