@@ -142,7 +142,7 @@ START_TEST(many_regions)
 	tv = running_source(&o, &g);
 	ck_assert_uint_eq(g.nr_regions, o.regions + 1);
 	make_addr("unix", addr, sizeof(addr));
-	/* starting to track thousands of memslots (after the connection, before the header) takes KVM a while */
+	/* turning logging on for thousands of memslots (after the header, before the first record) takes KVM a while */
 	ret = migrate_once_waiting(&g, &o, addr, "600000", &r, err, sizeof(err));
 	ck_assert_msg(ret == 0, "%u regions: %d (%s)", g.nr_regions, ret,
 		      ret < -100 ? "destination failed: see its log" : err);

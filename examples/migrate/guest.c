@@ -22,8 +22,10 @@ int mig_guest_set_regions(struct mig_guest *g, const struct kvmdirty_vm *vm)
 	g->regions = calloc(n ? n : 1, sizeof(*g->regions));
 	if (!g->regions)
 		return -ENOMEM;
+	/* bounded by the count: a region the VMM adds meanwhile is not written past the array */
+	g->nr_regions = n;
 	n = 0;
-	for (r = kvmdirty_region_next(vm, NULL); r; r = kvmdirty_region_next(vm, r))
+	for (r = kvmdirty_region_next(vm, NULL); r && n < g->nr_regions; r = kvmdirty_region_next(vm, r))
 		g->regions[n++] = (struct mig_guest_region){ .region = r, .gpa = kvmdirty_region_gpa(r),
 							     .size = kvmdirty_region_size(r),
 							     .hva = kvmdirty_region_hva(r) };

@@ -525,26 +525,24 @@ static int take_stream(const struct args *a, int lfd, const struct mig_guest *g,
 static int destination(const struct args *a, int lfd)
 {
 	struct mig_recv_result res;
-	struct mig_guest g;
-	struct testvm *tv;
+	struct mig_guest g = { 0 };
+	struct testvm *tv = NULL;
 	char err[256];
 	int ret;
 
 	ret = mig_testvm_new(&a->guest, false, &tv, err, sizeof(err));
 	if (ret == 0 && (ret = mig_testvm_guest(tv, &g)) < 0)
-		snprintf(err, sizeof(err), "too many regions");
+		snprintf(err, sizeof(err), "the guest's regions: %s", strerror(-ret));
 	/* fresh memory: ZERO records for pages no stream wrote cost nothing */
 	if (ret == 0 && (ret = mig_guest_zero_known(&g)) < 0)
 		snprintf(err, sizeof(err), "out of memory");
-	if (ret == 0 && lfd < 0) {
+	if (ret == 0 && lfd < 0)
 		lfd = ret = mig_listen(a->addr, err, sizeof(err));
-		if (lfd < 0) {
-			mig_guest_release(&g);
-			mig_testvm_free(tv);
-		}
-	}
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
+		mig_guest_release(&g);
+		if (tv)
+			mig_testvm_free(tv);
 		return 1;
 	}
 	ret = take_stream(a, lfd, &g, &res);
@@ -652,7 +650,9 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 	ret = mig_testvm_guest(tv, &g);
 	fd = ret < 0 ? ret : mig_connect(a->addr, o.peer_timeout_ms, err, sizeof(err));
 	if (fd < 0) {
-		fprintf(stderr, "kvmdirty-migrate: %s\n", ret < 0 ? "source: too many regions" : err);
+		if (ret < 0)
+			snprintf(err, sizeof(err), "source: the guest's regions: %s", strerror(-ret));
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		ret = fd;
 	} else {
 		ret = mig_send(&g, fd, &o, &r, err, sizeof(err));

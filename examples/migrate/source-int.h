@@ -102,6 +102,9 @@ struct source {
 	uint64_t in_hand; /* pages handed out by the tracker, not yet queued */
 	/* which pages were never touched: the regions wholly in private anonymous memory, and pagemap */
 	bool *anon; /* [nr_regions]; NULL: none known to be (out of memory) */
+	/* a handed-out range's region by its slot id: [slot] = index in g->regions, UINT32_MAX none; NULL: walk */
+	uint32_t *slot_idx;
+	uint32_t nr_slot_idx;
 	int pagemap;
 	uint64_t pme[PM_BATCH];
 	/* stats: start, last sample, and each vCPU's progress then */

@@ -333,6 +333,43 @@ static int send_read(struct source *s, uint32_t idx, uint64_t page, uint64_t n, 
 	return 0;
 }
 
+/*
+ * Each region's index by its slot id, so that a handed-out range finds
+ * its region at once (a walk of thousands of regions a range made a pass
+ * quadratic); out of memory, or regions outside libkvmdirty: the walk.
+ */
+static void slot_index(struct source *s)
+{
+	uint32_t i, max = 0;
+
+	for (i = 0; i < s->g->nr_regions; i++) {
+		if (!s->g->regions[i].region)
+			return;
+		if (kvmdirty_region_slot(s->g->regions[i].region) > max)
+			max = kvmdirty_region_slot(s->g->regions[i].region);
+	}
+	s->slot_idx = malloc(((size_t)max + 1) * sizeof(*s->slot_idx));
+	if (!s->slot_idx)
+		return;
+	memset(s->slot_idx, 0xff, ((size_t)max + 1) * sizeof(*s->slot_idx));
+	for (i = 0; i < s->g->nr_regions; i++)
+		s->slot_idx[kvmdirty_region_slot(s->g->regions[i].region)] = i;
+	s->nr_slot_idx = max + 1;
+}
+
+/* The index in g->regions of a handed-out range's region; nr_regions where it is none of them. */
+static uint32_t region_index(const struct source *s, const struct kvmdirty_range *rg)
+{
+	uint32_t slot = rg->region ? kvmdirty_region_slot(rg->region) : UINT32_MAX, idx;
+
+	if (slot < s->nr_slot_idx && (idx = s->slot_idx[slot]) < s->g->nr_regions &&
+	    s->g->regions[idx].region == rg->region)
+		return idx;
+	for (idx = 0; idx < s->g->nr_regions && s->g->regions[idx].region != rg->region; idx++)
+		;
+	return idx;
+}
+
 /* Which pages were never touched: where the guest's memory is private anonymous, pagemap says. */
 void src_untouched_open(struct source *s)
 {
@@ -355,6 +392,7 @@ void src_untouched_open(struct source *s)
 		memset(s->anon, 0, (n ? n : 1) * sizeof(*s->anon));
 	free(hva);
 	free(size);
+	slot_index(s);
 }
 
 void src_untouched_close(struct source *s)
@@ -363,6 +401,9 @@ void src_untouched_close(struct source *s)
 		close(s->pagemap);
 	free(s->anon);
 	s->anon = NULL;
+	free(s->slot_idx);
+	s->slot_idx = NULL;
+	s->nr_slot_idx = 0;
 }
 
 /*
@@ -392,8 +433,7 @@ int src_send_range(struct source *s, const struct kvmdirty_range *rg)
 	uint32_t idx;
 	int ret;
 
-	for (idx = 0; idx < s->g->nr_regions && s->g->regions[idx].region != rg->region; idx++)
-		;
+	idx = region_index(s, rg);
 	if (idx == s->g->nr_regions)
 		return -ENOENT;
 	while (done < rg->npages) {

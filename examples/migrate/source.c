@@ -137,7 +137,8 @@ static int track(struct source *s, char *err, size_t len)
  * The header goes first: a plain stream's first bytes must reach the
  * destination within its handshake budget (MIG_HANDSHAKE_MS), and turning
  * dirty logging on for thousands of memslots can take KVM longer; after
- * the header the destination waits -T for each record instead.
+ * the header the destination waits -T for each record instead.  (What
+ * prepare() does, --baseline's wait included, still comes before it.)
  */
 static int start(struct source *s, const struct mig_result *res, char *err, size_t len)
 {
