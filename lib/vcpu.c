@@ -129,7 +129,7 @@ static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirt
 		sink->lost(vs->sink_ctx, v, loss);
 	if (n > 0) {
 		account(vs, v, (uint64_t)n);
-		if (v && v->seen_on)
+		if (v && v->seen.keys)
 			note_seen(v, vs->buf, (uint32_t)n);
 		if (sink)
 			sink->pages(vs->sink_ctx, v, vs->buf, (uint32_t)n);
@@ -718,7 +718,6 @@ static int count_stop(struct kvmdirty_vcpu *v)
 	pthread_mutex_lock(&vs->lock);
 	old = v->seen;
 	v->seen = (struct kd_pageset){ 0 };
-	v->seen_on = false;
 	pthread_mutex_unlock(&vs->lock);
 	kd_pageset_fini(&old);
 	return 0;
@@ -745,7 +744,7 @@ KD_EXPORT int kvmdirty_vcpu_count(struct kvmdirty_vcpu *v, struct kvmdirty_count
 		return ret;
 	pthread_mutex_lock(&vs->lock);
 	now = kd_now_ns();
-	if (v->seen_on) {
+	if (v->seen.keys) {
 		old = v->seen;
 		k.pages = old.n;
 		k.ns = now - v->seen_ns;
@@ -758,7 +757,6 @@ KD_EXPORT int kvmdirty_vcpu_count(struct kvmdirty_vcpu *v, struct kvmdirty_count
 	}
 	v->seen_loss[1] = vs->loss_seq;
 	v->seen = fresh;
-	v->seen_on = true;
 	v->seen_ns = now;
 	STORE(v->seen_hint, k.pages);
 	pthread_mutex_unlock(&vs->lock);

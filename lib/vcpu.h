@@ -51,11 +51,11 @@ struct kvmdirty_vcpu {
 	uint64_t held_ns, holds, kicks, full_exits;
 	/*
 	 * kvmdirty_vcpu_count(): the distinct pages its harvests reported
-	 * since the last count, once a first count turned it on (seen_on);
-	 * under the set's lock.  seen_hint (atomic) sizes the next set.
+	 * since the last count, once a first count turned it on (seen.keys
+	 * set; NULL: off); under the set's lock.  seen_hint (atomic) sizes
+	 * the next set.
 	 */
 	struct kd_pageset seen;
-	bool seen_on;
 	uint64_t seen_ns, seen_hint;
 	/*
 	 * The set's loss_seq at its last two counts: a loss in any ring

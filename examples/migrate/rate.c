@@ -52,15 +52,15 @@ static uint64_t vcpu_faults(const struct mig_rate *r, unsigned int i, uint64_t p
 static uint64_t vcpu_rate(struct mig_rate *r, unsigned int i, uint64_t ns)
 {
 	struct kvmdirty_count k;
-	uint64_t c;
+	uint64_t c, rate;
 
 	if (r->by_ring)
 		return kvmdirty_vcpu_count(r->vcpus[i], &k, sizeof(k)) < 0 ? 0 : k.pages_per_sec;
 	c = vcpu_faults(r, i, r->prev[i]);
 	/* counts only grow; one that did not (a vCPU's counter started again) reads 0 */
-	ns = c >= r->prev[i] ? (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns) : 0;
+	rate = c >= r->prev[i] ? (uint64_t)((double)(c - r->prev[i]) * 1e9 / (double)ns) : 0;
 	r->prev[i] = c;
-	return ns;
+	return rate;
 }
 
 int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus, unsigned int n,
