@@ -340,7 +340,11 @@ int kvmdirty_tracker_stop(struct kvmdirty_tracker *tracker, struct kvmdirty_regi
  * ring and KVM_RESET_DIRTY_RINGS; plus pages marked with
  * kvmdirty_tracker_mark_*.  Returns how many pages became pending for the
  * tracker's own consumer (were not already), or -errno.
- * Cost: the ioctls plus O(tracked regions), whatever the memslot count.
+ * Cost: the ioctls plus O(tracked regions), whatever the memslot count,
+ * in the bitmap modes (a GET each; a region KVM reports clean costs no
+ * more than its GET and a look at the bitmap); in DIRTY_RING mode the
+ * rings plus O(regions touched since the last sync), with a fixed look at
+ * one bit per memslot id (a tracked region nothing touched costs nothing).
  *
  * A sync that fails partway (an ioctl error on one region) keeps every
  * page it fetched pending, with consistent counts, still takes the marks,
@@ -422,6 +426,10 @@ struct kvmdirty_stats {
 	uint64_t ring_recoveries;     /* rings KVM left stuck behind zeroed entries, set going again */
 	uint64_t ring_full_ns;	      /* spent handling KVM_EXIT_DIRTY_RING_FULL */
 	uint64_t ring_reaper_runs;    /* sweeps of the reaper thread */
+	/* since 0.4: */
+	uint64_t ring_reaper_ns;	/* spent in the reaper's sweeps, inside KVM and out (and waiting for
+					 * a sync's or a ring-full exit's harvest to end) */
+	uint64_t ring_reaper_kernel_ns; /* of which inside KVM_RESET_DIRTY_RINGS */
 };
 
 /*

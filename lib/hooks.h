@@ -38,6 +38,8 @@ enum kd_hook_point {
 	KD_HOOK_PROTECT,
 	/* sync fetched every region and is about to fan the pages out to the consumers; obj: the tracker */
 	KD_HOOK_FAN_OUT,
+	/* a mark set its pages and async_any, and has not set the region's touched bit yet; obj: the tracker */
+	KD_HOOK_MARK_TOUCH,
 };
 
 /* Returned by the ioctl hook to let the real ioctl run. */

@@ -89,6 +89,7 @@ int kd_track_reprotect(struct kvmdirty_tracker *t, const struct kvmdirty_consume
 				continue;
 			}
 			tr->log_off = tr->log_off_ours = true;
+			kd_track_touch(t, t->tracked[i]);
 			if (tr->to_clear)
 				kvmdirty_bitmap_clear(tr->to_clear, 0, tr->npages);
 		}
@@ -118,6 +119,7 @@ static void *reaper(void *arg)
 
 	pthread_mutex_lock(&t->reaper_lock);
 	while (!t->reaper_stop) {
+		uint64_t t0, kernel_ns = 0;
 		struct timespec ts;
 
 		clock_gettime(CLOCK_REALTIME, &ts);
@@ -128,7 +130,10 @@ static void *reaper(void *arg)
 		if (t->reaper_stop)
 			break;
 		pthread_mutex_unlock(&t->reaper_lock);
-		kd_vcpus_harvest(t->vcpus, NULL);
+		t0 = kd_now_ns();
+		kd_vcpus_harvest(t->vcpus, &kernel_ns);
+		STAT_ADD(t, ring_reaper_ns, kd_now_ns() - t0);
+		STAT_ADD(t, ring_reaper_kernel_ns, kernel_ns);
 		STAT_ADD(t, ring_reaper_runs, 1);
 		pthread_mutex_lock(&t->reaper_lock);
 	}

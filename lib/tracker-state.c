@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "hooks.h"
 #include "tracker.h"
 
 static void bitmap_zero(uint64_t *map, uint64_t nbits)
@@ -158,4 +159,7 @@ void kd_track_mark(struct kvmdirty_tracker *t, uint32_t slot, uint64_t first, ui
 		return;
 	kvmdirty_bitmap_set_atomic(tr->async, first, end < tr->npages ? end : tr->npages);
 	__atomic_store_n(&tr->async_any, 1, __ATOMIC_RELEASE);
+	/* after async_any: a sync that finds the bit finds the mark */
+	KD_HOOK_POINT(KD_HOOK_MARK_TOUCH, t);
+	kd_track_touch(t, slot);
 }

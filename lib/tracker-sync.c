@@ -18,16 +18,19 @@
 /*
  * to_clear |= fresh: the words KVM reported, found with the zero skip.
  * Returns the bits that were not there: a page fetched and not yet
- * cleared is reported by every GET until it is, and counts once.
+ * cleared is reported by every GET until it is, and counts once.  *any:
+ * whether KVM reported any bit at all.
  */
-static uint64_t merge_to_clear(struct kd_track_region *tr)
+static uint64_t merge_to_clear(struct kd_track_region *tr, bool *any)
 {
 	uint64_t nbits = KVMDIRTY_BITMAP_WORDS(tr->npages) * 64, b, n = 0;
 
+	*any = false;
 	for (b = kvmdirty_bitmap_next_set(tr->fresh, 0, nbits); b < nbits;
 	     b = kvmdirty_bitmap_next_set(tr->fresh, (b / 64 + 1) * 64, nbits)) {
 		n += (uint64_t)__builtin_popcountll(tr->fresh[b / 64] & ~tr->to_clear[b / 64]);
 		tr->to_clear[b / 64] |= tr->fresh[b / 64];
+		*any = true;
 	}
 	return n;
 }
@@ -46,7 +49,7 @@ enum fetched {
 static int fetch_region(struct kvmdirty_tracker *t, uint32_t slot, struct kd_track_region *tr,
 			uint64_t *kernel_ns, enum fetched *what, uint64_t *fetched)
 {
-	uint64_t t0;
+	uint64_t t0, n;
 	int ret;
 
 	pthread_mutex_lock(&t->log_lock);
@@ -66,11 +69,17 @@ static int fetch_region(struct kvmdirty_tracker *t, uint32_t slot, struct kd_tra
 		*what = FETCHED_ALL;
 		ret = 0;
 	} else if (ret == 0) {
-		if (t->mode == KVMDIRTY_MODE_CLEAR_LOG)
-			*fetched += merge_to_clear(tr);
-		else
-			*fetched += kvmdirty_bitmap_count(tr->fresh, 0, tr->npages);
-		*what = tr->log_lost ? FETCHED_ALL : FETCHED_BITMAP;
+		bool any;
+
+		if (t->mode == KVMDIRTY_MODE_CLEAR_LOG) {
+			*fetched += merge_to_clear(tr, &any);
+		} else {
+			n = kvmdirty_bitmap_count(tr->fresh, 0, tr->npages);
+			*fetched += n;
+			any = n;
+		}
+		/* a clean region: nothing to fan out (fresh is all zero) */
+		*what = tr->log_lost ? FETCHED_ALL : any ? FETCHED_BITMAP : FETCHED_NONE;
 		tr->log_lost = false;
 	}
 	pthread_mutex_unlock(&t->log_lock);
@@ -157,6 +166,37 @@ static uint64_t sync_region(struct kvmdirty_tracker *t, struct kvmdirty_consumer
 	return mine;
 }
 
+/*
+ * DIRTY_RING: only the regions touched since the last sync hold anything
+ * (rings publish into async; KVM keeps no log to GET), so only they are
+ * visited, in slot order as the tracked list would have them.  A region
+ * whose logging is still off is all pending at every sync: its bit is set
+ * again for the next.  Under the regions lock for reading, so tracking
+ * and log_off hold still.
+ */
+static uint64_t sync_touched(struct kvmdirty_tracker *t, struct kvmdirty_consumer *self, uint64_t *kernel_ns,
+			     uint64_t *fetched, int *err)
+{
+	uint32_t w, slot, words = t->nr_slots / 64 + 1;
+	uint64_t fresh = 0, bits;
+
+	for (w = 0; w < words; w++) {
+		if (!__atomic_load_n(&t->touched[w], __ATOMIC_RELAXED))
+			continue;
+		/* acquire: pairs with kd_track_touch(), after the marks it announces */
+		bits = __atomic_exchange_n(&t->touched[w], 0, __ATOMIC_ACQ_REL);
+		for (; bits; bits &= bits - 1) {
+			slot = w * 64 + (uint32_t)__builtin_ctzll(bits);
+			if (slot >= t->nr_slots || !t->slots[slot].tracking)
+				continue;
+			fresh += sync_region(t, self, slot, kernel_ns, fetched, err);
+			if (t->slots[slot].log_off)
+				kd_track_touch(t, slot);
+		}
+	}
+	return fresh;
+}
+
 int64_t kd_cons_sync(struct kvmdirty_consumer *c)
 {
 	struct kvmdirty_tracker *t = c->t;
@@ -185,8 +225,11 @@ int64_t kd_cons_sync(struct kvmdirty_consumer *c)
 	r = kd_track_late_flush(t);
 	if (r < 0 && !ret)
 		ret = r;
-	for (i = 0; i < t->nr_tracked; i++)
-		fresh += sync_region(t, c, t->tracked[i], &kernel_ns, &fetched, &ret);
+	if (t->mode == KVMDIRTY_MODE_DIRTY_RING)
+		fresh += sync_touched(t, c, &kernel_ns, &fetched, &ret);
+	else
+		for (i = 0; i < t->nr_tracked; i++)
+			fresh += sync_region(t, c, t->tracked[i], &kernel_ns, &fetched, &ret);
 	kd_regions_unlock(t->regions);
 
 	syncs = STAT_ADD(t, syncs, 1) + 1;

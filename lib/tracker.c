@@ -40,6 +40,7 @@ static void on_region_logging(void *ctx, uint32_t slot, bool on)
 		/* the VMM's choice now, also where a re-protect had switched it off and meant to retry */
 		tr->log_off = true;
 		tr->log_off_ours = false;
+		kd_track_touch(t, slot); /* all pending at every sync from now on */
 		/* KVM dropped the slot's log: nothing fetched is left to clear */
 		if (tr->to_clear)
 			kvmdirty_bitmap_clear(tr->to_clear, 0, tr->npages);
@@ -100,12 +101,13 @@ int kd_tracker_new(struct kd_kvm *kvm, struct kd_regions *regions, struct kd_vcp
 	t->nr_slots = kd_regions_max_slots(regions);
 	t->slots = calloc(t->nr_slots, sizeof(*t->slots));
 	t->tracked = calloc(t->nr_slots ? t->nr_slots : 1, sizeof(*t->tracked));
+	t->touched = calloc(t->nr_slots / 64 + 1, sizeof(*t->touched));
 	pthread_mutex_init(&t->reaper_lock, NULL);
 	pthread_cond_init(&t->reaper_cond, NULL);
 	pthread_mutex_init(&t->sync_lock, NULL);
 	pthread_mutex_init(&t->log_lock, NULL);
 	ret = -ENOMEM;
-	if (!t->slots || !t->tracked)
+	if (!t->slots || !t->tracked || !t->touched)
 		goto err;
 	/* the tracker's own consumer, which its sync and next act on */
 	ret = kd_cons_new(t, KVMDIRTY_CONSUMER_AUTOCOMMIT, true, &t->dflt);
@@ -137,6 +139,7 @@ err:
 	pthread_cond_destroy(&t->reaper_cond);
 	free(t->slots);
 	free(t->tracked);
+	free(t->touched);
 	free(t);
 	return ret;
 }
@@ -164,6 +167,7 @@ void kd_tracker_free(struct kvmdirty_tracker *t)
 	pthread_cond_destroy(&t->reaper_cond);
 	free(t->slots);
 	free(t->tracked);
+	free(t->touched);
 	free(t);
 }
 

@@ -105,6 +105,14 @@ struct kvmdirty_tracker {
 	uint32_t nr_slots;
 	uint16_t *tracked; /* slot ids of tracked regions, ascending */
 	uint32_t nr_tracked;
+	/*
+	 * By slot id, atomic: regions a DIRTY_RING sync must visit, those
+	 * marked (by rings or by the VMM) and those with logging off; the
+	 * others hold nothing for it.  Set after the mark it announces;
+	 * sync takes each word with an exchange, and sets again the bit of
+	 * a region whose logging is still off.  Left alone in other modes.
+	 */
+	uint64_t *touched;
 
 	pthread_mutex_t sync_lock;
 	pthread_mutex_t log_lock;
@@ -156,6 +164,12 @@ void kd_track_drop(struct kvmdirty_tracker *t, uint32_t slot);
 uint64_t kd_track_rearm(struct kvmdirty_tracker *t, uint32_t slot, const struct kvmdirty_consumer *self);
 /* with the regions' mark lock held for reading: pages reported by any thread */
 void kd_track_mark(struct kvmdirty_tracker *t, uint32_t slot, uint64_t first, uint64_t end);
+
+/* The next DIRTY_RING sync visits slot (see touched). */
+static inline void kd_track_touch(struct kvmdirty_tracker *t, uint32_t slot)
+{
+	__atomic_fetch_or(&t->touched[slot / 64], 1ull << (slot % 64), __ATOMIC_RELEASE);
+}
 /* index of the first tracked slot >= slot */
 uint32_t kd_track_lower_bound(const struct kvmdirty_tracker *t, uint32_t slot);
 

@@ -123,6 +123,8 @@ static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirt
 	int64_t n;
 
 	n = kd_ring_collect(ring, vs->kvm, vs->buf, vs->buf_cap, ring_full, &loss, &vs->kernel_ns);
+	if (ring->reset_failed)
+		vs->any_failed = true;
 	if (loss)
 		vs->loss_seq++;
 	if (loss && sink)
@@ -147,6 +149,8 @@ static int retry_failed(struct kd_vcpus *vs)
 	uint32_t i;
 	int ret;
 
+	if (!vs->any_failed)
+		return 0;
 	for (i = 0; i < vs->n; i++) {
 		if (!vs->v[i]->ring.reset_failed)
 			continue;
@@ -161,6 +165,8 @@ static int retry_failed(struct kd_vcpus *vs)
 		if (ret < 0)
 			return ret;
 	}
+	/* every ring's reset went through: none is left to retry until another fails */
+	vs->any_failed = false;
 	return 0;
 }
 

@@ -127,6 +127,12 @@ struct kd_vcpus {
 	uint64_t kernel_ns; /* in KVM_RESET_DIRTY_RINGS, for kd_vcpus_harvest() */
 	uint64_t win_start; /* the rate window's start, CLOCK_MONOTONIC ns */
 	uint64_t loss_seq;  /* ring losses seen, any ring (under the lock) */
+	/*
+	 * Some ring's reset may have failed since retry_failed() last found
+	 * none (under the lock): without it, each collect would look at every
+	 * ring first, O(vCPUs) per ring and O(vCPUs^2) per harvest.
+	 */
+	bool any_failed;
 	int kick_signo;	    /* signal that takes a vCPU over its limit out of KVM_RUN; 0: none */
 	uint32_t kick_gen;  /* kick_signo's changes, counted (atomic) */
 };

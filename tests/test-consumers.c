@@ -656,6 +656,89 @@ START_TEST(join_empty_in_fetch_to_clear_window)
 }
 END_TEST
 
+/* ---- mark_touch_window ---- */
+
+static struct {
+	struct handoff h;
+	int armed;
+} mt = { .h = HANDOFF_INIT };
+
+static void mt_point(enum kd_hook_point p, void *obj)
+{
+	(void)obj;
+	if (p != KD_HOOK_MARK_TOUCH || !__atomic_exchange_n(&mt.armed, 0, __ATOMIC_ACQ_REL))
+		return;
+	handoff_post(&mt.h);
+	handoff_wait_go(&mt.h, 60000);
+}
+
+struct mt_mark {
+	struct kvmdirty_tracker *t;
+	uint64_t gpa;
+	int ret;
+};
+
+static void *mt_thread(void *p)
+{
+	struct mt_mark *a = p;
+
+	a->ret = kvmdirty_tracker_mark_dirty_gpa(a->t, a->gpa, PAGE);
+	return NULL;
+}
+
+/*
+ * DIRTY_RING: a sync visits only the regions whose touched bit is set.  A
+ * device writes a page from the host and marks it; the mark is held after
+ * it set the page's async bit and async_any and before it set the
+ * region's touched bit, while the tracker syncs (that sync need not take
+ * the page: the mark has not returned).  Once the mark returned, the next
+ * sync must hand the page out.  With the touched bit set before async_any,
+ * the held sync takes the bit and finds nothing, and the page is never
+ * handed out again.
+ */
+START_TEST(mark_touch_window)
+{
+	struct testvm_opts o = { .nr_vcpus = 1, .track = true,
+				 .track_opts = { .mode = KVMDIRTY_MODE_DIRTY_RING, .ring_entries = 4096 } };
+	struct cons a = { .name = "the tracker (its mark held before the touched bit)" };
+	struct mt_mark arg;
+	struct lockstep l;
+	pthread_t th;
+	int64_t s;
+
+	hooks_off();
+	ck_assert_ok(testvm_new(&o, &l.tv));
+	ck_assert_ok(testvm_add_memory(l.tv, R_GPA, 1 << 20, 0, &l.mem, &l.r));
+	l.pages = 256;
+	ck_assert_ok(kvmdirty_tracker_start(l.tv->tracker, l.r));
+	a.c = kvmdirty_tracker_consumer(l.tv->tracker);
+	a.mirror.tv = l.tv;
+	a.mirror.c = a.c;
+	rig_add_copy(&a.mirror, l.r, true, false);
+	cons_pass(&a); /* every page, as at start */
+
+	/* the device's write, then its mark, held before the touched bit */
+	memset((uint8_t *)l.mem + 5 * PAGE, 0xa5, PAGE);
+	arg = (struct mt_mark){ l.tv->tracker, R_GPA + 5 * PAGE, -1 };
+	__atomic_store_n(&mt.armed, 1, __ATOMIC_RELEASE);
+	mt.h.posted = mt.h.go = 0;
+	kd_test_hooks_set(NULL, mt_point, false);
+	ck_assert_int_eq(pthread_create(&th, NULL, mt_thread, &arg), 0);
+	handoff_wait_posted(&mt.h);
+	s = kvmdirty_consumer_sync(a.c);
+	handoff_go(&mt.h);
+	pthread_join(th, NULL);
+	hooks_off();
+	ck_assert_msg(s >= 0, "the sync beside the held mark: %" PRId64, s);
+	ck_assert_int_eq(arg.ret, 0);
+	/* the mark returned: this pass must copy the page */
+	cons_pass(&a);
+	cons_expect_fresh(&a);
+	cons_free(&a);
+	lockstep_free(&l);
+}
+END_TEST
+
 /* ---- counting ---- */
 
 START_TEST(counting)
@@ -1028,6 +1111,11 @@ int main(void)
 	tcase_add_loop_test(tc, slot_reused_cursor, 0, MODES);
 	tcase_add_test(tc, count_fails_partway);
 	tcase_add_test(tc, bad_calls);
+	suite_add_tcase(s, tc);
+	/* its own case, to be run alone (CK_RUN_CASE=touch) */
+	tc = tcase_create("touch");
+	tcase_set_timeout(tc, 600);
+	tcase_add_test(tc, mark_touch_window);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
