@@ -16,6 +16,7 @@
 #include "dirty-ring.h"
 #include "export.h"
 #include "kvm-uapi.h"
+#include "hooks.h"
 #include "tracker.h"
 
 #define DEFAULT_CHUNK_PAGES 262144
@@ -206,8 +207,25 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 		kd_track_state_free(&n);
 		return ret;
 	}
+	KD_HOOK_POINT(KD_HOOK_START_INSTALL, r);
 	kd_regions_wrlock(t->regions);
-	ret = kd_track_install(t, r->slot, &n);
+	/*
+	 * Beyond the contract (changes are not concurrent with each other),
+	 * but cheap: a region removed meanwhile is not tracked, and one whose
+	 * logging was switched off meanwhile (the sink ignored it, the slot
+	 * not yet tracked) is tracked as off, all pending at every sync.
+	 */
+	if (!kd_region_valid(t->regions, r)) {
+		ret = -EINVAL;
+	} else {
+		n.log_off = !(kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY);
+		/* KVM dropped the slot's log with it: nothing is left to clear there */
+		if (n.log_off && n.to_clear)
+			kvmdirty_bitmap_clear(n.to_clear, 0, n.npages);
+		ret = kd_track_install(t, r->slot, &n);
+		if (ret == 0 && n.log_off)
+			kd_track_touch(t, r->slot);
+	}
 	kd_regions_unlock(t->regions);
 	if (ret < 0) {
 		if (!was_on)
