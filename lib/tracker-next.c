@@ -120,10 +120,25 @@ static int next_in_region(struct kvmdirty_consumer *c, uint32_t slot, uint64_t *
 	struct kvmdirty_run runs[64];
 	uint64_t done = 0;
 	size_t k = 0, n, i;
+	uint64_t lim;
 	int ret;
 
-	while (k < max && *pages_left &&
-	       (n = kvmdirty_bitmap_runs(cs->pending, pos, end, runs, max - k < 64 ? max - k : 64)) > 0) {
+	/*
+	 * From the next pending page on, the scan stops where the pages left
+	 * run out: a run is cut there anyway, and scanning on to its end made
+	 * each call cost the rest of the region (all of it pending on a first
+	 * pass: quadratic in its size over the calls of a pass).
+	 */
+	while (k < max && *pages_left) {
+		*pos = kvmdirty_bitmap_next_set(cs->pending, *pos, end);
+		if (*pos >= end) {
+			*pos = end;
+			break;
+		}
+		lim = end - *pos > *pages_left ? *pos + *pages_left : end;
+		n = kvmdirty_bitmap_runs(cs->pending, pos, lim, runs, max - k < 64 ? max - k : 64);
+		if (!n)
+			break;
 		for (i = 0; i < n && k < max && *pages_left; i++) {
 			uint64_t first = runs[i].first, cnt = runs[i].count;
 
