@@ -126,12 +126,12 @@ struct args {
 };
 
 /* Long options without a short one. */
-enum { OPT_REGIONS = 0x100 };
+enum { OPT_REGIONS = 0x100, OPT_LAZY };
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--regions N] [--run-ms MS] [-T|--peer-timeout MS]\n"
-			"                                [--deadline S] [--once]\n"
+			"                                [--deadline S] [--once] [--lazy]\n"
 			"                                [--psk FILE] [--encrypt] [--name NAME] [--control PATH]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [--regions N] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
@@ -231,6 +231,7 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "vcpu", required_argument, NULL, 'V' },
 		{ "fill", required_argument, NULL, 'F' },
 		{ "regions", required_argument, NULL, OPT_REGIONS },
+		{ "lazy", no_argument, NULL, OPT_LAZY },
 		{ "baseline", required_argument, NULL, 'B' },
 		{ "no-throttle", no_argument, NULL, 'X' },
 		{ "force-switchover", no_argument, NULL, 'W' },
@@ -369,6 +370,9 @@ static int parse(int argc, char **argv, struct args *a)
 			break;
 		case 'O':
 			a->once = true;
+			break;
+		case OPT_LAZY:
+			a->guest.lazy = true;
 			break;
 		case 'K':
 			a->psk_file = optarg;

@@ -98,6 +98,21 @@ static int add_data(struct testvm *tv, const struct mig_testvm_opts *g, void **r
 	return 0;
 }
 
+/* Whether size bytes are at most half of the host's available memory (true where that cannot be read). */
+static bool fits_available(uint64_t size)
+{
+	FILE *f = fopen("/proc/meminfo", "re");
+	uint64_t kib = 0;
+	char line[128];
+	bool known = false;
+
+	while (f && !known && fgets(line, sizeof(line), f))
+		known = sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1;
+	if (f)
+		fclose(f);
+	return !known || size / 1024 <= kib / 2;
+}
+
 /* KVM_CAP_MAX_VCPUS of this host, or -errno. */
 static int64_t max_vcpus(void)
 {
@@ -146,7 +161,8 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 		return mig_errf(err, len, ret, "adding %" PRIu64 " MiB of guest memory: %s", g->mib, strerror(-ret));
 	}
 	/* first touches cost about 5 us a page on this nested host: not inside the migration */
-	if (!source && !g->data_file && madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
+	if (!source && !g->data_file && !g->lazy && fits_available(g->mib << 20) &&
+	    madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
 		memset(mem, 0, g->mib << 20);
 	for (i = 0; source && i < g->vcpus; i++) {
 		struct guest_vcpu *mb = testvm_mailbox(tv, i);

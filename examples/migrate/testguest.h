@@ -59,12 +59,20 @@ struct mig_testvm_opts {
 	 * MIG_MAX_REGIONS - 1 and the memory's pages.
 	 */
 	unsigned int regions;
+	/*
+	 * Destination: leave the data memory to be faulted in as pages
+	 * arrive (a VMM that does not preallocate), not before the stream.
+	 * Also the case, whatever this says, for a guest larger than half of
+	 * the host's available memory (MemAvailable), which faulting in would
+	 * push into reclaim or the OOM killer before a byte arrived.
+	 */
+	bool lazy;
 };
 
 /*
  * Build the guest; a destination's memory is faulted in here, before any
- * stream, as a VMM allocates a guest's RAM before it starts it.  A source
- * gets its vCPUs' workloads and its fill.
+ * stream, as a VMM allocates a guest's RAM before it starts it (unless
+ * lazy, see above).  A source gets its vCPUs' workloads and its fill.
  */
 /* The options alone, before anything is built: 0, or -EINVAL with the reason in err. */
 int mig_testvm_check(const struct mig_testvm_opts *o, char *err, size_t len);
