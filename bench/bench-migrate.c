@@ -22,6 +22,7 @@
  * dirties flat out on both vCPUs, against the same beside an idle daemon.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <inttypes.h>
 #include <signal.h>
@@ -44,6 +45,8 @@
 #include "dest.h"
 #include "gate.h"
 #include "handoff.h"
+#include "proc-status.h"
+#include "hostmem.h"
 #include "rate.h"
 #include "source.h"
 #include "testguest.h"
@@ -101,6 +104,36 @@ static int gate_recv(int lfd, const struct mig_guest *dg, const struct mig_recv_
 	return ret;
 }
 
+/*
+ * Peak resident memory: VmHWM of /proc/self/status, in KiB (0 where it
+ * cannot be read), from the last peak_reset() on (writing 5 to clear_refs
+ * sets the peak to what is resident now).
+ */
+static void peak_reset(void)
+{
+	int fd = open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		if (write(fd, "5", 1) != 1)
+			fprintf(stderr, "bench-migrate: clear_refs: %s (peaks count from the start)\n", strerror(errno));
+		close(fd);
+	}
+}
+
+static uint64_t peak_kib(void)
+{
+	return proc_status_kib("VmHWM");
+}
+
+/* What the destination child tells once its guest ran on: its CPU time and its peak memory. */
+struct dst_report {
+	double cpu;
+	uint64_t peak_kib;
+};
+
+/* the last run's destination peak (KiB) and source peak (this process, from its guest's creation) */
+static uint64_t run_peak_dst, run_peak_src;
+
 /* The destination, in a child; one byte on ready once its memory is in place. */
 static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int ready)
 {
@@ -110,12 +143,14 @@ static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int rea
 		struct mig_recv_opts o = { .timeout_ms = 60000, .inline_hash = inline_hash, .psk = psk,
 					   .encrypt = encrypt, .accept = accept_next, .accept_ctx = &lfd };
 		struct mig_recv_result res;
+		struct dst_report rep = { 0 };
 		struct testvm *tv = NULL;
 		struct mig_guest dg;
 		char err[256];
 		double cpu = 0;
 		int fd = -1;
 
+		peak_reset();
 		/* the destination's memory is in place before the source connects */
 		if (mig_testvm_new(g, false, &tv, err, sizeof(err)) < 0 || mig_testvm_guest(tv, &dg) < 0 ||
 		    mig_guest_zero_known(&dg) < 0 || write(ready, "r", 1) != 1 || (cpu = cpu_now()) < 0 ||
@@ -127,7 +162,9 @@ static pid_t child_destination(int lfd, const struct mig_testvm_opts *g, int rea
 			_exit(1);
 		}
 		/* its CPU time from waiting for the source to the guest's handing over */
-		_exit(write(ready, &cpu, sizeof(cpu)) != sizeof(cpu));
+		rep.cpu = cpu;
+		rep.peak_kib = peak_kib();
+		_exit(write(ready, &rep, sizeof(rep)) != sizeof(rep));
 	}
 	return pid;
 }
@@ -269,6 +306,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 		fprintf(stderr, "bench-migrate: %s: fork: %s\n", name, strerror(errno));
 		return -1;
 	}
+	peak_reset();
 	if (mig_testvm_new(g, true, &tv, err, sizeof(err)) < 0 || mig_testvm_guest(tv, &sg) < 0) {
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, err);
 		return -1;
@@ -308,6 +346,7 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 	fd = mig_connect(addr, 10000, err, sizeof(err));
 	ret = fd < 0 ? fd : mig_send(&sg, fd, &o, r, err, sizeof(err));
 	run_cpu_src = cpu_now() - run_cpu_src;
+	run_peak_src = peak_kib();
 	if (run_sampler_ms) {
 		smp.stop = true;
 		pthread_join(smp.thread, NULL);
@@ -320,8 +359,14 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 		trickling[i].stop = true;
 	for (i = 0; trickling && i < TRICKLERS; i++)
 		pthread_join(trickling[i].thread, NULL);
-	if (read(ready[0], &run_cpu_dst, sizeof(run_cpu_dst)) != sizeof(run_cpu_dst))
-		run_cpu_dst = 0;
+	{
+		struct dst_report rep;
+
+		if (read(ready[0], &rep, sizeof(rep)) != sizeof(rep))
+			rep = (struct dst_report){ 0 };
+		run_cpu_dst = rep.cpu;
+		run_peak_dst = rep.peak_kib;
+	}
 	close(ready[0]);
 	waitpid(pid, &st, 0);
 	if (!tcp)
@@ -1057,6 +1102,129 @@ static int sparse(void)
 	return 0;
 }
 
+/*
+ * The floor of a guest of gib GiB that touched 64 MiB: what the source
+ * cannot avoid doing for its untouched memory, measured here on a mapping
+ * of the same size and kind (private anonymous, MAP_NORESERVE, the first
+ * 64 MiB written): read its pagemap in the engine's batches and walk a
+ * bitmap of its pages, all set (the first pass has every page pending).
+ * Milliseconds, best of three; 0 where it could not be measured.
+ */
+static double floor_ms(uint64_t gib)
+{
+	uint64_t size = gib << 30, pages = size / 4096, batch = 4096, at, untouched = 0, set = 0, best = UINT64_MAX;
+	uint64_t *pme = calloc(batch, sizeof(*pme)), *bm = calloc(KVMDIRTY_BITMAP_WORDS(pages), sizeof(*bm));
+	void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	int fd = mig_pagemap_open(), k;
+
+	if (!pme || !bm || mem == MAP_FAILED || fd < 0)
+		goto out;
+	memset(mem, 0x5a, 64u << 20);
+	kvmdirty_bitmap_set(bm, 0, pages);
+	for (k = 0; k < 3; k++) {
+		double t0 = now_ms();
+
+		untouched = 0;
+		for (at = 0; at < pages; at += batch) {
+			uint64_t n = pages - at < batch ? pages - at : batch, i;
+
+			if (mig_pagemap_read(fd, (uint8_t *)mem + at * 4096, n, pme) < 0)
+				goto out;
+			for (i = 0; i < n; i++)
+				untouched += mig_pm_untouched(pme[i]);
+		}
+		set = kvmdirty_bitmap_count(bm, 0, pages);
+		t0 = (now_ms() - t0) * 1e3;
+		if (t0 < best)
+			best = (uint64_t)t0;
+	}
+	/* the 64 MiB written, and with transparent huge pages up to a 2 MiB page more at each end */
+	if (set != pages || untouched > pages - (64u << 20) / 4096 || untouched + 1024 < pages - (64u << 20) / 4096) {
+		fprintf(stderr, "bench-migrate: floor of %" PRIu64 " GiB: %" PRIu64 " untouched of %" PRIu64 " pages\n",
+			gib, untouched, pages);
+		best = UINT64_MAX;
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	if (mem != MAP_FAILED)
+		munmap(mem, size);
+	free(bm);
+	free(pme);
+	return best == UINT64_MAX ? 0 : best / 1e3;
+}
+
+/* Least-squares slope of y over x (n >= 2 points): per GiB, from every point. */
+static double slope(const uint64_t *x, const double *y, unsigned int n)
+{
+	double mx = 0, my = 0, sxy = 0, sxx = 0;
+	unsigned int i;
+
+	for (i = 0; i < n; i++) {
+		mx += (double)x[i] / n;
+		my += y[i] / n;
+	}
+	for (i = 0; i < n; i++) {
+		sxy += ((double)x[i] - mx) * (y[i] - my);
+		sxx += ((double)x[i] - mx) * ((double)x[i] - mx);
+	}
+	return sxx > 0 ? sxy / sxx : 0;
+}
+
+/*
+ * Guests of 1, 16, 64 and 256 GiB (up to max_gib) that touched 64 MiB,
+ * idle, over TCP loopback: the migration's total time against the floor
+ * (floor_ms()), and each end's peak resident memory, which must grow with
+ * the bitmaps and the pages sent, not with the guest.  Each point the
+ * best of two migrations.  Then the slopes per untouched GiB, fitted to
+ * every point (least squares).
+ */
+static int gib_sweep(uint64_t max_gib)
+{
+	static const uint64_t sizes[] = { 1, 16, 64, 256 };
+	double total[4], fl[4], src[4], dst[4];
+	unsigned int n = 0, i;
+
+	tcp = true;
+	fill_all = false;
+	halted = true;
+	for (i = 0; i < 4 && sizes[i] <= max_gib; i++, n++) {
+		/* lazy: the destination's memory faulted in by what arrives, not beforehand */
+		struct mig_testvm_opts g = { .mib = sizes[i] << 10, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG,
+					     .fill = 64, .work = { { .kind = MIG_WORK_IDLE } }, .lazy = true };
+		struct mig_result r, best;
+		int k;
+
+		/* best of two: the first migration of a run also pays for warming up */
+		for (k = 0; k < 2; k++) {
+			if (run("guest size", &g, true, &r) < 0)
+				return -1;
+			if (!k || r.total_ms < best.total_ms)
+				best = r;
+			src[i] = k && src[i] > run_peak_src / 1024.0 ? src[i] : run_peak_src / 1024.0;
+			dst[i] = k && dst[i] > run_peak_dst / 1024.0 ? dst[i] : run_peak_dst / 1024.0;
+		}
+		r = best;
+		total[i] = r.total_ms;
+		fl[i] = floor_ms(sizes[i]);
+		printf("scale gib=%" PRIu64 " touched_mib=64 total_ms=%.1f floor_ms=%.1f of_floor=%.2f src_rss_mib=%.1f"
+		       " dst_rss_mib=%.1f sent_mib=%.1f untouched_pages=%" PRIu64 " passes=%" PRIu64 "\n",
+		       sizes[i], total[i], fl[i], fl[i] > 0 ? total[i] / fl[i] : 0, src[i], dst[i], r.bytes / 1048576.0,
+		       r.untouched_pages, r.passes);
+		fflush(stdout);
+	}
+	halted = false;
+	if (n >= 2) {
+		double ms = slope(sizes, total, n), fms = slope(sizes, fl, n);
+
+		printf("scale gib slope from_gib=%" PRIu64 " to_gib=%" PRIu64 " ms_per_untouched_gib=%.2f"
+		       " floor_ms_per_gib=%.2f of_floor=%.2f goal=2.00 src_rss_mib_per_gib=%.3f dst_rss_mib_per_gib=%.3f\n",
+		       sizes[0], sizes[n - 1], ms, fms, fms > 0 ? ms / fms : 0, slope(sizes, src, n),
+		       slope(sizes, dst, n));
+	}
+	return 0;
+}
+
 static int throughput(void)
 {
 	struct mig_testvm_opts flat = { .mib = GUEST_MIB, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG };
@@ -1263,7 +1431,8 @@ static int control(void)
  * bench-migrate [all|idle|sparse|throughput|sessions|channel|rate|tricklers|handoff|handoff-alone|control|downtime
  * [ROUNDS [MIB]]]: every case by default, 5 rounds of downtime at 256 MiB
  * and 2 GiB (MIB: only that one); sessions and channel move 2 GiB (MIB:
- * that much instead, for a slow host).
+ * that much instead, for a slow host).  bench-migrate gib [MAX_GIB]: the
+ * guest-size sweep (not in all), its points up to MAX_GIB (256).
  */
 int main(int argc, char **argv)
 {
@@ -1286,6 +1455,9 @@ int main(int argc, char **argv)
 	if ((all || !strcmp(what, "idle")) && idle(rounds) < 0)
 		return 1;
 	if ((all || !strcmp(what, "sparse")) && sparse() < 0)
+		return 1;
+	/* not in this all (bench-scale's all runs it): a 256 GiB address space, and minutes on a slow host */
+	if (!strcmp(what, "gib") && gib_sweep(argc > 2 ? strtoull(argv[2], NULL, 0) : 256) < 0)
 		return 1;
 	if ((all || !strcmp(what, "throughput")) && throughput() < 0)
 		return 1;

@@ -17,17 +17,23 @@
  *                       roofline_ratio=... vs_roofline=...
  *          The goal: at least 0.9 of the roofline for the empty 384 MiB one.
  *
- *   regions  tracked regions of 2 MiB, 1, 64, 1,024 and 8,192 (clear-log),
- *          one of them dirtied by the guest between syncs (all 512 of its
- *          pages): the library's time per sync beside the kernel's (the
- *          log ioctls, timed apart by the library's statistics), medians
- *          of 15 syncs:
- *            scale regions=N lib_us=... kernel_us=... dirty_pages=... rss_kib=...
- *          and the library's time at 8,192 over its time at 1 (goal: at
- *          most 1.5), and the memory a region takes (resident memory the
- *          VM of 8,192 grew by beyond the VM of one, a region):
- *            scale regions slope lib_us_1=... lib_us_8192=... ratio=...
- *                  kernel_ratio=... bytes_per_region=...
+ *   regions  tracked regions of 2 MiB, 1, 64, 1,024 and 8,192, clear-log
+ *          and dirty-ring, one of them dirtied by the guest between syncs
+ *          (all 512 of its pages): the library's time per sync beside the
+ *          kernel's (the log ioctls, timed apart by the library's
+ *          statistics), medians of 15 syncs:
+ *            scale regions=N mode=... lib_us=... kernel_us=... dirty_pages=...
+ *                  rss_kib=...
+ *          and per mode the library's time at 8,192 over its time at 1
+ *          (goal: at most 1.5), its time per region, and the memory a
+ *          region takes (resident memory the VM of 8,192 grew by beyond
+ *          the VM of one, a region):
+ *            scale regions slope mode=... lib_us_1=... lib_us_8192=...
+ *                  ratio=... goal=1.50 lib_ns_per_region=... kernel_ratio=...
+ *                  bytes_per_region=...
+ *          (clear-log must GET each region's log, one ioctl a region, and
+ *          its library time counts the work around each; dirty-ring visits
+ *          only the regions its rings or marks touched)
  *   vcpus  1, 16, 64 and 256 vCPUs, all but one never entering KVM_RUN
  *          (parked), the one dirtying a 2 MiB region between syncs, in each
  *          mode: the library's time per sync beside the kernel's (the log
@@ -38,21 +44,39 @@
  *                  dirty_pages=... rss_kib=... bytes_per_vcpu=...
  *          (bytes_per_vcpu: resident memory beyond the one-vCPU VM's, a
  *          vCPU; the rings and kvm_run are the kernel's, mapped, and count
- *          where touched)
+ *          where touched); then in ring mode a reaper sweeping every 2 ms
+ *          over the same vCPUs, all idle, for 400 ms: its time per sweep,
+ *          KVM's part of it, and the library's per idle vCPU (same goal):
+ *            scale vcpus=N mode=dirty-ring reaper_ms=2 reaper_us=...
+ *                  reaper_kernel_us=... reaper_lib_us=... per_idle_vcpu_us=...
  *          Needs KVM (exit 77 with the reason where there is none).
  *
- * Usage: bench-scale [scan|regions|vcpus|all]
+ *   gib    guests of 1, 16, 64 and 256 GiB (up to MAX_GIB) that touched 64
+ *          MiB, migrated idle over TCP loopback: bench-migrate's gib case
+ *          (the migration engine is its), run from the same directory:
+ *            scale gib=N touched_mib=64 total_ms=... floor_ms=... of_floor=...
+ *                  src_rss_mib=... dst_rss_mib=... sent_mib=...
+ *          the floor being what the source cannot avoid for untouched
+ *          memory, measured in the same run on a mapping of the same size:
+ *          reading its pagemap and walking a bitmap of its pages; then
+ *          the slope per untouched GiB against the floor's (goal: at most
+ *          2x) and each end's peak memory per GiB (VmHWM).
+ *
+ * Usage: bench-scale [scan|regions|vcpus|gib [MAX_GIB]|all]
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <kvmdirty.h>
 
 #include "../examples/common/kvm-host.h"
 #include "bitmap-fill.h"
+#include "proc-status.h"
 #include "scan.h"
 #include "testvm.h"
 
@@ -168,39 +192,55 @@ static int cmp_u64(const void *a, const void *b)
 #define REGION_SIZE (2ull << 20)
 #define REGION_GPA  (4ull << 30)
 
-/*
- * One point: n regions tracked and nv vCPUs in mode, region 0 written by
- * vCPU 0 between syncs (the others never run); medians into lib_us and
- * kernel_us.
- */
 /* This process's resident memory, KiB (VmRSS); 0 where it cannot be read. */
 static uint64_t rss_kib(void)
 {
-	FILE *f = fopen("/proc/self/status", "re");
-	char line[256];
-	uint64_t kib = 0;
-
-	while (f && fgets(line, sizeof(line), f))
-		if (sscanf(line, "VmRSS: %" SCNu64, &kib) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return kib;
+	return proc_status_kib("VmRSS");
 }
 
 /* The measures of one point. */
 struct measure {
 	double lib_us, kernel_us;
 	uint64_t dirty, rss_kib; /* pages the last sync brought; resident memory grown by the point's VM */
+	double reaper_us, reaper_kernel_us; /* a reaper's sweep, all vCPUs idle (REAPER_MS points only) */
 };
 
-static int point(unsigned int n, unsigned int nv, enum kvmdirty_mode mode, struct measure *ret_m)
+#define REAPER_MS    2
+#define REAPER_SPAN  400 /* ms of sweeps measured */
+
+/* A reaper's sweeps over idle vCPUs: REAPER_SPAN ms of them, after the syncs. */
+static int reaper_sweeps(struct testvm *tv, struct measure *m)
+{
+	struct kvmdirty_stats a, b;
+	uint64_t runs;
+
+	if (kvmdirty_tracker_stats(tv->tracker, &a, sizeof(a)) < 0)
+		return -EIO;
+	nanosleep(&(struct timespec){ 0, REAPER_SPAN * 1000000L }, NULL);
+	if (kvmdirty_tracker_stats(tv->tracker, &b, sizeof(b)) < 0)
+		return -EIO;
+	runs = b.ring_reaper_runs - a.ring_reaper_runs;
+	if (!runs)
+		return -ETIME;
+	m->reaper_us = (double)(b.ring_reaper_ns - a.ring_reaper_ns) / runs / 1e3;
+	m->reaper_kernel_us = (double)(b.ring_reaper_kernel_ns - a.ring_reaper_kernel_ns) / runs / 1e3;
+	return 0;
+}
+
+/*
+ * One point: n regions tracked and nv vCPUs in mode, region 0 written by
+ * vCPU 0 between syncs (the others never run); medians into lib_us and
+ * kernel_us.  With reaper (ring mode), a reaper sweeps every REAPER_MS
+ * and its sweeps are measured once the syncs are done.
+ */
+static int point(unsigned int n, unsigned int nv, enum kvmdirty_mode mode, bool reaper, struct measure *ret_m)
 {
 	/* rings of 4,096 entries: 64 KiB a vCPU, room for a pass of 512 pages */
 	struct testvm_opts o = { .nr_vcpus = nv,
 				 .track = true,
 				 .track_opts = { .mode = mode,
-						 .ring_entries = mode == KVMDIRTY_MODE_DIRTY_RING ? 4096 : 0 } };
+						 .ring_entries = mode == KVMDIRTY_MODE_DIRTY_RING ? 4096 : 0,
+						 .reaper_ms = reaper ? REAPER_MS : 0 } };
 	uint64_t lib[SYNCS], kern[SYNCS];
 	struct kvmdirty_range rg[64];
 	struct guest_vcpu *mb;
@@ -251,7 +291,9 @@ static int point(unsigned int n, unsigned int nv, enum kvmdirty_mode mode, struc
 	ret_m->lib_us = lib[SYNCS / 2] / 1e3;
 	ret_m->kernel_us = kern[SYNCS / 2] / 1e3;
 	ret_m->rss_kib = rss_kib() - rss0;
-	ret = 0;
+	ret = reaper ? reaper_sweeps(tv, ret_m) : 0;
+	if (ret < 0)
+		fprintf(stderr, "bench-scale: %u vCPUs: the reaper's sweeps: %s\n", nv, strerror(-ret));
 out:
 	if (tv)
 		testvm_free(tv);
@@ -265,24 +307,31 @@ out:
 static int regions_sweep(void)
 {
 	static const unsigned int counts[] = { 1, 64, 1024, 8192 };
+	static const enum kvmdirty_mode modes[] = { KVMDIRTY_MODE_CLEAR_LOG, KVMDIRTY_MODE_DIRTY_RING };
+	static const char *const names[] = { "clear-log", "dirty-ring" };
 	struct measure m[4];
-	unsigned int i;
+	unsigned int i, k;
 	int ret = kvm_host_check("bench-scale: ");
 
 	if (ret)
 		return ret;
-	for (i = 0; i < 4; i++) {
-		if (point(counts[i], 1, KVMDIRTY_MODE_CLEAR_LOG, &m[i]))
-			return 1;
-		printf("scale regions=%u lib_us=%.1f kernel_us=%.1f dirty_pages=%" PRIu64 " rss_kib=%" PRIu64 "\n",
-		       counts[i], m[i].lib_us, m[i].kernel_us, m[i].dirty, m[i].rss_kib);
+	for (k = 0; k < 2; k++) {
+		for (i = 0; i < 4; i++) {
+			if (point(counts[i], 1, modes[k], false, &m[i]))
+				return 1;
+			printf("scale regions=%u mode=%s lib_us=%.1f kernel_us=%.1f dirty_pages=%" PRIu64
+			       " rss_kib=%" PRIu64 "\n",
+			       counts[i], names[k], m[i].lib_us, m[i].kernel_us, m[i].dirty, m[i].rss_kib);
+			fflush(stdout);
+		}
+		/* memory a region: what the VM of 8,192 holds beyond the VM of one, a region */
+		printf("scale regions slope mode=%s lib_us_1=%.1f lib_us_8192=%.1f ratio=%.2f goal=1.50 "
+		       "lib_ns_per_region=%.1f kernel_ratio=%.2f bytes_per_region=%.0f\n",
+		       names[k], m[0].lib_us, m[3].lib_us, m[3].lib_us / m[0].lib_us,
+		       (m[3].lib_us - m[0].lib_us) * 1e3 / (counts[3] - 1), m[3].kernel_us / m[0].kernel_us,
+		       ((double)m[3].rss_kib - (double)m[0].rss_kib) * 1024 / (counts[3] - 1));
 		fflush(stdout);
 	}
-	/* memory a region: what the VM of 8,192 holds beyond the VM of one, a region */
-	printf("scale regions slope lib_us_1=%.1f lib_us_8192=%.1f ratio=%.2f kernel_ratio=%.2f "
-	       "bytes_per_region=%.0f\n",
-	       m[0].lib_us, m[3].lib_us, m[3].lib_us / m[0].lib_us, m[3].kernel_us / m[0].kernel_us,
-	       ((double)m[3].rss_kib - (double)m[0].rss_kib) * 1024 / (counts[3] - 1));
 	return 0;
 }
 
@@ -300,7 +349,7 @@ static int vcpus_sweep(void)
 		return ret;
 	for (k = 0; k < 3; k++) {
 		for (i = 0; i < 4; i++) {
-			if (point(1, counts[i], modes[k], &m[i]))
+			if (point(1, counts[i], modes[k], false, &m[i]))
 				return 1;
 			printf("scale vcpus=%u mode=%s lib_us=%.1f kernel_us=%.1f per_idle_vcpu_us=%.3f "
 			       "dirty_pages=%" PRIu64 " rss_kib=%" PRIu64 " bytes_per_vcpu=%.0f\n",
@@ -310,7 +359,42 @@ static int vcpus_sweep(void)
 			fflush(stdout);
 		}
 	}
+	/* the reaper's sweep over idle rings, each vCPU count (its syncs are timed again, not printed) */
+	for (i = 0; i < 4; i++) {
+		if (point(1, counts[i], KVMDIRTY_MODE_DIRTY_RING, true, &m[i]))
+			return 1;
+		printf("scale vcpus=%u mode=dirty-ring reaper_ms=%d reaper_us=%.1f reaper_kernel_us=%.1f "
+		       "reaper_lib_us=%.1f per_idle_vcpu_us=%.3f\n",
+		       counts[i], REAPER_MS, m[i].reaper_us, m[i].reaper_kernel_us, m[i].reaper_us - m[i].reaper_kernel_us,
+		       i ? ((m[i].reaper_us - m[i].reaper_kernel_us) - (m[0].reaper_us - m[0].reaper_kernel_us)) /
+				   (counts[i] - 1)
+			 : 0.0);
+		fflush(stdout);
+	}
 	return 0;
+}
+
+/*
+ * The guest-size sweep migrates, and the migration engine is
+ * bench-migrate's: run its gib case, from the same directory.
+ */
+static int gib_sweep(const char *max_gib)
+{
+	char path[4096];
+	ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 32);
+	char *slash;
+
+	if (n <= 0) {
+		fprintf(stderr, "bench-scale: /proc/self/exe: %s\n", strerror(n < 0 ? errno : ENOENT));
+		return 1;
+	}
+	path[n] = 0;
+	slash = strrchr(path, '/');
+	strcpy(slash ? slash + 1 : path, "bench-migrate");
+	fflush(stdout);
+	execl(path, path, "gib", max_gib, (char *)NULL);
+	fprintf(stderr, "bench-scale: %s: %s\n", path, strerror(errno));
+	return 1;
 }
 
 int main(int argc, char **argv)
@@ -318,9 +402,10 @@ int main(int argc, char **argv)
 	const char *what = argc > 1 ? argv[1] : "all";
 	int ret = 0;
 
-	if (argc > 2 ||
-	    (strcmp(what, "scan") && strcmp(what, "regions") && strcmp(what, "vcpus") && strcmp(what, "all"))) {
-		fprintf(stderr, "usage: bench-scale [scan|regions|vcpus|all]\n");
+	if (argc > 3 || (argc > 2 && strcmp(what, "gib")) ||
+	    (strcmp(what, "scan") && strcmp(what, "regions") && strcmp(what, "vcpus") && strcmp(what, "gib") &&
+	     strcmp(what, "all"))) {
+		fprintf(stderr, "usage: bench-scale [scan|regions|vcpus|gib [MAX_GIB]|all]\n");
 		return 2;
 	}
 	if (!strcmp(what, "scan") || !strcmp(what, "all"))
@@ -329,5 +414,8 @@ int main(int argc, char **argv)
 		ret = regions_sweep();
 	if (!ret && (!strcmp(what, "vcpus") || !strcmp(what, "all")))
 		ret = vcpus_sweep();
+	/* last: it takes the process over */
+	if (!ret && (!strcmp(what, "gib") || !strcmp(what, "all")))
+		ret = gib_sweep(argc > 2 ? argv[2] : "256");
 	return ret;
 }
