@@ -197,7 +197,11 @@ static inline struct counters visit_edge(const uint64_t *map, size_t j, size_t w
 	return visit_word(win + 1, (uint64_t)j * 64, out, c);
 }
 
-/* Needs max > 32: a word holds up to 32 starts. */
+/*
+ * Needs max > 33: a word holds up to 32 starts, and one run may still be
+ * open before it (with max 33 a run longer than a word stopped the scan
+ * before any run ended: 0 returned with runs left).
+ */
 static size_t runs_wide(const uint64_t *map, uint64_t *pos, uint64_t end, struct kvmdirty_run *out,
 			size_t max)
 {
@@ -272,7 +276,7 @@ static size_t scan_runs(const uint64_t *map, uint64_t *pos, uint64_t end, struct
 
 	if (*pos >= end || !max)
 		return 0;
-	if (max > 32)
+	if (max > 33)
 		return runs_wide(map, pos, end, out, max);
 	/*
 	 * Small batches: collect into a larger one and hand out the first
