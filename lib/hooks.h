@@ -40,7 +40,7 @@ enum kd_hook_point {
 	KD_HOOK_FAN_OUT,
 	/* a mark set its pages and async_any, and has not set the region's touched bit yet; obj: the tracker */
 	KD_HOOK_MARK_TOUCH,
-	/* start switched a region's logging on and has not installed its state yet (no lock held); obj: the region */
+	/* start made a region's state and has not taken the regions lock yet; obj: the region */
 	KD_HOOK_START_INSTALL,
 };
 

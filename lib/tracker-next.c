@@ -145,8 +145,10 @@ static int next_in_region(struct kvmdirty_consumer *c, uint32_t slot, uint64_t *
 			if (cnt > *pages_left)
 				cnt = *pages_left;
 			ret = kd_track_protect(t, slot, first, cnt, &done);
-			if (ret < 0)
+			if (ret < 0) {
+				*pos = first; /* the cursor stays on what was not handed out */
 				return k ? (int)k : ret;
+			}
 			kvmdirty_bitmap_clear(cs->pending, first, first + cnt);
 			kd_cons_add_pending(c, cs, -(int64_t)cnt);
 			kd_cons_owe(c, slot, first, cnt);

@@ -185,55 +185,49 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 
 	if (!kd_region_valid(t->regions, r))
 		return -EINVAL;
-	was_on = kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY;
-	if (t->slots[r->slot].tracking)
-		return 0;
 	ret = kd_track_state_new(t, r->size / t->page_size, &n);
 	if (ret < 0)
 		return ret;
+	KD_HOOK_POINT(KD_HOOK_START_INSTALL, r);
+	/*
+	 * Logging on and the state in, one step under the write lock: no
+	 * change falls between them (a logging switch the sink would ignore,
+	 * the slot not yet tracked; a removal; another region given the
+	 * slot).  Changes are not concurrent with each other by the
+	 * contract; this holds whatever a VMM does.
+	 */
+	kd_regions_wrlock(t->regions);
+	if (!kd_region_valid(t->regions, r) || r->size / t->page_size != n.npages) {
+		ret = -EINVAL; /* removed (and its slot given to another size) since the look above */
+		goto out;
+	}
+	if (t->slots[r->slot].tracking) {
+		ret = 0;
+		goto out;
+	}
+	was_on = kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY;
 	/*
 	 * Logging first: every write from now on is seen, and every page is
 	 * pending.  With the ring, logging already on (the region was added
 	 * with it) may hide pages left writable by entries an overflow lost
 	 * before tracking: switch it off and on, which protects the slot.
 	 */
-	if (t->mode == KVMDIRTY_MODE_DIRTY_RING && (kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY))
-		ret = kd_region_set_logging(t->regions, r, false);
-	else
-		ret = 0;
+	ret = t->mode == KVMDIRTY_MODE_DIRTY_RING && was_on ? kd_region_set_logging_locked(t->regions, r, false) : 0;
 	if (ret == 0)
-		ret = kd_region_set_logging(t->regions, r, true);
-	if (ret < 0) {
-		kd_track_state_free(&n);
-		return ret;
-	}
-	KD_HOOK_POINT(KD_HOOK_START_INSTALL, r);
-	kd_regions_wrlock(t->regions);
-	/*
-	 * Beyond the contract (changes are not concurrent with each other),
-	 * but cheap: a region removed meanwhile is not tracked, and one whose
-	 * logging was switched off meanwhile (the sink ignored it, the slot
-	 * not yet tracked) is tracked as off, all pending at every sync.
-	 */
-	if (!kd_region_valid(t->regions, r)) {
-		ret = -EINVAL;
-	} else {
-		n.log_off = !(kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY);
-		/* KVM dropped the slot's log with it: nothing is left to clear there */
-		if (n.log_off && n.to_clear)
-			kvmdirty_bitmap_clear(n.to_clear, 0, n.npages);
+		ret = kd_region_set_logging_locked(t->regions, r, true);
+	if (ret == 0) {
 		ret = kd_track_install(t, r->slot, &n);
-		if (ret == 0 && n.log_off)
-			kd_track_touch(t, r->slot);
+		if (ret < 0 && !was_on)
+			kd_region_set_logging_locked(t->regions, r, false);
+		if (ret == 0) {
+			kd_regions_unlock(t->regions);
+			return 0; /* the state is the slot's now */
+		}
 	}
+out:
 	kd_regions_unlock(t->regions);
-	if (ret < 0) {
-		if (!was_on)
-			kd_region_set_logging(t->regions, r, false);
-		kd_track_state_free(&n);
-		return ret;
-	}
-	return 0;
+	kd_track_state_free(&n);
+	return ret;
 }
 
 KD_EXPORT int kvmdirty_tracker_start(struct kvmdirty_tracker *t, struct kvmdirty_region *r)

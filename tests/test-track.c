@@ -387,47 +387,77 @@ START_TEST(logging_switched_behind_tracker)
 }
 END_TEST
 
-/* ---- logging_off_during_start ---- */
+/* ---- changes during start ---- */
 
 static struct {
 	struct testvm *tv;
 	int armed;
+	bool replace; /* remove the region and add one of twice its size, which takes its slot */
+	void *new_mem;
+	struct kvmdirty_region *new_r;
 } los;
 
 static void los_point(enum kd_hook_point p, void *obj)
 {
+	struct kvmdirty_region *r = obj;
+	uint64_t size = kvmdirty_region_size(r), gpa = kvmdirty_region_gpa(r);
+
 	if (p != KD_HOOK_START_INSTALL || !__atomic_exchange_n(&los.armed, 0, __ATOMIC_ACQ_REL))
 		return;
-	/* the VMM's switch, landing between start's logging on and its state going in */
-	ck_assert_ok(kvmdirty_region_set_logging(los.tv->vm, obj, false));
+	/* the VMM's change, landing while start runs (no lock held here) */
+	if (!los.replace) {
+		ck_assert_ok(kvmdirty_region_set_logging(los.tv->vm, r, false));
+		return;
+	}
+	ck_assert_ok(kvmdirty_region_remove(los.tv->vm, r));
+	ck_assert_ok(testvm_add_memory(los.tv, gpa, 2 * size, 0, &los.new_mem, &los.new_r));
 }
 
 /*
- * Logging switched off while start is between switching it on and
- * installing the region's state (the region's sink sees an untracked
- * slot then).  Outside the threading contract (changes are not concurrent
- * with each other), and still no write may be lost: the region is tracked
- * as off, wholly pending at every sync.  Without it the ring mode reported
- * nothing at all for the region (no log, no entries), and the bitmap
- * modes only through the GET's ENOENT.
+ * A change while start runs, before it took the regions lock (outside
+ * the threading contract: changes are not concurrent with each other;
+ * still, nothing may be lost or overrun).  Loop index: mode, and (from
+ * MODES on) the change.  Logging switched off: start switches it on and
+ * tracks the region, every write reported.  When start let go of the
+ * lock between logging on and the state going in, the switch landed in
+ * between and was ignored (the slot not yet tracked): in ring mode the
+ * region's writes were never reported.  The region removed and a larger
+ * one added in its slot: start refuses (-EINVAL), the new region is not
+ * tracked, and nothing sized for the old one is used for it.
  */
-START_TEST(logging_off_during_start)
+START_TEST(change_during_start)
 {
-	enum kvmdirty_mode mode = modes[_i];
+	enum kvmdirty_mode mode = modes[_i % MODES];
 	uint64_t size = 1 << 20;
 	struct kvmdirty_region *r;
 	struct rig g = { 0 };
 	void *mem;
+	int ret;
 
 	one_region(&g, mode, size, &mem, &r);
 	ck_assert_ok(kvmdirty_tracker_start(g.t, g.tv->sys_region));
-	los.tv = g.tv;
-	__atomic_store_n(&los.armed, 1, __ATOMIC_RELEASE);
+	ck_assert_ok(kvmdirty_region_set_logging(g.tv->vm, r, true));
+	los = (typeof(los)){ .tv = g.tv, .armed = 1, .replace = _i >= MODES };
 	kd_test_hooks_set(NULL, los_point, false);
-	ck_assert_ok(kvmdirty_tracker_start(g.t, r));
+	ret = kvmdirty_tracker_start(g.t, r);
 	hooks_off();
 	ck_assert_int_eq(los.armed, 0);
-	ck_assert_uint_eq(kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY, 0);
+	if (los.replace) {
+		ck_assert_int_eq(ret, -EINVAL);
+		ck_assert_uint_eq(kvmdirty_region_flags(los.new_r) & KVMDIRTY_REGION_LOG_DIRTY, 0);
+		rig_consume(&g); /* the system region's first pass */
+		ck_assert_int_ge(kvmdirty_tracker_sync(g.t), 0);
+		rig_consume(&g);
+		ck_assert_uint_eq(kvmdirty_tracker_pending(g.t), 0);
+		printf("region replaced during start (%s): refused, the new region untracked\n", mode_name(mode));
+		testvm_free(g.tv);
+		testvm_unmap(los.new_mem, 2 * size);
+		testvm_unmap(mem, size);
+		rig_free(&g);
+		return;
+	}
+	ck_assert_int_eq(ret, 0);
+	ck_assert_uint_ne(kvmdirty_region_flags(r) & KVMDIRTY_REGION_LOG_DIRTY, 0);
 	rig_consume(&g);
 	rig_run_pass(g.tv, 0);
 	rig_sync_consume(&g);
@@ -978,7 +1008,7 @@ int main(void)
 	tcase_add_test(tc, lockstep_clear_after_read_loses_writes);
 	tcase_add_loop_test(tc, exactly_once_per_pass, 0, MODES);
 	tcase_add_loop_test(tc, logging_switched_behind_tracker, 0, MODES + 2);
-	tcase_add_loop_test(tc, logging_off_during_start, 0, MODES);
+	tcase_add_loop_test(tc, change_during_start, 0, 2 * MODES);
 	tcase_add_loop_test(tc, sync_fails_partway, 0, MODES);
 	tcase_add_loop_test(tc, stop_fails_keeps_tracking, 0, MODES);
 	tcase_add_test(tc, marks_while_regions_change);
