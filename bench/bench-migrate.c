@@ -306,6 +306,11 @@ static int run(const char *name, const struct mig_testvm_opts *g, bool verify, s
 		fprintf(stderr, "bench-migrate: %s: fork: %s\n", name, strerror(errno));
 		return -1;
 	}
+	/* the comparisons with a raw transfer assume a destination faulted in beforehand: say where it is not */
+	if (!g->lazy && !mig_testvm_prefaults(g, false))
+		fprintf(stderr, "bench-migrate: %s: the destination's %" PRIu64 " MiB are not faulted in beforehand "
+				"(more than half of the memory it may take)\n",
+			name, g->mib);
 	peak_reset();
 	if (mig_testvm_new(g, true, &tv, err, sizeof(err)) < 0 || mig_testvm_guest(tv, &sg) < 0) {
 		fprintf(stderr, "bench-migrate: %s: %s\n", name, err);

@@ -534,6 +534,10 @@ static int destination(const struct args *a, int lfd)
 	char err[256];
 	int ret;
 
+	if (!a->guest.lazy && !a->guest.data_file && !mig_testvm_prefaults(&a->guest, false))
+		fprintf(stderr, "kvmdirty-migrate: -m %" PRIu64 ": more than half of the memory this process may take: "
+				"faulted in as pages arrive, as with --lazy\n",
+			a->guest.mib);
 	ret = mig_testvm_new(&a->guest, false, &tv, err, sizeof(err));
 	if (ret == 0 && (ret = mig_testvm_guest(tv, &g)) < 0)
 		snprintf(err, sizeof(err), "the guest's regions: %s", strerror(-ret));

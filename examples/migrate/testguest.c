@@ -98,19 +98,56 @@ static int add_data(struct testvm *tv, const struct mig_testvm_opts *g, void **r
 	return 0;
 }
 
-/* Whether size bytes are at most half of the host's available memory (true where that cannot be read). */
-static bool fits_available(uint64_t size)
+/* The first line of path as a number (0 where it cannot be read, or says "max"). */
+static uint64_t file_u64(const char *path)
+{
+	FILE *f = fopen(path, "re");
+	uint64_t v = 0;
+
+	if (f && fscanf(f, "%" SCNu64, &v) != 1)
+		v = 0;
+	if (f)
+		fclose(f);
+	return v;
+}
+
+/*
+ * Bytes this process may still take: the host's MemAvailable, less where
+ * its cgroup (v2) has a memory.max, what that leaves; 0 where not known.
+ */
+static uint64_t available_bytes(void)
 {
 	FILE *f = fopen("/proc/meminfo", "re");
-	uint64_t kib = 0;
-	char line[128];
+	char line[4096], path[4200];
+	uint64_t kib = 0, max, cur;
 	bool known = false;
 
 	while (f && !known && fgets(line, sizeof(line), f))
 		known = sscanf(line, "MemAvailable: %" SCNu64 " kB", &kib) == 1;
 	if (f)
 		fclose(f);
-	return !known || size / 1024 <= kib / 2;
+	if (!known)
+		return 0;
+	f = fopen("/proc/self/cgroup", "re");
+	while (f && fgets(line, sizeof(line), f)) {
+		if (strncmp(line, "0::", 3))
+			continue;
+		line[strcspn(line, "\n")] = 0;
+		snprintf(path, sizeof(path), "/sys/fs/cgroup%s/memory.max", line + 3);
+		max = file_u64(path);
+		snprintf(path, sizeof(path), "/sys/fs/cgroup%s/memory.current", line + 3);
+		cur = file_u64(path);
+		if (max && max / 1024 - (cur < max ? cur : max) / 1024 < kib)
+			kib = max / 1024 - (cur < max ? cur : max) / 1024;
+	}
+	if (f)
+		fclose(f);
+	return kib * 1024;
+}
+
+bool mig_testvm_prefaults(const struct mig_testvm_opts *g, bool source)
+{
+	return !source && !g->data_file && !g->lazy && (g->mib << 20) <= available_bytes() / 2;
 }
 
 /* KVM_CAP_MAX_VCPUS of this host, or -errno. */
@@ -142,7 +179,7 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 	uint64_t pages[GUEST_MAX_VCPUS], at = 0, fill;
 	int64_t max;
 	struct testvm *tv;
-	void *mem;
+	void *mem = NULL;
 	unsigned int i;
 	int ret;
 
@@ -161,8 +198,7 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 		return mig_errf(err, len, ret, "adding %" PRIu64 " MiB of guest memory: %s", g->mib, strerror(-ret));
 	}
 	/* first touches cost about 5 us a page on this nested host: not inside the migration */
-	if (!source && !g->data_file && !g->lazy && fits_available(g->mib << 20) &&
-	    madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
+	if (mig_testvm_prefaults(g, source) && madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
 		memset(mem, 0, g->mib << 20);
 	for (i = 0; source && i < g->vcpus; i++) {
 		struct guest_vcpu *mb = testvm_mailbox(tv, i);

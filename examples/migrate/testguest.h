@@ -63,11 +63,16 @@ struct mig_testvm_opts {
 	 * Destination: leave the data memory to be faulted in as pages
 	 * arrive (a VMM that does not preallocate), not before the stream.
 	 * Also the case, whatever this says, for a guest larger than half of
-	 * the host's available memory (MemAvailable), which faulting in would
-	 * push into reclaim or the OOM killer before a byte arrived.
+	 * the memory this process may still take (MemAvailable, less where
+	 * its cgroup's memory.max leaves less; nothing where neither can be
+	 * read), which faulting in would push into reclaim or the OOM killer
+	 * before a byte arrived.
 	 */
 	bool lazy;
 };
+
+/* Whether mig_testvm_new() faults this guest's memory in beforehand (see lazy). */
+bool mig_testvm_prefaults(const struct mig_testvm_opts *g, bool source);
 
 /*
  * Build the guest; a destination's memory is faulted in here, before any
