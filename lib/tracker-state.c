@@ -159,7 +159,8 @@ void kd_track_mark(struct kvmdirty_tracker *t, uint32_t slot, uint64_t first, ui
 		return;
 	kvmdirty_bitmap_set_atomic(tr->async, first, end < tr->npages ? end : tr->npages);
 	__atomic_store_n(&tr->async_any, 1, __ATOMIC_RELEASE);
-	/* after async_any: a sync that finds the bit finds the mark */
+	/* after async_any: a sync that finds the bit finds the mark (only ring syncs look) */
 	KD_HOOK_POINT(KD_HOOK_MARK_TOUCH, t);
-	kd_track_touch(t, slot);
+	if (t->mode == KVMDIRTY_MODE_DIRTY_RING)
+		kd_track_touch(t, slot);
 }
