@@ -1,0 +1,877 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Snapshot files: the writer (pages at fixed offsets, the index and
+ * header at the end, the trailer last, then fsync, rename, the
+ * directory's fsync) and the reader (every table checked before a page is
+ * read; each page read checked against its hash).  The layout:
+ * snapfile.h and kvmdirty-snapshot(5).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#include <openssl/evp.h>
+
+#include "errf.h"
+#include "snapfile.h"
+
+#define ROUND_UP(x, a) (((x) + (a)-1) / (a) * (a))
+#define MAX_REGION_SIZE (1ull << 46) /* 64 TiB a region: offsets stay far from overflow */
+
+ssize_t (*snap_pwrite)(int fd, const void *buf, size_t n, off_t off) = pwrite;
+
+static const uint8_t zero_id[SNAP_ID];
+
+static void sha256(const void *p, size_t n, uint8_t out[SNAP_ID])
+{
+	unsigned int len = SNAP_ID;
+
+	if (EVP_Digest(p, n, out, &len, EVP_sha256(), NULL) != 1)
+		abort(); /* SHA-256 is built into every libcrypto: its absence is a broken install */
+}
+
+static bool is_zero(const void *p, size_t n)
+{
+	const uint64_t *w = p;
+	size_t i;
+
+	for (i = 0; i < n / 8; i++)
+		if (w[i])
+			return false;
+	return true;
+}
+
+static inline bool test_bit(const uint64_t *map, uint64_t i)
+{
+	return map[i / 64] >> (i % 64) & 1;
+}
+
+static inline void set_bit(uint64_t *map, uint64_t i)
+{
+	map[i / 64] |= 1ull << (i % 64);
+}
+
+static inline void clear_bit(uint64_t *map, uint64_t i)
+{
+	map[i / 64] &= ~(1ull << (i % 64));
+}
+
+uint64_t snap_header_len(uint32_t nr_regions, uint32_t nr_vcpus)
+{
+	return ROUND_UP(sizeof(struct snap_header) + (uint64_t)nr_regions * sizeof(struct snap_region) +
+				(uint64_t)nr_vcpus * sizeof(struct mig_vcpu_state),
+			SNAP_PAGE);
+}
+
+/* ---- writing ---- */
+
+struct wregion {
+	uint64_t gpa, size, npages, data_off;
+	uint64_t *held; /* the file lists the page */
+	uint64_t *data; /* ... as DATA (else ZERO) */
+	uint64_t *hash; /* [npages]: a DATA page's hash */
+};
+
+struct snap_writer {
+	char path[SNAP_PATH_MAX], tmp[SNAP_PATH_MAX + 32];
+	int fd;
+	struct snap_header h;
+	struct wregion *r;
+	struct mig_vcpu_state *vcpus;
+	uint64_t zero_hash;
+};
+
+static void writer_free(struct snap_writer *w)
+{
+	uint32_t i;
+
+	if (w->fd >= 0)
+		close(w->fd);
+	for (i = 0; w->r && i < w->h.nr_regions; i++) {
+		free(w->r[i].held);
+		free(w->r[i].data);
+		free(w->r[i].hash);
+	}
+	free(w->r);
+	free(w->vcpus);
+	free(w);
+}
+
+/* The layout checked, and its header's fixed part. */
+static int layout(struct snap_writer *w, const struct snap_layout *l, char *err, size_t len)
+{
+	struct snap_header *h = &w->h;
+	uint64_t off;
+	uint32_t i;
+
+	if ((l->kind != SNAP_FULL && l->kind != SNAP_DIFF) || !l->nr_regions || l->nr_regions > SNAP_MAX_REGIONS ||
+	    !l->nr_vcpus || l->nr_vcpus > SNAP_MAX_VCPUS || (l->kind == SNAP_FULL) != (l->seq == 0) ||
+	    (l->kind == SNAP_DIFF && (!l->parent || !l->base)))
+		return mig_errf(err, len, -EINVAL, "%s: a snapshot of %u regions and %u vCPUs, kind %u, number %" PRIu64
+				": outside the format", w->path, l->nr_regions, l->nr_vcpus, l->kind, l->seq);
+	memcpy(h->magic, SNAP_MAGIC, sizeof(h->magic));
+	h->version = SNAP_VERSION;
+	h->page_size = SNAP_PAGE;
+	h->kind = l->kind;
+	h->nr_regions = l->nr_regions;
+	h->nr_vcpus = l->nr_vcpus;
+	h->vcpu_state_size = sizeof(struct mig_vcpu_state);
+	h->seq = l->seq;
+	h->header_len = snap_header_len(l->nr_regions, l->nr_vcpus);
+	h->data_off = ROUND_UP(h->header_len, SNAP_ALIGN);
+	if (l->kind == SNAP_DIFF) {
+		memcpy(h->parent, l->parent, SNAP_ID);
+		memcpy(h->base, l->base, SNAP_ID);
+	}
+	w->r = calloc(l->nr_regions, sizeof(*w->r));
+	w->vcpus = calloc(l->nr_vcpus, sizeof(*w->vcpus));
+	if (!w->r || !w->vcpus)
+		return mig_errf(err, len, -ENOMEM, "%s: out of memory", w->path);
+	off = h->data_off;
+	for (i = 0; i < l->nr_regions; i++) {
+		struct wregion *r = &w->r[i];
+
+		if (!l->size[i] || l->size[i] % SNAP_PAGE || l->gpa[i] % SNAP_PAGE || l->size[i] > MAX_REGION_SIZE)
+			return mig_errf(err, len, -EINVAL, "%s: region %u (gpa 0x%" PRIx64 ", %" PRIu64
+					" bytes): not whole pages, or too large", w->path, i, l->gpa[i], l->size[i]);
+		r->gpa = l->gpa[i];
+		r->size = l->size[i];
+		r->npages = r->size / SNAP_PAGE;
+		r->data_off = off;
+		off += ROUND_UP(r->size, SNAP_ALIGN);
+		/* calloc'd: the kernel maps pages of them only as they are written */
+		r->held = calloc((r->npages + 63) / 64, 8);
+		r->data = calloc((r->npages + 63) / 64, 8);
+		r->hash = calloc(r->npages, 8);
+		if (!r->held || !r->data || !r->hash)
+			return mig_errf(err, len, -ENOMEM, "%s: out of memory for region %u's page table", w->path, i);
+	}
+	h->data_len = off - h->data_off;
+	h->index_off = off;
+	return 0;
+}
+
+int snap_writer_open(const char *path, const struct snap_layout *l, struct snap_writer **ret_w, char *err,
+		     size_t len)
+{
+	struct snap_writer *w = calloc(1, sizeof(*w));
+	struct stat st;
+	int ret;
+
+	*ret_w = NULL;
+	if (!w)
+		return mig_errf(err, len, -ENOMEM, "%s: out of memory", path);
+	w->fd = -1;
+	if (strlen(path) >= sizeof(w->path)) {
+		free(w);
+		return mig_errf(err, len, -ENAMETOOLONG, "a snapshot path of %zu bytes: at most %d", strlen(path),
+				SNAP_PATH_MAX - 1);
+	}
+	snprintf(w->path, sizeof(w->path), "%s", path);
+	snprintf(w->tmp, sizeof(w->tmp), "%s.tmp.%ld", path, (long)getpid());
+	w->zero_hash = mig_zero_page_hash();
+	ret = layout(w, l, err, len);
+	if (ret == 0 && lstat(path, &st) == 0)
+		ret = mig_errf(err, len, -EEXIST, "%s: exists already: a snapshot is never written over a file", path);
+	if (ret == 0) {
+		/* guest memory: the user's alone */
+		w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		if (w->fd < 0)
+			ret = mig_errf(err, len, -errno, "%s: %s", w->tmp, strerror(errno));
+	}
+	if (ret < 0) {
+		writer_free(w);
+		return ret;
+	}
+	*ret_w = w;
+	return 0;
+}
+
+static int write_all(struct snap_writer *w, const void *buf, uint64_t n, uint64_t off, char *err, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (n) {
+		ssize_t k = snap_pwrite(w->fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return mig_errf(err, len, k < 0 ? -errno : -EIO, "writing %s at offset %" PRIu64 ": %s", w->tmp,
+					off, k < 0 ? strerror(errno) : "nothing written");
+		p += k;
+		off += (uint64_t)k;
+		n -= (uint64_t)k;
+	}
+	return 0;
+}
+
+int snap_writer_put(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count, const void *hva,
+		    uint64_t *ret_bytes, char *err, size_t len)
+{
+	struct wregion *r;
+	uint64_t i, run = 0, bytes = 0;
+	const uint8_t *p = hva;
+	int ret;
+
+	if (region >= w->h.nr_regions || first > w->r[region].npages || count > w->r[region].npages - first)
+		return mig_errf(err, len, -EINVAL, "%s: pages %" PRIu64 "+%" PRIu64 " of region %u: outside it", w->path,
+				first, count, region);
+	r = &w->r[region];
+	/* data pages gather into runs, each one write; a zero page ends a run and is a hole */
+	for (i = 0; i <= count; i++) {
+		uint64_t pg = first + i, h = 0;
+		bool zero = false;
+
+		if (i < count) {
+			h = mig_page_hash(p + i * SNAP_PAGE);
+			/* a page this file already holds as data stays data: its old copy must be overwritten */
+			zero = h == w->zero_hash && is_zero(p + i * SNAP_PAGE, SNAP_PAGE) && !test_bit(r->data, pg);
+		}
+		if ((i == count || zero) && i > run) {
+			ret = write_all(w, p + run * SNAP_PAGE, (i - run) * SNAP_PAGE,
+					r->data_off + (first + run) * SNAP_PAGE, err, len);
+			if (ret < 0)
+				return ret;
+			bytes += (i - run) * SNAP_PAGE;
+		}
+		if (i == count)
+			break;
+		set_bit(r->held, pg);
+		if (zero) {
+			run = i + 1;
+			continue;
+		}
+		set_bit(r->data, pg);
+		r->hash[pg] = h;
+	}
+	if (ret_bytes)
+		*ret_bytes = bytes;
+	return 0;
+}
+
+int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count)
+{
+	struct wregion *r;
+	uint64_t pg;
+
+	if (region >= w->h.nr_regions || first > w->r[region].npages || count > w->r[region].npages - first)
+		return -EINVAL;
+	r = &w->r[region];
+	for (pg = first; pg < first + count; pg++) {
+		/* held as data already: the page must read as zero, and a hole it is not */
+		if (test_bit(r->data, pg)) {
+			static const uint8_t zero[SNAP_PAGE];
+			char err[8];
+			int ret = snap_writer_put(w, region, pg, 1, zero, NULL, err, sizeof(err));
+
+			if (ret < 0)
+				return ret;
+			continue;
+		}
+		set_bit(r->held, pg);
+	}
+	return 0;
+}
+
+void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states)
+{
+	memcpy(w->vcpus, states, w->h.nr_vcpus * sizeof(*states));
+}
+
+/* The runs and hashes of what the file holds, in region and page order; a full lists no zero run. */
+static int build_index(struct snap_writer *w, void **ret_buf, uint64_t *ret_len)
+{
+	uint64_t nruns = 0, ndata = 0, nzero = 0, pass, k;
+	struct snap_run *runs = NULL;
+	uint64_t *hashes = NULL;
+	void *buf;
+	uint32_t i;
+
+	/* two passes: count, then fill */
+	for (pass = 0; pass < 2; pass++) {
+		uint64_t run_i = 0, hash_i = 0;
+
+		for (i = 0; i < w->h.nr_regions; i++) {
+			const struct wregion *r = &w->r[i];
+			uint64_t pg = 0;
+
+			while (pg < r->npages) {
+				bool data;
+
+				if (!(r->held[pg / 64] >> (pg % 64))) {
+					pg = (pg | 63) + 1; /* the rest of the word holds nothing */
+					continue;
+				}
+				if (!test_bit(r->held, pg)) {
+					pg++;
+					continue;
+				}
+				data = test_bit(r->data, pg);
+				for (k = pg + 1; k < r->npages && test_bit(r->held, k) && test_bit(r->data, k) == data; k++)
+					;
+				if (data || w->h.kind == SNAP_DIFF) {
+					if (pass == 1) {
+						runs[run_i] = (struct snap_run){ i, data ? SNAP_RUN_DATA : SNAP_RUN_ZERO, pg,
+										 k - pg, data ? hash_i : 0 };
+						if (data)
+							memcpy(hashes + hash_i, r->hash + pg, (k - pg) * 8);
+					}
+					run_i++;
+					if (data)
+						hash_i += k - pg;
+					else if (pass == 0)
+						nzero += k - pg;
+				}
+				pg = k;
+			}
+		}
+		if (pass == 0) {
+			nruns = run_i;
+			ndata = hash_i;
+			buf = malloc(nruns * sizeof(*runs) + ndata * 8 + 1);
+			if (!buf)
+				return -ENOMEM;
+			runs = buf;
+			hashes = (uint64_t *)(runs + nruns);
+		}
+	}
+	w->h.nr_runs = nruns;
+	w->h.data_pages = ndata;
+	w->h.zero_pages = nzero;
+	*ret_buf = buf;
+	*ret_len = nruns * sizeof(*runs) + ndata * 8;
+	return 0;
+}
+
+/* The directory that holds path, synced (after a rename into it, or out of it). */
+static int sync_dir(const char *path)
+{
+	char buf[SNAP_PATH_MAX];
+	int fd, ret = 0;
+
+	snprintf(buf, sizeof(buf), "%s", path);
+	fd = open(dirname(buf), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) < 0)
+		ret = -errno;
+	close(fd);
+	return ret;
+}
+
+/* tmp to path, never over a file there (renameat2's NOREPLACE; link and unlink where a file system lacks it). */
+static int rename_new(const char *tmp, const char *path)
+{
+	if (renameat2(AT_FDCWD, tmp, AT_FDCWD, path, RENAME_NOREPLACE) == 0)
+		return 0;
+	if (errno != EINVAL && errno != ENOSYS)
+		return -errno;
+	if (link(tmp, path) < 0)
+		return -errno;
+	unlink(tmp);
+	return 0;
+}
+
+/* The header and its tables in one buffer, header_len long. */
+static void *header_bytes(struct snap_writer *w)
+{
+	uint8_t *buf = calloc(1, w->h.header_len);
+	struct snap_region *reg;
+	uint32_t i;
+
+	if (!buf)
+		return NULL;
+	memcpy(buf, &w->h, sizeof(w->h));
+	reg = (struct snap_region *)(buf + sizeof(w->h));
+	for (i = 0; i < w->h.nr_regions; i++)
+		reg[i] = (struct snap_region){ w->r[i].gpa, w->r[i].size, w->r[i].data_off, 0 };
+	memcpy(reg + w->h.nr_regions, w->vcpus, w->h.nr_vcpus * sizeof(*w->vcpus));
+	return buf;
+}
+
+static int finish(struct snap_writer *w, uint8_t id[SNAP_ID], struct snap_written *st, char *err, size_t len)
+{
+	struct snap_trailer t = { 0 };
+	struct timespec now;
+	void *index = NULL, *hdr = NULL;
+	uint64_t ilen;
+	int ret;
+
+	ret = build_index(w, &index, &ilen);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "%s: out of memory for the index", w->path);
+	clock_gettime(CLOCK_REALTIME, &now);
+	w->h.time_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+	w->h.index_len = ilen;
+	sha256(index, ilen, w->h.index_sha);
+	hdr = header_bytes(w);
+	if (!hdr)
+		ret = mig_errf(err, len, -ENOMEM, "%s: out of memory for the header", w->path);
+	if (ret == 0)
+		ret = write_all(w, index, ilen, w->h.index_off, err, len);
+	if (ret == 0)
+		ret = write_all(w, hdr, w->h.header_len, 0, err, len);
+	if (ret == 0) {
+		memcpy(t.magic, SNAP_TRAILER_MAGIC, sizeof(t.magic));
+		t.version = SNAP_VERSION;
+		t.header_len = w->h.header_len;
+		t.index_off = w->h.index_off;
+		t.index_len = ilen;
+		t.file_len = w->h.index_off + ilen + sizeof(t);
+		sha256(hdr, w->h.header_len, t.id);
+		sha256(&t, offsetof(struct snap_trailer, sha), t.sha);
+		/* last: until it is there, the file is not a snapshot */
+		ret = write_all(w, &t, sizeof(t), w->h.index_off + ilen, err, len);
+	}
+	free(index);
+	free(hdr);
+	if (ret < 0)
+		return ret;
+	memcpy(id, t.id, SNAP_ID);
+	if (st)
+		*st = (struct snap_written){ w->h.data_pages, w->h.zero_pages, t.file_len,
+					     w->h.header_len + ilen + sizeof(t) };
+	return 0;
+}
+
+int snap_writer_commit(struct snap_writer *w, uint8_t ret_id[SNAP_ID], struct snap_written *ret_stats, char *err,
+		       size_t len)
+{
+	int ret = finish(w, ret_id, ret_stats, err, len);
+
+	if (ret == 0 && fsync(w->fd) < 0)
+		ret = mig_errf(err, len, -errno, "syncing %s: %s", w->tmp, strerror(errno));
+	if (ret == 0) {
+		ret = rename_new(w->tmp, w->path);
+		if (ret < 0)
+			mig_errf(err, len, ret, "renaming %s to %s: %s", w->tmp, w->path, strerror(-ret));
+	}
+	if (ret < 0) {
+		snap_writer_abandon(w);
+		return ret;
+	}
+	ret = sync_dir(w->path);
+	if (ret < 0) {
+		/* not known to last: taken back, so the next file of the chain takes its place */
+		mig_errf(err, len, ret, "syncing the directory of %s: %s", w->path, strerror(-ret));
+		unlink(w->path);
+		sync_dir(w->path);
+	}
+	writer_free(w);
+	return ret;
+}
+
+void snap_writer_abandon(struct snap_writer *w)
+{
+	if (!w)
+		return;
+	if (w->fd >= 0)
+		unlink(w->tmp);
+	writer_free(w);
+}
+
+/* ---- reading ---- */
+
+void snap_file_close(struct snap_file *f)
+{
+	if (!f)
+		return;
+	if (f->fd >= 0)
+		close(f->fd);
+	free(f->regions);
+	free(f->runs);
+	free(f);
+}
+
+static int read_all(const struct snap_file *f, void *buf, uint64_t n, uint64_t off, const char *what, char *err,
+		    size_t len)
+{
+	uint8_t *p = buf;
+
+	while (n) {
+		ssize_t k = pread(f->fd, p, n > (1u << 30) ? (1u << 30) : n, (off_t)off);
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return mig_errf(err, len, k < 0 ? -errno : -EPROTO, "%s: reading %s at offset %" PRIu64 ": %s",
+					f->path, what, off, k < 0 ? strerror(errno) : "the file ends there");
+		p += k;
+		off += (uint64_t)k;
+		n -= (uint64_t)k;
+	}
+	return 0;
+}
+
+#define BAD(...) mig_errf(err, len, -EPROTO, __VA_ARGS__)
+
+/* The trailer: present, whole, its own checksum, the file's length. */
+static int check_trailer(struct snap_file *f, struct snap_trailer *t, char *err, size_t len)
+{
+	uint8_t sha[SNAP_ID];
+	int ret = read_all(f, t, sizeof(*t), f->size - sizeof(*t), "the trailer", err, len);
+
+	if (ret < 0)
+		return ret;
+	if (memcmp(t->magic, SNAP_TRAILER_MAGIC, sizeof(t->magic)))
+		return BAD("%s: no trailer at its end: cut short, or never finished", f->path);
+	sha256(t, offsetof(struct snap_trailer, sha), sha);
+	if (memcmp(sha, t->sha, SNAP_ID))
+		return BAD("%s: trailer damaged (its checksum does not match)", f->path);
+	if (t->version != SNAP_VERSION)
+		return BAD("%s: trailer version %u, this reads %d", f->path, t->version, SNAP_VERSION);
+	if (t->file_len != f->size)
+		return BAD("%s: %" PRIu64 " bytes long, its trailer says %" PRIu64 ": cut or extended", f->path, f->size,
+			   t->file_len);
+	if (t->header_len < sizeof(struct snap_header) ||
+	    t->header_len > snap_header_len(SNAP_MAX_REGIONS, SNAP_MAX_VCPUS) ||
+	    t->header_len > f->size - sizeof(*t))
+		return BAD("%s: trailer: a header of %" PRIu64 " bytes does not fit", f->path, t->header_len);
+	return 0;
+}
+
+static int check_regions(struct snap_file *f, char *err, size_t len)
+{
+	const struct snap_header *h = &f->h;
+	uint64_t off = h->data_off;
+	uint32_t i;
+
+	for (i = 0; i < h->nr_regions; i++) {
+		const struct snap_region *r = &f->regions[i];
+
+		if (!r->size || r->size % SNAP_PAGE || r->gpa % SNAP_PAGE || r->size > MAX_REGION_SIZE ||
+		    r->gpa > UINT64_MAX - r->size || r->reserved)
+			return BAD("%s: header: region %u (gpa 0x%" PRIx64 ", %" PRIu64 " bytes): not whole pages", f->path,
+				   i, r->gpa, r->size);
+		if (r->data_off != off)
+			return BAD("%s: header: region %u's pages at offset %" PRIu64 ", the layout puts them at %" PRIu64,
+				   f->path, i, r->data_off, off);
+		off += ROUND_UP(r->size, SNAP_ALIGN);
+	}
+	if (h->data_len != off - h->data_off || h->index_off != off)
+		return BAD("%s: header: the page area (%" PRIu64 " bytes, index at %" PRIu64 ") does not add up to its "
+			   "regions (%" PRIu64 ")", f->path, h->data_len, h->index_off, off - h->data_off);
+	return 0;
+}
+
+/* The header's fields, against the trailer and each other. */
+static int check_header(struct snap_file *f, const struct snap_trailer *t, char *err, size_t len)
+{
+	const struct snap_header *h = &f->h;
+	uint32_t i;
+
+	if (h->page_size != SNAP_PAGE || h->flags || h->reserved0 || !is_zero(h->reserved, sizeof(h->reserved)))
+		return BAD("%s: header: page size %u, flags 0x%x or a reserved field set", f->path, h->page_size,
+			   h->flags);
+	if (h->kind != SNAP_FULL && h->kind != SNAP_DIFF)
+		return BAD("%s: header: kind %u, neither full (1) nor diff (2)", f->path, h->kind);
+	if (!h->nr_regions || h->nr_regions > SNAP_MAX_REGIONS || !h->nr_vcpus || h->nr_vcpus > SNAP_MAX_VCPUS ||
+	    h->vcpu_state_size != sizeof(struct mig_vcpu_state))
+		return BAD("%s: header: %u regions, %u vCPUs of %u bytes: outside the format", f->path, h->nr_regions,
+			   h->nr_vcpus, h->vcpu_state_size);
+	if (h->header_len != snap_header_len(h->nr_regions, h->nr_vcpus) || h->header_len != t->header_len ||
+	    h->data_off != ROUND_UP(h->header_len, SNAP_ALIGN))
+		return BAD("%s: header: length %" PRIu64 " or page area at %" PRIu64 ": not what %u regions and %u "
+			   "vCPUs make", f->path, h->header_len, h->data_off, h->nr_regions, h->nr_vcpus);
+	if (h->kind == SNAP_FULL ? h->seq || memcmp(h->parent, zero_id, SNAP_ID) || memcmp(h->base, zero_id, SNAP_ID)
+				 : !h->seq || !memcmp(h->parent, zero_id, SNAP_ID) || !memcmp(h->base, zero_id, SNAP_ID))
+		return BAD("%s: header: a %s numbered %" PRIu64 " %s a parent", f->path,
+			   h->kind == SNAP_FULL ? "full snapshot" : "diff", h->seq,
+			   h->kind == SNAP_FULL ? "with" : "without");
+	if (check_regions(f, err, len) < 0)
+		return -EPROTO;
+	if (h->index_off != t->index_off || h->index_len != t->index_len || h->nr_runs > h->index_len / 32 ||
+	    h->data_pages > h->index_len / 8 || h->nr_runs * 32 + h->data_pages * 8 != h->index_len ||
+	    h->index_off + h->index_len + sizeof(*t) != f->size)
+		return BAD("%s: header: an index of %" PRIu64 " runs and %" PRIu64 " hashes at %" PRIu64 " does not fit "
+			   "the file", f->path, h->nr_runs, h->data_pages, h->index_off);
+	for (i = 0; i < h->nr_vcpus; i++)
+		if (f->vcpus[i].msrs[0].index != mig_msr_index[0])
+			return BAD("%s: header: vCPU %u's state carries MSR 0x%x, not 0x%x", f->path, i,
+				   f->vcpus[i].msrs[0].index, mig_msr_index[0]);
+	return 0;
+}
+
+/* The index: its hash, then each run within its region, in order, disjoint; the counts add up. */
+static int check_index(struct snap_file *f, char *err, size_t len)
+{
+	const struct snap_header *h = &f->h;
+	uint64_t hash_i = 0, zero = 0, i;
+	uint8_t sha[SNAP_ID];
+
+	sha256(f->runs, h->index_len, sha);
+	if (memcmp(sha, h->index_sha, SNAP_ID))
+		return BAD("%s: index damaged (its hash is not the header's)", f->path);
+	for (i = 0; i < h->nr_runs; i++) {
+		const struct snap_run *r = &f->runs[i], *p = i ? &f->runs[i - 1] : NULL;
+
+		if (r->region >= h->nr_regions || !r->count || r->first > f->regions[r->region].size / SNAP_PAGE ||
+		    r->count > f->regions[r->region].size / SNAP_PAGE - r->first)
+			return BAD("%s: index: run %" PRIu64 " (region %u, pages %" PRIu64 "+%" PRIu64 ") outside its region",
+				   f->path, i, r->region, r->first, r->count);
+		if (p && (r->region < p->region || (r->region == p->region && r->first < p->first + p->count)))
+			return BAD("%s: index: run %" PRIu64 " out of order or overlapping the one before", f->path, i);
+		if (r->kind == SNAP_RUN_DATA && r->hash_first == hash_i) {
+			hash_i += r->count;
+		} else if (r->kind == SNAP_RUN_ZERO && h->kind == SNAP_DIFF && !r->hash_first) {
+			zero += r->count;
+		} else {
+			return BAD("%s: index: run %" PRIu64 " of kind %u, its hashes at %" PRIu64 ": not in the format",
+				   f->path, i, r->kind, r->hash_first);
+		}
+	}
+	if (hash_i != h->data_pages || zero != h->zero_pages)
+		return BAD("%s: index: %" PRIu64 " data and %" PRIu64 " zero pages, the header says %" PRIu64 " and %"
+			   PRIu64, f->path, hash_i, zero, h->data_pages, h->zero_pages);
+	return 0;
+}
+
+/* The run holding file offset off (the runs are in file order: regions' areas ascend), or NULL. */
+static const struct snap_run *run_at(const struct snap_file *f, uint64_t off)
+{
+	uint64_t lo = 0, hi = f->h.nr_runs;
+
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		const struct snap_run *r = &f->runs[mid];
+		uint64_t start = f->regions[r->region].data_off + r->first * SNAP_PAGE;
+
+		if (off < start)
+			hi = mid;
+		else if (off >= start + r->count * SNAP_PAGE)
+			lo = mid + 1;
+		else
+			return r;
+	}
+	return NULL;
+}
+
+/*
+ * Data in the page area only where a DATA run lists it: bytes elsewhere
+ * are never read, so a change there would go unseen.  Where the file
+ * system does not tell holes apart (it reports the whole area as data),
+ * nothing can be said, and nothing is.
+ */
+static int check_holes(struct snap_file *f, char *err, size_t len)
+{
+	uint64_t end = f->h.index_off, pos = f->h.header_len;
+
+	while (pos < end) {
+		off_t a = lseek(f->fd, (off_t)pos, SEEK_DATA), b;
+
+		if (a < 0 || (uint64_t)a >= end)
+			return 0; /* ENXIO: no data past pos; EINVAL: holes not reported */
+		b = lseek(f->fd, a, SEEK_HOLE);
+		if (b < 0)
+			return 0;
+		if ((uint64_t)a == f->h.header_len && (uint64_t)b >= end && f->h.data_pages * SNAP_PAGE < end - pos)
+			return 0; /* all of it data: a file system without holes */
+		pos = (uint64_t)a;
+		while (pos < (uint64_t)b && pos < end) {
+			const struct snap_run *r = run_at(f, pos);
+
+			if (!r || r->kind != SNAP_RUN_DATA)
+				return BAD("%s: page area: data at offset %" PRIu64 ", where the index lists no page", f->path,
+					   pos);
+			pos = f->regions[r->region].data_off + (r->first + r->count) * SNAP_PAGE;
+		}
+	}
+	return 0;
+}
+
+static int file_check(struct snap_file *f, char *err, size_t len)
+{
+	struct snap_trailer t;
+	uint8_t *hdr = NULL;
+	uint8_t sha[SNAP_ID];
+	int ret;
+
+	ret = read_all(f, &f->h, sizeof(f->h), 0, "the header", err, len);
+	if (ret < 0)
+		return ret;
+	if (memcmp(f->h.magic, SNAP_MAGIC, sizeof(f->h.magic)))
+		return BAD("%s: not a snapshot file (no %s at its start)", f->path, SNAP_MAGIC);
+	if (f->h.version != SNAP_VERSION)
+		return BAD("%s: snapshot version %u, this reads version %d", f->path, f->h.version, SNAP_VERSION);
+	ret = check_trailer(f, &t, err, len);
+	if (ret < 0)
+		return ret;
+	hdr = malloc(t.header_len);
+	if (!hdr)
+		return mig_errf(err, len, -ENOMEM, "%s: out of memory", f->path);
+	ret = read_all(f, hdr, t.header_len, 0, "the header", err, len);
+	if (ret == 0) {
+		sha256(hdr, t.header_len, sha);
+		if (memcmp(sha, t.id, SNAP_ID))
+			ret = BAD("%s: header damaged (its hash is not the trailer's)", f->path);
+	}
+	if (ret == 0) {
+		memcpy(&f->h, hdr, sizeof(f->h));
+		memcpy(f->id, t.id, SNAP_ID);
+		if (f->h.nr_regions > SNAP_MAX_REGIONS || f->h.nr_vcpus > SNAP_MAX_VCPUS ||
+		    snap_header_len(f->h.nr_regions, f->h.nr_vcpus) != t.header_len)
+			ret = BAD("%s: header: %u regions and %u vCPUs do not fit its %" PRIu64 " bytes", f->path,
+				  f->h.nr_regions, f->h.nr_vcpus, t.header_len);
+	}
+	if (ret == 0) {
+		/* the tables stay in one block: regions, then vCPUs */
+		f->regions = (struct snap_region *)hdr;
+		memmove(hdr, hdr + sizeof(f->h), t.header_len - sizeof(f->h));
+		f->vcpus = (struct mig_vcpu_state *)(f->regions + f->h.nr_regions);
+		hdr = NULL;
+		ret = check_header(f, &t, err, len);
+	}
+	free(hdr);
+	if (ret < 0)
+		return ret;
+	f->runs = malloc(f->h.index_len + 1);
+	if (!f->runs)
+		return mig_errf(err, len, -ENOMEM, "%s: out of memory for an index of %" PRIu64 " bytes", f->path,
+				f->h.index_len);
+	f->hashes = (uint64_t *)(f->runs + f->h.nr_runs);
+	ret = read_all(f, f->runs, f->h.index_len, f->h.index_off, "the index", err, len);
+	if (ret == 0)
+		ret = check_index(f, err, len);
+	if (ret == 0)
+		ret = check_holes(f, err, len);
+	return ret;
+}
+
+int snap_file_open(const char *path, struct snap_file **ret_f, char *err, size_t len)
+{
+	struct snap_file *f = calloc(1, sizeof(*f));
+	struct stat st;
+	int ret;
+
+	*ret_f = NULL;
+	if (!f)
+		return mig_errf(err, len, -ENOMEM, "%s: out of memory", path);
+	snprintf(f->path, sizeof(f->path), "%s", path);
+	f->fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (f->fd < 0)
+		ret = mig_errf(err, len, -errno, "%s: %s", path, strerror(errno));
+	else if (fstat(f->fd, &st) < 0)
+		ret = mig_errf(err, len, -errno, "%s: %s", path, strerror(errno));
+	else if (!S_ISREG(st.st_mode))
+		ret = BAD("%s: not a regular file", path);
+	else if ((uint64_t)st.st_size < sizeof(struct snap_header) + sizeof(struct snap_trailer))
+		ret = BAD("%s: %lld bytes: cut short (no header and trailer)", path, (long long)st.st_size);
+	else {
+		f->size = (uint64_t)st.st_size;
+		ret = file_check(f, err, len);
+	}
+	if (ret < 0) {
+		/* the tables are one block from regions on: freed through it */
+		if (!f->regions)
+			f->vcpus = NULL;
+		snap_file_close(f);
+		return ret;
+	}
+	*ret_f = f;
+	return 0;
+}
+
+int snap_chain_check(struct snap_file *const *files, unsigned int n, char *err, size_t len)
+{
+	const struct snap_file *b;
+	unsigned int i;
+	uint32_t r;
+
+	if (!n)
+		return mig_errf(err, len, -EINVAL, "no snapshot file given");
+	b = files[0];
+	if (b->h.kind != SNAP_FULL)
+		return BAD("%s: a diff (number %" PRIu64 " of its chain): a chain starts with its full snapshot", b->path,
+			   b->h.seq);
+	for (i = 1; i < n; i++) {
+		const struct snap_file *f = files[i], *p = files[i - 1];
+
+		if (f->h.kind == SNAP_FULL)
+			return BAD("%s: a full snapshot after %s: only a chain's first file is full", f->path, p->path);
+		if (memcmp(f->h.base, b->id, SNAP_ID))
+			return BAD("%s: of another chain (its full snapshot is not %s)", f->path, b->path);
+		if (f->h.seq > i)
+			return BAD("%s: number %" PRIu64 " of its chain, after %s (number %u): a gap", f->path, f->h.seq,
+				   p->path, i - 1);
+		if (f->h.seq < i)
+			return BAD("%s: number %" PRIu64 " of its chain, after %s (number %u): out of order or repeated",
+				   f->path, f->h.seq, p->path, i - 1);
+		if (memcmp(f->h.parent, p->id, SNAP_ID))
+			return BAD("%s: its parent is not %s (another snapshot of that number)", f->path, p->path);
+		if (f->h.nr_regions != b->h.nr_regions || f->h.nr_vcpus != b->h.nr_vcpus)
+			return BAD("%s: %u regions and %u vCPUs, %s has %u and %u", f->path, f->h.nr_regions,
+				   f->h.nr_vcpus, b->path, b->h.nr_regions, b->h.nr_vcpus);
+		for (r = 0; r < f->h.nr_regions; r++)
+			if (f->regions[r].gpa != b->regions[r].gpa || f->regions[r].size != b->regions[r].size)
+				return BAD("%s: region %u differs from %s's", f->path, r, b->path);
+	}
+	return 0;
+}
+
+/* DATA pages [pg, pg + k) of run r of f, into hva, each checked against its hash. */
+static int load_pages(const struct snap_file *f, const struct snap_run *r, uint64_t pg, uint64_t k, uint8_t *hva,
+		      char *err, size_t len)
+{
+	const struct snap_region *reg = &f->regions[r->region];
+	uint64_t i;
+	int ret = read_all(f, hva + pg * SNAP_PAGE, k * SNAP_PAGE, reg->data_off + pg * SNAP_PAGE, "pages", err, len);
+
+	if (ret < 0)
+		return ret;
+	for (i = pg; i < pg + k; i++)
+		if (mig_page_hash(hva + i * SNAP_PAGE) != f->hashes[r->hash_first + i - r->first])
+			return BAD("%s: region %u page %" PRIu64 " (gpa 0x%" PRIx64 "): damaged (not its hash)", f->path,
+				   r->region, i, reg->gpa + i * SNAP_PAGE);
+	return 0;
+}
+
+int snap_chain_load(struct snap_file *const *files, unsigned int n, void *const *hva, uint64_t *ret_pages, char *err,
+		    size_t len)
+{
+	const struct snap_file *b = files[0];
+	uint64_t **done = calloc(b->h.nr_regions, sizeof(*done)), pages = 0, i, pg, k;
+	uint32_t r;
+	int ret = 0;
+
+	if (!done)
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	for (r = 0; r < b->h.nr_regions && !ret; r++)
+		if (!(done[r] = calloc((b->regions[r].size / SNAP_PAGE + 63) / 64, 8)))
+			ret = mig_errf(err, len, -ENOMEM, "out of memory");
+	/* newest first: a page's newest copy is read, older ones never */
+	while (n-- && !ret) {
+		const struct snap_file *f = files[n];
+
+		for (i = 0; i < f->h.nr_runs && !ret; i++) {
+			const struct snap_run *run = &f->runs[i];
+			uint64_t *d = done[run->region];
+
+			for (pg = run->first; pg < run->first + run->count && !ret; pg = k) {
+				for (k = pg; k < run->first + run->count && !test_bit(d, k); k++)
+					set_bit(d, k);
+				if (k > pg && run->kind == SNAP_RUN_DATA) {
+					ret = load_pages(f, run, pg, k - pg, hva[run->region], err, len);
+					pages += k - pg;
+				}
+				/* pages a newer file gave: skipped */
+				for (; k < run->first + run->count && test_bit(d, k); k++)
+					;
+			}
+		}
+	}
+	for (r = 0; r < b->h.nr_regions; r++)
+		free(done[r]);
+	free(done);
+	if (ret_pages)
+		*ret_pages = pages;
+	return ret;
+}

@@ -1,0 +1,649 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Snapshot files (examples/migrate/snapfile.h) without KVM: guest memory
+ * is host memory here.  A chain written and read back page for page at
+ * every step; the allocated size; a file cut at every boundary and a byte
+ * flipped in every part, each refused by name; chains with a gap, out of
+ * order, mixed or with a wrong parent refused by name; a write that fails
+ * (an injected error, a real file size limit) leaving nothing behind and
+ * every earlier file whole; never a file written over.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+
+#include "rng.h"
+#include "snapfile.h"
+#include "test-util.h"
+
+#define NREG 3
+#define NV 2
+static const uint64_t reg_gpa[NREG] = { 0, 4ull << 30, (4ull << 30) + (3ull << 20) };
+static const uint64_t reg_size[NREG] = { 64 * 4096, 3ull << 20, 700 * 4096 }; /* the last not on 2 MiB */
+
+struct mem {
+	uint8_t *r[NREG];
+	struct mig_vcpu_state vs[NV];
+};
+
+static char dir[64];
+
+static void mem_new(struct mem *m)
+{
+	unsigned int i;
+
+	for (i = 0; i < NREG; i++) {
+		m->r[i] = mmap(NULL, reg_size[i], PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		ck_assert_ptr_ne(m->r[i], MAP_FAILED);
+	}
+	memset(m->vs, 0, sizeof(m->vs));
+	for (i = 0; i < NV; i++) {
+		m->vs[i].regs.rip = 0x1000 + i;
+		m->vs[i].msrs[0].index = mig_msr_index[0];
+		m->vs[i].msrs[0].data = 1234 + i;
+	}
+}
+
+static void mem_free(struct mem *m)
+{
+	unsigned int i;
+
+	for (i = 0; i < NREG; i++)
+		munmap(m->r[i], reg_size[i]);
+}
+
+static void mem_copy(struct mem *dst, const struct mem *src)
+{
+	unsigned int i;
+
+	for (i = 0; i < NREG; i++)
+		memcpy(dst->r[i], src->r[i], reg_size[i]);
+	memcpy(dst->vs, src->vs, sizeof(dst->vs));
+}
+
+/* Page pg of region r: random words, or zero. */
+static void page_set(struct mem *m, unsigned int r, uint64_t pg, uint64_t *rng, bool zero)
+{
+	uint64_t *w = (uint64_t *)(m->r[r] + pg * 4096);
+	unsigned int i;
+
+	for (i = 0; i < 512; i++)
+		w[i] = zero ? 0 : xorshift64(rng);
+}
+
+static void path_of(char *buf, size_t len, const char *name)
+{
+	snprintf(buf, len, "%s/%s", dir, name);
+}
+
+struct pagelist {
+	unsigned int r[4096];
+	uint64_t pg[4096];
+	unsigned int n;
+};
+
+/*
+ * A snapshot of m: full (every page put) when parent is NULL, else a diff
+ * of the pages in pl.  Returns 0 or the writer's -errno; err says why.
+ */
+static int write_snap(const char *name, const struct mem *m, uint64_t seq, const uint8_t *parent, const uint8_t *base,
+		      const struct pagelist *pl, uint8_t id[SNAP_ID], char *err, size_t len)
+{
+	struct snap_layout l = { .kind = parent ? SNAP_DIFF : SNAP_FULL, .seq = seq, .parent = parent, .base = base,
+				 .nr_regions = NREG, .nr_vcpus = NV, .gpa = reg_gpa, .size = reg_size };
+	struct snap_writer *w;
+	char path[256];
+	unsigned int i;
+	int ret;
+
+	path_of(path, sizeof(path), name);
+	ret = snap_writer_open(path, &l, &w, err, len);
+	if (ret < 0)
+		return ret;
+	for (i = 0; i < NREG && !pl; i++) {
+		/* in two halves, the second put twice: a page put again replaces its copy */
+		uint64_t n = reg_size[i] / 4096, half = n / 2;
+
+		ret = snap_writer_put(w, i, 0, half, m->r[i], NULL, err, len);
+		if (ret == 0)
+			ret = snap_writer_put(w, i, half, n - half, m->r[i] + half * 4096, NULL, err, len);
+		if (ret == 0)
+			ret = snap_writer_put(w, i, half, n - half, m->r[i] + half * 4096, NULL, err, len);
+		if (ret < 0)
+			break;
+	}
+	for (i = 0; pl && i < pl->n && ret == 0; i++)
+		ret = snap_writer_put(w, pl->r[i], pl->pg[i], 1, m->r[pl->r[i]] + pl->pg[i] * 4096, NULL, err, len);
+	if (ret < 0) {
+		snap_writer_abandon(w);
+		return ret;
+	}
+	snap_writer_vcpus(w, m->vs);
+	return snap_writer_commit(w, id, NULL, err, len);
+}
+
+/* Open names[0..n) and load them into fresh memory; 0 or -errno with err. */
+static int load_chain(const char *const *names, unsigned int n, struct mem *out, char *err, size_t len)
+{
+	struct snap_file *f[8] = { 0 };
+	char path[256];
+	unsigned int i;
+	int ret = 0;
+
+	for (i = 0; i < n && ret == 0; i++) {
+		path_of(path, sizeof(path), names[i]);
+		ret = snap_file_open(path, &f[i], err, len);
+	}
+	if (ret == 0)
+		ret = snap_chain_check(f, n, err, len);
+	if (ret == 0) {
+		ret = snap_chain_load(f, n, (void *const *)out->r, NULL, err, len);
+		if (ret == 0)
+			memcpy(out->vs, f[n - 1]->vcpus, sizeof(out->vs));
+	}
+	for (i = 0; i < n; i++)
+		snap_file_close(f[i]);
+	return ret;
+}
+
+static void expect_same(const struct mem *a, const struct mem *b, const char *what)
+{
+	unsigned int i;
+	uint64_t pg;
+
+	for (i = 0; i < NREG; i++)
+		for (pg = 0; pg < reg_size[i] / 4096; pg++)
+			expect(!memcmp(a->r[i] + pg * 4096, b->r[i] + pg * 4096, 4096), "%s: region %u page %" PRIu64
+			       " differs from memory at the snapshot", what, i, pg);
+	ck_assert_msg(!memcmp(a->vs, b->vs, sizeof(a->vs)), "%s: vCPU states differ", what);
+}
+
+/* Memory with data and zero pages, its full snapshot s0, and diffs s1, s2 (m1, m2: memory at each). */
+struct chain {
+	struct mem m[3];
+	uint8_t id[3][SNAP_ID];
+};
+
+static void dirty_some(struct mem *m, struct pagelist *pl, uint64_t *rng, unsigned int n)
+{
+	unsigned int i;
+
+	pl->n = 0;
+	for (i = 0; i < n; i++) {
+		unsigned int r = xorshift64(rng) % NREG;
+		uint64_t pg = xorshift64(rng) % (reg_size[r] / 4096);
+
+		/* one in four written zero: a diff must say so, or the parent's copy would come back */
+		page_set(m, r, pg, rng, xorshift64(rng) % 4 == 0);
+		pl->r[pl->n] = r;
+		pl->pg[pl->n++] = pg;
+	}
+	m->vs[0].regs.rip += 0x10;
+}
+
+static void chain_make(struct chain *c, uint64_t seed)
+{
+	uint64_t rng = seed, pg;
+	struct pagelist pl;
+	char err[512];
+	unsigned int i, r;
+
+	for (i = 0; i < 3; i++)
+		mem_new(&c->m[i]);
+	for (r = 0; r < NREG; r++)
+		for (pg = 0; pg < reg_size[r] / 4096; pg++)
+			if (pg % 5) /* every fifth page zero (and never written: a hole) */
+				page_set(&c->m[0], r, pg, &rng, false);
+	ck_assert_msg(write_snap("s0", &c->m[0], 0, NULL, NULL, NULL, c->id[0], err, sizeof(err)) == 0, "%s", err);
+	for (i = 1; i < 3; i++) {
+		mem_copy(&c->m[i], &c->m[i - 1]);
+		dirty_some(&c->m[i], &pl, &rng, 200);
+		ck_assert_msg(write_snap(i == 1 ? "s1" : "s2", &c->m[i], i, c->id[i - 1], c->id[0], &pl, c->id[i], err,
+					 sizeof(err)) == 0, "%s", err);
+	}
+}
+
+static void chain_free(struct chain *c)
+{
+	unsigned int i;
+
+	for (i = 0; i < 3; i++)
+		mem_free(&c->m[i]);
+}
+
+static void setup(void)
+{
+	snprintf(dir, sizeof(dir), "/tmp/kvmdirty-snapfile-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(chain_round_trip)
+{
+	static const char *const names[] = { "s0", "s1", "s2" };
+	struct chain c;
+	struct mem out;
+	char err[512];
+	unsigned int k;
+
+	chain_make(&c, 0x1234567);
+	/* every prefix of the chain gives memory as it was at that snapshot */
+	for (k = 1; k <= 3; k++) {
+		mem_new(&out);
+		ck_assert_msg(load_chain(names, k, &out, err, sizeof(err)) == 0, "chain of %u: %s", k, err);
+		expect_same(&out, &c.m[k - 1], names[k - 1]);
+		mem_free(&out);
+	}
+	chain_free(&c);
+}
+END_TEST
+
+/* A file's blocks: its data pages and its tables, nothing for holes or zero pages. */
+START_TEST(allocated_size)
+{
+	struct snap_file *f;
+	char path[256], err[512];
+	struct chain c;
+	struct stat st;
+	uint64_t want, got;
+	unsigned int k;
+
+	chain_make(&c, 99);
+	for (k = 0; k < 3; k++) {
+		snprintf(path, sizeof(path), "%s/s%u", dir, k);
+		ck_assert_msg(snap_file_open(path, &f, err, sizeof(err)) == 0, "%s", err);
+		ck_assert_int_eq(stat(path, &st), 0);
+		/*
+		 * Within 1% of the pages and tables, and a block for the index's
+		 * last one and one of the file system's own (an extent tree
+		 * block): a zero page written would be one more block each.
+		 */
+		want = f->h.data_pages * 4096 + f->h.header_len + f->h.index_len + sizeof(struct snap_trailer);
+		got = (uint64_t)st.st_blocks * 512;
+		ck_assert_msg(got <= want + want / 100 + 8192 && got >= f->h.data_pages * 4096,
+			      "%s: %" PRIu64 " bytes allocated for %" PRIu64 " data pages and %" PRIu64 " of tables", path,
+			      got, f->h.data_pages, want - f->h.data_pages * 4096);
+		if (k == 0) /* every fifth page is zero: not held */
+			ck_assert_uint_lt(f->h.data_pages, (64 + 768 + 700) * 4 / 5 + 2);
+		snap_file_close(f);
+	}
+	chain_free(&c);
+}
+END_TEST
+
+static void copy_file(const char *from, const char *to)
+{
+	char cmd[600];
+
+	snprintf(cmd, sizeof(cmd), "cp --sparse=always '%s' '%s'", from, to);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+/* Open path: must be refused, err naming it and containing want. */
+static void expect_refused(const char *path, const char *want, const char *what)
+{
+	struct snap_file *f;
+	char err[512];
+	int ret = snap_file_open(path, &f, err, sizeof(err));
+
+	ck_assert_msg(ret < 0, "%s: taken for a snapshot", what);
+	ck_assert_msg(strstr(err, path) && strstr(err, want), "%s: refused as '%s', expected it named and '%s'", what,
+		      err, want);
+}
+
+START_TEST(cut_at_every_boundary)
+{
+	struct snap_file *f;
+	char src[256], cut[256], err[512];
+	struct chain c;
+	uint64_t at[32];
+	unsigned int n = 0, i;
+
+	chain_make(&c, 7);
+	path_of(src, sizeof(src), "s1");
+	path_of(cut, sizeof(cut), "cut");
+	ck_assert_msg(snap_file_open(src, &f, err, sizeof(err)) == 0, "%s", err);
+	at[n++] = 0;
+	at[n++] = 1;
+	at[n++] = sizeof(struct snap_header) - 1;
+	at[n++] = sizeof(struct snap_header);
+	at[n++] = sizeof(struct snap_header) + 5;
+	at[n++] = f->h.header_len - 1;
+	at[n++] = f->h.header_len;
+	at[n++] = f->h.data_off;
+	at[n++] = f->h.data_off + 4096;
+	at[n++] = f->h.index_off - 1;
+	at[n++] = f->h.index_off;
+	at[n++] = f->h.index_off + f->h.nr_runs * 32;
+	at[n++] = f->h.index_off + f->h.index_len - 1;
+	at[n++] = f->h.index_off + f->h.index_len;
+	at[n++] = f->h.index_off + f->h.index_len + 64;
+	at[n++] = f->size - 1;
+	snap_file_close(f);
+	for (i = 0; i < n; i++) {
+		char what[64];
+
+		unlink(cut);
+		copy_file(src, cut);
+		ck_assert_int_eq(truncate(cut, (off_t)at[i]), 0);
+		snprintf(what, sizeof(what), "cut at %" PRIu64, at[i]);
+		/* short of a header and trailer: "cut short"; longer: no trailer where it ends */
+		expect_refused(cut, at[i] < 384 ? "cut short" : "no trailer", what);
+	}
+	/* and one byte more than written */
+	unlink(cut);
+	copy_file(src, cut);
+	ck_assert_int_eq(truncate(cut, (off_t)(at[n - 1] + 2)), 0);
+	expect_refused(cut, "no trailer", "extended by a byte");
+	chain_free(&c);
+}
+END_TEST
+
+static void flip(const char *path, uint64_t off)
+{
+	int fd = open(path, O_RDWR);
+	uint8_t b;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &b, 1, (off_t)off), 1);
+	b ^= 0x20;
+	ck_assert_int_eq(pwrite(fd, &b, 1, (off_t)off), 1);
+	close(fd);
+}
+
+/* A byte of s2 flipped at off: refused at open (want), or at load when want_load. */
+static void flip_case(uint64_t off, const char *want, bool at_load)
+{
+	static const char *const names[] = { "s0", "s1", "bad" };
+	char src[256], bad[256], err[512], what[96];
+	struct mem out;
+	int ret;
+
+	path_of(src, sizeof(src), "s2");
+	path_of(bad, sizeof(bad), "bad");
+	unlink(bad);
+	copy_file(src, bad);
+	flip(bad, off);
+	snprintf(what, sizeof(what), "byte %" PRIu64 " flipped (%s)", off, want);
+	if (!at_load) {
+		expect_refused(bad, want, what);
+		return;
+	}
+	mem_new(&out);
+	ret = load_chain(names, 3, &out, err, sizeof(err));
+	ck_assert_msg(ret < 0, "%s: restored", what);
+	ck_assert_msg(strstr(err, bad) && strstr(err, want), "%s: refused as '%s'", what, err);
+	mem_free(&out);
+}
+
+START_TEST(flipped_byte_in_every_part)
+{
+	struct snap_file *f;
+	char src[256], err[512];
+	struct chain c;
+	uint64_t off, i;
+
+	chain_make(&c, 11);
+	path_of(src, sizeof(src), "s2");
+	ck_assert_msg(snap_file_open(src, &f, err, sizeof(err)) == 0, "%s", err);
+	/* the header's every field: magic and version by name, the rest by the header's hash */
+	flip_case(0, "not a snapshot", false);
+	flip_case(8, "version", false);
+	for (off = 12; off < sizeof(struct snap_header); off += 4)
+		flip_case(off, "header damaged", false);
+	flip_case(sizeof(struct snap_header) + 3, "header damaged", false);	/* the region table */
+	flip_case(sizeof(struct snap_header) + NREG * 32 + 17, "header damaged", false); /* a vCPU's state */
+	flip_case(f->h.header_len - 1, "header damaged", false);		/* the padding */
+	/* the page area: a held page at load; a hole, and the gap before the pages, at open */
+	for (i = 0; i < f->h.nr_runs && f->runs[i].kind != SNAP_RUN_DATA; i++)
+		;
+	ck_assert_uint_lt(i, f->h.nr_runs);
+	flip_case(f->regions[f->runs[i].region].data_off + f->runs[i].first * 4096 + 100, "damaged (not its hash)",
+		  true);
+	flip_case(f->regions[0].data_off + 64 * 4096 + 5, "where the index lists no page", false);
+	flip_case(f->regions[1].data_off + (3u << 20) + 5, "where the index lists no page", false);
+	flip_case(f->h.header_len + 10, "where the index lists no page", false);
+	/* the index: runs and hashes */
+	flip_case(f->h.index_off + 1, "index damaged", false);
+	flip_case(f->h.index_off + f->h.index_len - 1, "index damaged", false);
+	/* the trailer, every part */
+	for (off = 0; off < sizeof(struct snap_trailer); off += 8)
+		flip_case(f->size - sizeof(struct snap_trailer) + off, off < 8 ? "no trailer" : "trailer damaged",
+			  false);
+	snap_file_close(f);
+	chain_free(&c);
+}
+END_TEST
+
+static void chain_refused(const char *const *names, unsigned int n, const char *who, const char *want)
+{
+	struct mem out;
+	char err[512], path[256];
+
+	mem_new(&out);
+	ck_assert_msg(load_chain(names, n, &out, err, sizeof(err)) < 0, "chain with %s taken", want);
+	path_of(path, sizeof(path), who);
+	ck_assert_msg(strstr(err, path) && strstr(err, want), "refused as '%s', expected %s named and '%s'", err, path,
+		      want);
+	mem_free(&out);
+}
+
+START_TEST(chains_that_do_not_add_up)
+{
+	struct chain c, d;
+	struct pagelist pl;
+	uint8_t id[SNAP_ID];
+	char err[512], path[256], other[256];
+	uint64_t rng = 5;
+
+	chain_make(&c, 21);
+	/* another chain beside it: t0, t1 */
+	path_of(path, sizeof(path), "s0");
+	path_of(other, sizeof(other), "t0");
+	ck_assert_int_eq(rename(path, other), 0);
+	path_of(path, sizeof(path), "s1");
+	path_of(other, sizeof(other), "t1");
+	ck_assert_int_eq(rename(path, other), 0);
+	path_of(path, sizeof(path), "s2");
+	path_of(other, sizeof(other), "t2");
+	ck_assert_int_eq(rename(path, other), 0);
+	chain_make(&d, 22);
+	/* a second diff 1 of d's s0: the same number, another snapshot */
+	dirty_some(&d.m[1], &pl, &rng, 50);
+	ck_assert_msg(write_snap("s1b", &d.m[1], 1, d.id[0], d.id[0], &pl, id, err, sizeof(err)) == 0, "%s", err);
+
+	chain_refused((const char *const[]){ "s1" }, 1, "s1", "a chain starts with its full snapshot");
+	chain_refused((const char *const[]){ "s0", "s0" }, 2, "s0", "only a chain's first file is full");
+	chain_refused((const char *const[]){ "s0", "s2" }, 2, "s2", "a gap");
+	chain_refused((const char *const[]){ "s0", "s2", "s1" }, 3, "s2", "a gap");
+	chain_refused((const char *const[]){ "s0", "s1", "s1" }, 3, "s1", "out of order or repeated");
+	chain_refused((const char *const[]){ "s0", "t1" }, 2, "t1", "another chain");
+	chain_refused((const char *const[]){ "s0", "s1b", "s2" }, 3, "s2", "its parent is not");
+	/* and the good ones still restore */
+	{
+		struct mem out;
+
+		mem_new(&out);
+		ck_assert_msg(load_chain((const char *const[]){ "t0", "t1", "t2" }, 3, &out, err, sizeof(err)) == 0,
+			      "%s", err);
+		expect_same(&out, &c.m[2], "the other chain");
+		mem_free(&out);
+	}
+	chain_free(&c);
+	chain_free(&d);
+}
+END_TEST
+
+static int fail_after;
+static ssize_t failing_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+	if (fail_after-- <= 0) {
+		/* half of it lands, as on a disk that fills mid-write; then the error */
+		if (n > 4096 && fail_after == -1)
+			return pwrite(fd, buf, n / 2, off);
+		errno = ENOSPC;
+		return -1;
+	}
+	return pwrite(fd, buf, n, off);
+}
+
+/* Only names[] (and nothing temporary) in the directory. */
+static void expect_dir(const char *const *names, unsigned int n)
+{
+	char cmd[256], buf[512] = "";
+	FILE *p;
+	size_t got;
+
+	snprintf(cmd, sizeof(cmd), "ls -1 '%s' | sort | tr '\\n' ' '", dir);
+	p = popen(cmd, "r");
+	ck_assert_ptr_nonnull(p);
+	got = fread(buf, 1, sizeof(buf) - 1, p);
+	buf[got] = 0;
+	pclose(p);
+	{
+		char want[512] = "";
+		unsigned int i;
+
+		for (i = 0; i < n; i++) {
+			strcat(want, names[i]);
+			strcat(want, " ");
+		}
+		ck_assert_str_eq(buf, want);
+	}
+}
+
+START_TEST(write_errors_leave_nothing)
+{
+	static const char *const names[] = { "s0", "s1", "s2" };
+	struct pagelist pl;
+	struct chain c;
+	struct mem m, out;
+	uint8_t id[SNAP_ID];
+	char err[512];
+	uint64_t rng = 77;
+	int k, ret;
+
+	chain_make(&c, 31);
+	mem_new(&m);
+	mem_copy(&m, &c.m[2]);
+	dirty_some(&m, &pl, &rng, 300);
+	/* a diff 3 whose nth write fails, for every n until one succeeds: nothing of it is left each time */
+	for (k = 0;; k++) {
+		fail_after = k;
+		snap_pwrite = failing_pwrite;
+		ret = write_snap("s3", &m, 3, c.id[2], c.id[0], &pl, id, err, sizeof(err));
+		snap_pwrite = pwrite;
+		if (ret == 0)
+			break;
+		ck_assert_msg(ret == -ENOSPC && strstr(err, "No space left"), "write %d failed as: %s", k, err);
+		expect_dir(names, 3);
+		/* the chain before it untouched */
+		mem_new(&out);
+		ck_assert_msg(load_chain(names, 3, &out, err, sizeof(err)) == 0, "after failed write %d: %s", k, err);
+		expect_same(&out, &c.m[2], "the chain after a failed diff");
+		mem_free(&out);
+	}
+	ck_assert_int_ge(k, 4); /* pages, the index, the header, the trailer: each failed once */
+	mem_new(&out);
+	ck_assert_msg(load_chain((const char *const[]){ "s0", "s1", "s2", "s3" }, 4, &out, err, sizeof(err)) == 0, "%s",
+		      err);
+	expect_same(&out, &m, "the diff taken after the failures");
+	mem_free(&out);
+	mem_free(&m);
+	chain_free(&c);
+}
+END_TEST
+
+/* A real limit: the file system says the file is too large (RLIMIT_FSIZE), mid-snapshot. */
+START_TEST(file_too_large)
+{
+	struct rlimit rl = { 64 << 10, RLIM_INFINITY }, old;
+	struct mem m;
+	uint8_t id[SNAP_ID];
+	uint64_t rng = 3, pg;
+	char err[512];
+	int ret;
+
+	mem_new(&m);
+	for (pg = 0; pg < reg_size[1] / 4096; pg++)
+		page_set(&m, 1, pg, &rng, false);
+	signal(SIGXFSZ, SIG_IGN);
+	getrlimit(RLIMIT_FSIZE, &old);
+	ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+	ret = write_snap("big", &m, 0, NULL, NULL, NULL, id, err, sizeof(err));
+	setrlimit(RLIMIT_FSIZE, &old);
+	ck_assert_msg(ret == -EFBIG && strstr(err, "big.tmp"), "%d: %s", ret, err);
+	expect_dir(NULL, 0);
+	mem_free(&m);
+}
+END_TEST
+
+START_TEST(never_over_a_file)
+{
+	struct snap_layout l = { .kind = SNAP_FULL, .nr_regions = NREG, .nr_vcpus = NV, .gpa = reg_gpa,
+				 .size = reg_size };
+	struct snap_writer *w;
+	struct mem m;
+	uint8_t id[SNAP_ID];
+	char path[256], err[512], buf[8] = "";
+	int fd;
+
+	mem_new(&m);
+	path_of(path, sizeof(path), "x");
+	fd = open(path, O_CREAT | O_WRONLY, 0600);
+	ck_assert_int_eq(write(fd, "mine", 4), 4);
+	close(fd);
+	ck_assert_int_eq(snap_writer_open(path, &l, &w, err, sizeof(err)), -EEXIST);
+	ck_assert_msg(strstr(err, path), "%s", err);
+	/* one that appears while the snapshot is written is not replaced either */
+	unlink(path);
+	ck_assert_msg(snap_writer_open(path, &l, &w, err, sizeof(err)) == 0, "%s", err);
+	fd = open(path, O_CREAT | O_WRONLY, 0600);
+	ck_assert_int_eq(write(fd, "mine", 4), 4);
+	close(fd);
+	snap_writer_vcpus(w, m.vs);
+	ck_assert_int_eq(snap_writer_commit(w, id, NULL, err, sizeof(err)), -EEXIST);
+	fd = open(path, O_RDONLY);
+	ck_assert_int_eq(read(fd, buf, sizeof(buf)), 4);
+	close(fd);
+	ck_assert_str_eq(buf, "mine");
+	expect_dir((const char *const[]){ "x" }, 1);
+	mem_free(&m);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("snapfile");
+	TCase *tc = tcase_create("files");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, chain_round_trip);
+	tcase_add_test(tc, allocated_size);
+	tcase_add_test(tc, cut_at_every_boundary);
+	tcase_add_test(tc, flipped_byte_in_every_part);
+	tcase_add_test(tc, chains_that_do_not_add_up);
+	tcase_add_test(tc, write_errors_leave_nothing);
+	tcase_add_test(tc, file_too_large);
+	tcase_add_test(tc, never_over_a_file);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
