@@ -95,6 +95,7 @@
 #include "keyfile.h"
 #include "plot.h"
 #include "rate.h"
+#include "snapcmd.h"
 #include "source.h"
 #include "testguest.h"
 
@@ -123,10 +124,13 @@ struct args {
 	/* rate: every interval_ms, count times (0: until interrupted), as JSON, beside a migration */
 	uint64_t rate_interval_ms, rate_count;
 	bool rate_json, rate_migrate, rate_opts; /* rate_opts: one of them given */
+	/* snapshot: -o PREFIX, --every MS, --count N */
+	const char *snap_prefix;
+	uint64_t snap_every_ms, snap_count;
 };
 
 /* Long options without a short one. */
-enum { OPT_REGIONS = 0x100, OPT_LAZY };
+enum { OPT_REGIONS = 0x100, OPT_LAZY, OPT_EVERY };
 
 static void usage(void)
 {
@@ -142,6 +146,8 @@ static void usage(void)
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
 			"       kvmdirty-migrate rate [guest options] [--interval MS] [--count N] [--json]\n"
 			"                             [--during-migration [send options]]   (the test guest's dirty rate)\n"
+			"       kvmdirty-migrate snapshot -o PREFIX [guest options] [--every MS] [--count N] [--run-ms MS]\n"
+			"       kvmdirty-migrate restore FILE... [--run-ms MS]  (a full snapshot, then its diffs in order)\n"
 			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
 			"       kvmdirty-migrate probe                   (what this host's KVM offers; 77 where none)\n"
 			"       kvmdirty-migrate genkey FILE             (a new key for --psk, in a new file, mode 0600)\n"
@@ -247,6 +253,7 @@ static int parse(int argc, char **argv, struct args *a)
 		{ "count", required_argument, NULL, 'J' },
 		{ "json", no_argument, NULL, 'G' },
 		{ "during-migration", no_argument, NULL, 'U' },
+		{ "every", required_argument, NULL, OPT_EVERY },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -267,8 +274,23 @@ static int parse(int argc, char **argv, struct args *a)
 	a->mode = "clear-log";
 	a->rate_interval_ms = 1000;
 	a->rate_count = 10;
+	a->snap_every_ms = 1000;
+	a->snap_count = 1;
 	optind = 2;
-	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:T:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:T:o:h", longopts, NULL)) != -1) {
+		/* snapshot's own: -o, --every, --count */
+		if (!strcmp(a->cmd, "snapshot") && (c == 'o' || c == OPT_EVERY || c == 'J')) {
+			if (c == 'o' && !optarg[0]) {
+				fprintf(stderr, "kvmdirty-migrate: -o '': a prefix for the snapshot files\n");
+				return -1;
+			}
+			if (c == 'o')
+				a->snap_prefix = optarg;
+			else if (cli_number("kvmdirty-migrate", c == 'J' ? "--count" : "--every", optarg, c == 'J' ? 1 : 0,
+					    c == 'J' ? 1000000 : 86400000, c == 'J' ? &a->snap_count : &a->snap_every_ms))
+				return -1;
+			continue;
+		}
 		switch (c) {
 		case 'm':
 			if (cli_number("kvmdirty-migrate", "-m", optarg, 4, 1 << 16, &a->guest.mib))
@@ -445,6 +467,10 @@ static int parse(int argc, char **argv, struct args *a)
 	     a->send.max_bandwidth || a->recv.deadline_ms)) {
 		fprintf(stderr, "kvmdirty-migrate: rate: --stats, --control, --psk, --connections, --name, --peer-name, "
 				"--max-bandwidth and --deadline are the migration's: with --during-migration only\n");
+		return -1;
+	}
+	if (!strcmp(a->cmd, "snapshot") && !a->snap_prefix) {
+		fprintf(stderr, "kvmdirty-migrate: snapshot needs -o PREFIX (files PREFIX-000000.snap, ...)\n");
 		return -1;
 	}
 	if (!a->baseline_set && a->stats)
@@ -926,6 +952,39 @@ static int cmd_demo(struct args *a)
 	return status;
 }
 
+/*
+ * snapshot: the test guest, running as send's would, snapshotted --count
+ * times (snapcmd.h), then run --run-ms more and checked: whatever failed,
+ * it runs on.
+ */
+static int cmd_snapshot(struct args *a)
+{
+	struct mig_guest g;
+	struct testvm *tv;
+	char err[256];
+	int status, ret;
+
+	if (source_guest(a, &tv) < 0)
+		return 1;
+	ret = mig_testvm_guest(tv, &g);
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: snapshot: the guest's regions: %s\n", strerror(-ret));
+		status = 1;
+	} else {
+		status = mig_snap_run(&g, a->snap_prefix, a->snap_every_ms, a->snap_count);
+	}
+	mig_guest_release(&g);
+	fflush(stdout);
+	if (mig_testvm_check_running(tv, a->run_ms, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: snapshot: the guest after its snapshots: %s\n", err);
+		status = 1;
+	} else {
+		printf("snapshot: guest ran on %" PRIu64 " ms after its snapshots, %s, self-check ok\n", a->run_ms, err);
+	}
+	mig_testvm_free(tv);
+	return status;
+}
+
 /* The whole of a file ("-": standard input), at most MIG_PLOT_MAX_FILE + 1 bytes; NULL with errno. */
 static char *slurp(const char *path, size_t *ret_len)
 {
@@ -1222,6 +1281,18 @@ int main(int argc, char **argv)
 		mig_psk_clear(&a.psk);
 		return ret;
 	}
+	if (!strcmp(a.cmd, "snapshot")) {
+		if (parse(argc, argv, &a))
+			return 2;
+		if (mig_snap_prefix_check(a.snap_prefix, err, sizeof(err)) < 0) {
+			fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+			return 1;
+		}
+		ret = before_guest(&a, NULL);
+		return ret ? ret : cmd_snapshot(&a);
+	}
+	if (!strcmp(a.cmd, "restore"))
+		return mig_snap_restore_cmd(argc, argv);
 	if (!strcmp(a.cmd, "plot"))
 		return cmd_plot(argc, argv);
 	if (!strcmp(a.cmd, "probe"))
@@ -1233,7 +1304,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
-		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, rate, plot, probe or genkey; --help for more)\n", a.cmd);
+		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, rate, snapshot, restore, plot, probe or genkey; --help for more)\n", a.cmd);
 		return 2;
 	}
 	if (argc < 3) {

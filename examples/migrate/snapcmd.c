@@ -1,0 +1,228 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmdirty-migrate's snapshot and restore commands (snapcmd.h): the
+ * test guest into a chain of files, and a chain into a new test guest
+ * that then runs and checks itself.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <sys/stat.h>
+
+#include "../common/cli.h"
+#include "../common/kvm-host.h"
+#include "snapcmd.h"
+#include "snapshot.h"
+
+static volatile sig_atomic_t stop_asked;
+
+static void on_stop(int sig)
+{
+	(void)sig;
+	stop_asked = 1;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void mig_snap_line(FILE *out, const struct mig_snap_result *r, uint64_t alloc_bytes)
+{
+	uint64_t held = r->data_pages + r->zero_pages;
+
+	fprintf(out,
+		"snapshot kind=%s seq=%" PRIu64 " file=%s passes=%u dirty_mib=%.1f data_pages=%" PRIu64
+		" zero_pages=%" PRIu64 " pages_written=%" PRIu64 " pause_pages=%" PRIu64 " pause_ms=%.2f fsync_ms=%.2f"
+		" write_ms=%.1f write_mibps=%.0f guest_dirty_pps=%.0f file_mib=%.1f alloc_mib=%.2f total_ms=%.1f\n",
+		r->seq ? "diff" : "full", r->seq, r->path, r->passes, held * 4096.0 / 1048576, r->data_pages,
+		r->zero_pages, r->pages, r->pause_pages, r->pause_ms, r->fsync_ms, r->write_ms,
+		r->write_ms > 0 ? r->bytes / 1048576.0 / (r->write_ms / 1e3) : 0, r->dirty_pps, r->file_len / 1048576.0,
+		alloc_bytes / 1048576.0, r->total_ms);
+	fflush(out);
+}
+
+int mig_snap_prefix_check(const char *prefix, char *err, size_t len)
+{
+	char dir[SNAP_PATH_MAX], first[SNAP_PATH_MAX + 16];
+	const char *slash = strrchr(prefix, '/');
+	struct stat st;
+
+	if (strlen(prefix) >= SNAP_PATH_MAX - 32)
+		return snprintf(err, len, "-o: a prefix of at most %d bytes", SNAP_PATH_MAX - 33), -ENAMETOOLONG;
+	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - prefix) + 1 : 1, slash ? prefix : ".");
+	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
+		return snprintf(err, len, "-o '%.256s': %.256s: %s", prefix, dir,
+				stat(dir, &st) < 0 ? strerror(errno) : "not a directory"),
+		       -ENOTDIR;
+	snprintf(first, sizeof(first), "%s-000000.snap", prefix);
+	if (lstat(first, &st) == 0)
+		return snprintf(err, len, "-o '%.256s': %.256s exists: a chain is never written over (another prefix, "
+				"or remove it)", prefix, first),
+		       -EEXIST;
+	return 0;
+}
+
+uint64_t mig_snap_allocated(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
+}
+
+int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_ms, uint64_t count)
+{
+	struct sigaction sa = { .sa_handler = on_stop }, old_int, old_term;
+	struct mig_snap_opts o = { .prefix = prefix };
+	struct mig_snap_result r;
+	struct mig_snap *s;
+	unsigned int failed = 0;
+	char err[512];
+	uint64_t i;
+	double next;
+	int ret;
+
+	ret = mig_snap_new(g, &o, &s, err, sizeof(err));
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: snapshot: %s\n", err);
+		return 1;
+	}
+	sigaction(SIGINT, &sa, &old_int);
+	sigaction(SIGTERM, &sa, &old_term);
+	next = now_ms();
+	for (i = 0; i < count && !stop_asked; i++) {
+		if (i) {
+			/* every every_ms from the start of the one before; one that overran starts the next at once */
+			next += (double)every_ms;
+			while (!stop_asked && now_ms() < next) {
+				double left = next - now_ms();
+				struct timespec ts = { 0, (long)((left > 10 ? 10 : left) * 1e6) };
+
+				nanosleep(&ts, NULL);
+			}
+			if (stop_asked)
+				break;
+			next = now_ms();
+		}
+		ret = mig_snap_take(s, &r, err, sizeof(err));
+		if (ret < 0) {
+			failed++;
+			fprintf(stderr, "kvmdirty-migrate: snapshot %s failed, nothing of it kept (the next takes its "
+					"place): %s\n", r.path, err);
+			continue;
+		}
+		mig_snap_line(stdout, &r, mig_snap_allocated(r.path));
+	}
+	sigaction(SIGINT, &old_int, NULL);
+	sigaction(SIGTERM, &old_term, NULL);
+	mig_snap_free(s);
+	return failed ? 1 : 0;
+}
+
+/* restore's guest options, from the chain's header: the test guest's layout (testguest.h). */
+static int guest_opts(const struct snap_file *f, struct mig_testvm_opts *o, char *err, size_t len)
+{
+	uint64_t data = 0;
+	uint32_t i, n = 0;
+
+	memset(o, 0, sizeof(*o));
+	for (i = 0; i < f->h.nr_regions; i++) {
+		if (f->regions[i].gpa < MIG_DATA_GPA)
+			continue;
+		data += f->regions[i].size;
+		n++;
+	}
+	o->mib = data >> 20;
+	o->vcpus = f->h.nr_vcpus;
+	o->regions = n;
+	o->lazy = true; /* fresh memory, faulted in as pages are read: the holes never are */
+	if (!n || data % (2u << 20) || mig_testvm_check(o, err, len) < 0)
+		return snprintf(err, len, "%.200s: its regions and vCPUs are not a test guest's", f->path), -EINVAL;
+	return 0;
+}
+
+static int restore_usage(void)
+{
+	fprintf(stderr, "usage: kvmdirty-migrate restore FILE... [--run-ms MS]   (a full snapshot, then its diffs in order)\n");
+	return 2;
+}
+
+int mig_snap_restore_cmd(int argc, char **argv)
+{
+	static const struct option longopts[] = { { "run-ms", required_argument, NULL, 'R' },
+						  { "help", no_argument, NULL, 'h' },
+						  { 0 } };
+	struct snap_file **files = NULL;
+	struct mig_testvm_opts go;
+	struct mig_guest g = { 0 };
+	struct testvm *tv = NULL;
+	uint64_t run_ms = 1000, pages = 0;
+	unsigned int n = 0, i;
+	char err[512];
+	int c, ret = 0;
+
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		if (c == 'R') {
+			if (cli_number("kvmdirty-migrate", "--run-ms", optarg, 0, 3600000, &run_ms))
+				return 2;
+		} else {
+			return c == 'h' ? (restore_usage(), 0) : restore_usage();
+		}
+	}
+	if (optind == argc)
+		return restore_usage();
+	files = calloc((size_t)(argc - optind), sizeof(*files));
+	if (!files)
+		return 1;
+	/* every file whole and the chain in order before anything is built */
+	for (; optind < argc && ret == 0; optind++)
+		ret = snap_file_open(argv[optind], &files[n++], err, sizeof(err));
+	if (ret == 0)
+		ret = snap_chain_check(files, n, err, sizeof(err));
+	if (ret == 0)
+		ret = guest_opts(files[0], &go, err, sizeof(err));
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: restore refused: %s\n", err);
+		goto out;
+	}
+	ret = kvm_host_check("kvmdirty-migrate: ");
+	if (ret) {
+		ret = -ret;
+		goto out;
+	}
+	ret = mig_testvm_new(&go, false, &tv, err, sizeof(err));
+	if (ret == 0 && (ret = mig_testvm_guest(tv, &g)) < 0)
+		snprintf(err, sizeof(err), "the guest's regions: %s", strerror(-ret));
+	if (ret == 0)
+		ret = mig_snap_restore(&g, files, n, &pages, err, sizeof(err));
+	mig_guest_release(&g);
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: restore refused, the guest does not run: %s\n", err);
+		goto out;
+	}
+	printf("restore: %u file%s, a chain; %" PRIu64 " pages read, each matched its hash; resuming the guest\n", n,
+	       n == 1 ? "" : "s", pages);
+	fflush(stdout);
+	ret = mig_testvm_resume_check(tv, run_ms, err, sizeof(err));
+	if (ret < 0)
+		fprintf(stderr, "kvmdirty-migrate: restore: %s\n", err);
+	else
+		printf("restore: guest ran %" PRIu64 " ms after restore, %s, self-check ok\n", run_ms, err);
+out:
+	if (tv)
+		mig_testvm_free(tv);
+	for (i = 0; i < n; i++)
+		snap_file_close(files[i]);
+	free(files);
+	/* a host without KVM: its exit status, said in one line */
+	return ret == -KVM_HOST_MISSING_EXIT ? KVM_HOST_MISSING_EXIT : ret < 0;
+}

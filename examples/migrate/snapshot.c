@@ -1,0 +1,366 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Snapshots of a running guest: passes while it runs, a short pause for
+ * the rest and the vCPUs, the file finished with the guest running, the
+ * consumer committed only once the file is on disk under its name.
+ * What and why: snapshot.h.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/stat.h>
+
+#include "errf.h"
+#include "hostmem.h"
+#include "snapshot.h"
+
+#define HAND_OUT 8192 /* pages handed out at once (32 MiB) */
+#define NRANGES 64
+
+struct mig_snap {
+	const struct mig_guest *g;
+	struct mig_snap_opts o;
+	struct kvmdirty_consumer *cons;
+	bool own_tracking;
+	uint64_t seq; /* the next snapshot's number */
+	uint8_t parent[SNAP_ID], base[SNAP_ID];
+	struct mig_vcpu_state *vs;
+	uint64_t *gpa, *size;
+	/* pages never touched (private anonymous memory, pagemap) are zero without being read */
+	bool *anon;
+	int pagemap;
+	uint64_t pme[4096];
+	uint32_t last_idx; /* the region of the last range: ranges come in region order */
+	/* the snapshot under way */
+	struct snap_writer *w;
+	double ns_per_page; /* what putting a page cost in the last pass */
+	uint64_t pages, bytes;
+	double write_ms;
+};
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struct mig_snap **ret_s, char *err,
+		 size_t len)
+{
+	struct mig_snap *s = calloc(1, sizeof(*s));
+	struct kvmdirty_consumer_info ci;
+	void **hva = NULL;
+	unsigned int i;
+	int ret;
+
+	*ret_s = NULL;
+	if (!s)
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	s->g = g;
+	s->o = *o;
+	s->pagemap = -1;
+	if (!s->o.pause_ms)
+		s->o.pause_ms = 5;
+	if (!s->o.max_passes)
+		s->o.max_passes = 8;
+	if (!g->tracker || !g->nr_regions || g->nr_regions > SNAP_MAX_REGIONS || !g->nr_vcpus ||
+	    g->nr_vcpus > SNAP_MAX_VCPUS || !o->prefix) {
+		free(s);
+		return mig_errf(err, len, -EINVAL, "a guest with no tracker, or outside %u regions and %u vCPUs",
+				SNAP_MAX_REGIONS, SNAP_MAX_VCPUS);
+	}
+	s->vs = calloc(g->nr_vcpus, sizeof(*s->vs));
+	s->gpa = calloc(g->nr_regions, sizeof(*s->gpa));
+	s->size = calloc(g->nr_regions, sizeof(*s->size));
+	s->anon = calloc(g->nr_regions, sizeof(*s->anon));
+	hva = calloc(g->nr_regions, sizeof(*hva));
+	if (!s->vs || !s->gpa || !s->size || !s->anon || !hva) {
+		free(hva);
+		mig_snap_free(s);
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	}
+	for (i = 0; i < g->nr_regions; i++) {
+		s->gpa[i] = g->regions[i].gpa;
+		s->size[i] = g->regions[i].size;
+		hva[i] = g->regions[i].hva;
+	}
+	/* without pagemap every page is read: slower, never wrong */
+	if (mig_hostmem_private_anon_n(hva, s->size, g->nr_regions, s->anon) == 0)
+		s->pagemap = mig_pagemap_open();
+	free(hva);
+	s->own_tracking = kvmdirty_consumer_info(kvmdirty_tracker_consumer(g->tracker), &ci, sizeof(ci)) < 0 ||
+			  !ci.tracked_pages;
+	ret = kvmdirty_tracker_start(g->tracker, NULL);
+	if (ret < 0) {
+		s->own_tracking = false;
+		mig_snap_free(s);
+		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
+	}
+	/* every page pending: the first snapshot is full */
+	ret = kvmdirty_consumer_new(g->tracker, 0, &s->cons);
+	if (ret < 0) {
+		mig_snap_free(s);
+		return mig_errf(err, len, ret, "a consumer of the dirty log for the snapshots: %s", strerror(-ret));
+	}
+	*ret_s = s;
+	return 0;
+}
+
+void mig_snap_free(struct mig_snap *s)
+{
+	if (!s)
+		return;
+	if (s->cons)
+		kvmdirty_consumer_free(s->cons);
+	if (s->own_tracking)
+		kvmdirty_tracker_stop(s->g->tracker, NULL);
+	if (s->pagemap >= 0)
+		close(s->pagemap);
+	free(s->vs);
+	free(s->gpa);
+	free(s->size);
+	free(s->anon);
+	free(s);
+}
+
+/* The index in g->regions of a handed-out range's region, or nr_regions. */
+static uint32_t region_index(struct mig_snap *s, const struct kvmdirty_range *rg)
+{
+	uint32_t i = s->last_idx;
+
+	if (i < s->g->nr_regions && s->g->regions[i].region == rg->region)
+		return i;
+	for (i = 0; i < s->g->nr_regions && s->g->regions[i].region != rg->region; i++)
+		;
+	return s->last_idx = i;
+}
+
+/* One handed-out range (protected by now): pages never touched noted as zero, unread; the rest put. */
+static int put_range(struct mig_snap *s, const struct kvmdirty_range *rg, char *err, size_t len)
+{
+	uint32_t idx = region_index(s, rg);
+	uint64_t done = 0, k, i, j, bytes;
+	const uint8_t *p = rg->hva;
+	int ret;
+
+	if (idx == s->g->nr_regions)
+		return mig_errf(err, len, -ENOENT, "the tracker reported a region the guest lacks");
+	while (done < rg->npages) {
+		k = rg->npages - done < 4096 ? rg->npages - done : 4096;
+		/* the page tables, read after the hand-out: a page faulted in later is reported again */
+		if (!s->anon[idx] || s->pagemap < 0 ||
+		    mig_pagemap_read(s->pagemap, p + done * SNAP_PAGE, k, s->pme) < 0) {
+			ret = snap_writer_put(s->w, idx, rg->page + done, k, p + done * SNAP_PAGE, &bytes, err, len);
+			s->bytes += bytes;
+			if (ret < 0)
+				return ret;
+			done += k;
+			continue;
+		}
+		for (i = 0; i < k; i = j) {
+			bool untouched = mig_pm_untouched(s->pme[i]);
+
+			for (j = i + 1; j < k && mig_pm_untouched(s->pme[j]) == untouched; j++)
+				;
+			bytes = 0;
+			if (untouched)
+				ret = snap_writer_zero(s->w, idx, rg->page + done + i, j - i);
+			else
+				ret = snap_writer_put(s->w, idx, rg->page + done + i, j - i, p + (done + i) * SNAP_PAGE,
+						      &bytes, err, len);
+			s->bytes += bytes;
+			if (ret < 0)
+				return ret == -EINVAL ? mig_errf(err, len, ret, "a range outside its region") : ret;
+		}
+		done += k;
+	}
+	return 0;
+}
+
+/* Every page pending now, put; how many in *ret_pages. */
+static int put_pending(struct mig_snap *s, uint64_t *ret_pages, char *err, size_t len)
+{
+	struct kvmdirty_range rg[NRANGES];
+	double t0 = now_ms();
+	uint64_t pages = 0;
+	int n, i, ret;
+
+	while ((n = kvmdirty_consumer_next(s->cons, rg, NRANGES, HAND_OUT)) > 0) {
+		for (i = 0; i < n; i++) {
+			ret = put_range(s, &rg[i], err, len);
+			if (ret < 0)
+				return ret;
+			pages += rg[i].npages;
+		}
+	}
+	if (n < 0)
+		return mig_errf(err, len, n, "taking dirty pages from the tracker: %s", strerror(-n));
+	s->write_ms += now_ms() - t0;
+	s->pages += pages;
+	if (pages)
+		s->ns_per_page = (now_ms() - t0) * 1e6 / pages;
+	*ret_pages = pages;
+	return 0;
+}
+
+static int sync_fail(int64_t n, char *err, size_t len)
+{
+	return mig_errf(err, len, (int)n, "syncing the dirty log: %s", strerror((int)-n));
+}
+
+/* Passes while the guest runs, until what is pending fits the pause or the passes run out. */
+static int passes(struct mig_snap *s, struct mig_snap_result *res, double *ret_t_first, uint64_t *ret_redirty,
+		  char *err, size_t len)
+{
+	uint64_t pages, redirty = 0;
+	int64_t n;
+	int ret;
+
+	for (;;) {
+		n = kvmdirty_consumer_sync(s->cons);
+		if (n < 0)
+			return sync_fail(n, err, len);
+		if (res->passes) {
+			redirty += (uint64_t)n;
+			if (kvmdirty_consumer_pending(s->cons) * s->ns_per_page <= s->o.pause_ms * 1e6 ||
+			    res->passes >= s->o.max_passes)
+				break;
+		} else {
+			*ret_t_first = now_ms();
+		}
+		ret = put_pending(s, &pages, err, len);
+		if (ret < 0)
+			return ret;
+		res->passes++;
+	}
+	*ret_redirty = redirty;
+	return 0;
+}
+
+/* Paused: the last sync, the rest, the vCPUs' states; resumed whatever happened. */
+static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char *err, size_t len)
+{
+	const struct mig_guest *g = s->g;
+	double t0 = now_ms();
+	uint64_t pages = 0;
+	unsigned int i;
+	int64_t n;
+	int ret = 0;
+
+	g->ops->pause(g->ctx);
+	n = kvmdirty_consumer_sync(s->cons);
+	if (n < 0)
+		ret = sync_fail(n, err, len);
+	if (ret == 0)
+		ret = put_pending(s, &pages, err, len);
+	for (i = 0; ret == 0 && i < g->nr_vcpus; i++) {
+		ret = g->ops->vcpu_save(g->ctx, i, &s->vs[i]);
+		if (ret < 0)
+			mig_errf(err, len, ret, "saving vCPU %u's state: %s", i, strerror(-ret));
+	}
+	if (ret == 0) {
+		snap_writer_vcpus(s->w, s->vs);
+		res->pause_pages = pages;
+		if (s->o.paused)
+			s->o.paused(s->o.paused_ctx, res);
+	}
+	g->ops->resume(g->ctx);
+	res->pause_ms = now_ms() - t0;
+	return ret;
+}
+
+int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, size_t len)
+{
+	const struct mig_guest *g = s->g;
+	struct snap_layout l = { .kind = s->seq ? SNAP_DIFF : SNAP_FULL, .seq = s->seq,
+				 .parent = s->seq ? s->parent : NULL, .base = s->seq ? s->base : NULL,
+				 .nr_regions = g->nr_regions, .nr_vcpus = g->nr_vcpus, .gpa = s->gpa, .size = s->size };
+	double t0 = now_ms(), t_first = t0, t_last;
+	struct snap_written wr;
+	uint8_t id[SNAP_ID];
+	uint64_t redirty = 0;
+	int ret;
+
+	memset(res, 0, sizeof(*res));
+	res->seq = s->seq;
+	snprintf(res->path, sizeof(res->path), "%s-%06" PRIu64 ".snap", s->o.prefix, s->seq);
+	s->pages = s->bytes = 0;
+	s->write_ms = 0;
+	ret = snap_writer_open(res->path, &l, &s->w, err, len);
+	if (ret < 0)
+		return ret;
+	ret = passes(s, res, &t_first, &redirty, err, len);
+	t_last = now_ms();
+	if (ret == 0)
+		ret = pause_and_take(s, res, err, len);
+	res->pages = s->pages;
+	res->bytes = s->bytes;
+	res->write_ms = s->write_ms;
+	res->dirty_pps = t_last > t_first ? redirty / ((t_last - t_first) / 1e3) : 0;
+	if (ret < 0) {
+		snap_writer_abandon(s->w);
+	} else {
+		double tc = now_ms();
+
+		ret = snap_writer_commit(s->w, id, &wr, err, len);
+		res->fsync_ms = now_ms() - tc;
+	}
+	s->w = NULL;
+	if (ret < 0) {
+		/* everything taken since the last snapshot that stands is pending again: the next one is whole */
+		kvmdirty_consumer_abort(s->cons);
+		res->total_ms = now_ms() - t0;
+		return ret;
+	}
+	kvmdirty_consumer_commit(s->cons);
+	res->data_pages = wr.data_pages;
+	res->zero_pages = wr.zero_pages;
+	res->file_len = wr.file_len;
+	res->tables_bytes = wr.tables_bytes;
+	memcpy(s->parent, id, SNAP_ID);
+	if (!s->seq)
+		memcpy(s->base, id, SNAP_ID);
+	s->seq++;
+	res->total_ms = now_ms() - t0;
+	return 0;
+}
+
+int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, unsigned int n, uint64_t *ret_pages,
+		     char *err, size_t len)
+{
+	const struct snap_file *last;
+	void **hva;
+	unsigned int i;
+	int ret = snap_chain_check(files, n, err, len);
+
+	if (ret < 0)
+		return ret;
+	last = files[n - 1];
+	if (files[0]->h.nr_regions != g->nr_regions || files[0]->h.nr_vcpus != g->nr_vcpus)
+		return mig_errf(err, len, -EINVAL, "%s: %u regions and %u vCPUs, the guest has %u and %u", files[0]->path,
+				files[0]->h.nr_regions, files[0]->h.nr_vcpus, g->nr_regions, g->nr_vcpus);
+	for (i = 0; i < g->nr_regions; i++)
+		if (files[0]->regions[i].gpa != g->regions[i].gpa || files[0]->regions[i].size != g->regions[i].size)
+			return mig_errf(err, len, -EINVAL, "%s: region %u (gpa 0x%" PRIx64 ", %" PRIu64
+					" bytes) is not the guest's", files[0]->path, i, files[0]->regions[i].gpa,
+					files[0]->regions[i].size);
+	hva = calloc(g->nr_regions, sizeof(*hva));
+	if (!hva)
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	for (i = 0; i < g->nr_regions; i++)
+		hva[i] = g->regions[i].hva;
+	ret = snap_chain_load(files, n, hva, ret_pages, err, len);
+	free(hva);
+	for (i = 0; ret == 0 && i < g->nr_vcpus; i++) {
+		ret = g->ops->vcpu_load(g->ctx, i, &last->vcpus[i]);
+		if (ret < 0)
+			mig_errf(err, len, ret, "%s: loading vCPU %u's state: %s", last->path, i, strerror(-ret));
+	}
+	return ret;
+}

@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_SNAPSHOT_H
+#define KVMDIRTY_MIGRATE_SNAPSHOT_H
+
+/*
+ * Snapshots of a running guest into files (snapfile.h): a full one, then
+ * diffs, each holding the pages written since the one before, through a
+ * consumer of the guest's tracker of its own (so a migration or another
+ * consumer beside it loses nothing, and takes nothing from it).
+ *
+ * A snapshot is taken as a migration is: passes over the pages pending
+ * while the guest runs, each page written to its place in the file (a
+ * page written again in a later pass replaces its copy), until what is
+ * left fits the pause; then the vCPUs are paused, the tracker synced, the
+ * rest written and the vCPUs' states saved, and the guest resumes.  The
+ * index, header and trailer, fsync, rename and the directory's fsync
+ * follow with the guest running.  Only then does the consumer commit: a
+ * snapshot that fails anywhere (a write, the sync to disk, the rename)
+ * aborts it, so every page it had taken is pending again and the next
+ * snapshot, which takes the failed one's number and parent, is complete.
+ * The guest is never left paused by a failure, and no earlier file is
+ * touched.
+ *
+ * Threads: one snapshot at a time, from one thread; the guest's vCPUs run
+ * meanwhile (paused and resumed through the guest's ops).
+ */
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "guest.h"
+#include "snapfile.h"
+
+struct mig_snap;
+
+struct mig_snap_result {
+	uint64_t seq; /* 0: the full snapshot */
+	char path[SNAP_PATH_MAX + 32];
+	unsigned int passes; /* passes while the guest ran */
+	uint64_t pages;	     /* pages handed out and put, every pass and the pause's */
+	uint64_t bytes;	     /* bytes written of them */
+	uint64_t pause_pages;
+	uint64_t data_pages, zero_pages, file_len, tables_bytes; /* what the file holds */
+	double write_ms; /* writing pages (hashing included), the pause's too */
+	double pause_ms; /* the vCPUs paused: from pause to resume */
+	double fsync_ms; /* index, header, trailer, fsync, rename, the directory's fsync */
+	double total_ms;
+	double dirty_pps; /* pages the guest made dirty a second while the snapshot ran (after its first sync) */
+};
+
+struct mig_snap_opts {
+	const char *prefix; /* files PREFIX-NNNNNN.snap (6 digits, the snapshot's number) */
+	double pause_ms;    /* what the last pass aims at (0: 5 ms) */
+	unsigned int max_passes; /* passes with the guest running at most (0: 8): then the pause takes the rest */
+	/* tests: called with the vCPUs paused, every page and vCPU state taken, before they resume */
+	void (*paused)(void *ctx, const struct mig_snap_result *res);
+	void *paused_ctx;
+};
+
+/*
+ * Begin: tracking on for g's tracker (where it was off), a consumer with
+ * every page pending (the first snapshot is full).  The prefix's
+ * directory must exist.  0, or -errno with err saying why.
+ */
+int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struct mig_snap **ret_s, char *err,
+		 size_t len);
+
+/*
+ * Take the next snapshot: the full one first, then diffs.  0 with res
+ * filled, or -errno with err saying why (res->path names the file meant;
+ * nothing of it is left, and the next call takes its place).
+ */
+int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, size_t len);
+
+/*
+ * Restore: the chain files[0 .. n) (base first) into g, whose memory is
+ * all zero (fresh) and whose vCPUs have not run: the chain checked
+ * (snap_chain_check()), its regions against g's, every page's newest copy
+ * read and verified (snap_chain_load()), each vCPU's state from the newest
+ * file loaded.  0 (the guest may run), or -errno with err naming the file
+ * and what is wrong (the guest must not run).  ret_pages: pages read.
+ */
+int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, unsigned int n, uint64_t *ret_pages,
+		     char *err, size_t len);
+
+/* The consumer freed, tracking off where mig_snap_new() turned it on.  NULL is ignored. */
+void mig_snap_free(struct mig_snap *s);
+
+#endif

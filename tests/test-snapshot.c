@@ -1,0 +1,321 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Snapshots of a running test guest (examples/migrate/snapshot.h) on
+ * KVM, in each tracking mode.  While the guest's vCPUs write pages of
+ * their working sets (one at random, one in order), a chain is taken; at each snapshot's pause the
+ * test copies all of guest memory and the vCPUs' states (the source's
+ * copy).  Every prefix of the chain is then restored into a new guest and
+ * compared page for page with the copy taken at its last file's pause;
+ * the newest restore runs and passes the guest's own self-check.
+ *
+ * failed_snapshots_retaken: a diff whose header write fails (after every
+ * page and the pause: the consumer had taken everything), and one whose
+ * third page write fails, each leave nothing; the guest runs on, and the
+ * next diff, which takes the failed one's number, is complete (compared
+ * page for page like the others).
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kvm-skip.h"
+#include "snapshot.h"
+#include "test-util.h"
+#include "testguest.h"
+
+#define MAX_SNAPS 8
+#define MODES 3
+
+static const enum kvmdirty_mode modes[MODES] = { KVMDIRTY_MODE_CLEAR_LOG, KVMDIRTY_MODE_DIRTY_LOG,
+						 KVMDIRTY_MODE_DIRTY_RING };
+
+static const char *mode_name(enum kvmdirty_mode m)
+{
+	return m == KVMDIRTY_MODE_CLEAR_LOG ? "clear-log" : m == KVMDIRTY_MODE_DIRTY_LOG ? "dirty-log" : "dirty-ring";
+}
+
+struct copy {
+	uint8_t **mem; /* [nr]: a copy of each region */
+	unsigned int nr;
+	struct mig_vcpu_state vs[2];
+	bool taken;
+};
+
+struct rig {
+	struct testvm *tv;
+	struct mig_guest g;
+	struct copy copy[MAX_SNAPS];
+	char dir[64];
+};
+
+static void sleep_ms(unsigned int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* At the pause: all of memory and the vCPUs, as the snapshot must hold them. */
+static void on_paused(void *ctx, const struct mig_snap_result *res)
+{
+	struct rig *r = ctx;
+	struct copy *c = &r->copy[res->seq];
+	unsigned int i;
+
+	if (res->seq >= MAX_SNAPS)
+		abort();
+	if (!c->mem) {
+		c->mem = calloc(r->g.nr_regions, sizeof(*c->mem));
+		c->nr = r->g.nr_regions;
+	}
+	for (i = 0; i < r->g.nr_regions; i++) {
+		if (!c->mem[i])
+			c->mem[i] = malloc(r->g.regions[i].size);
+		if (!c->mem[i])
+			abort();
+		memcpy(c->mem[i], r->g.regions[i].hva, r->g.regions[i].size);
+	}
+	for (i = 0; i < r->g.nr_vcpus; i++)
+		if (r->g.ops->vcpu_save(r->g.ctx, i, &c->vs[i]) < 0)
+			abort();
+	c->taken = true;
+}
+
+static void rig_new(struct rig *r, enum kvmdirty_mode mode)
+{
+	struct mig_testvm_opts o = { .mib = 16, .vcpus = 2, .mode = mode, .ws_mib = 8, .fill = MIG_FILL_WS };
+	char err[256];
+	unsigned int i;
+
+	memset(r, 0, sizeof(*r));
+	snprintf(r->dir, sizeof(r->dir), "/tmp/kvmdirty-snapshot-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(r->dir));
+	ck_assert_msg(mig_testvm_new(&o, true, &r->tv, err, sizeof(err)) == 0, "%s", err);
+	/*
+	 * Paced, so that every snapshot finds pages written since the one
+	 * before: vCPU 0 random pages of its working set; vCPU 1 its pages in
+	 * order, once a pass, so that each of its writes changes its page
+	 * (a tag of the page and the pass: a page written again within a pass
+	 * would be the same, and its loss unseen).
+	 */
+	for (i = 0; i < 2; i++) {
+		struct guest_vcpu *mb = testvm_mailbox(r->tv, i);
+
+		mb->pattern = i ? GUEST_SEQUENTIAL : GUEST_RANDOM;
+		mb->seed = 0x9e3779b97f4a7c15ull;
+		/* vCPU 1 slower: a pass takes about a second, so the pages a lost diff held are not soon written again */
+		mb->tsc_per_page = testvm_tsc_per_page(r->tv, i ? 1000 : 20000);
+	}
+	ck_assert_int_eq(testvm_spawn(r->tv), 0);
+	ck_assert_int_eq(mig_testvm_guest(r->tv, &r->g), 0);
+	sleep_ms(50);
+}
+
+static void rig_free(struct rig *r)
+{
+	char cmd[128];
+	unsigned int i, k;
+
+	mig_guest_release(&r->g);
+	mig_testvm_free(r->tv);
+	for (k = 0; k < MAX_SNAPS; k++) {
+		for (i = 0; r->copy[k].mem && i < r->copy[k].nr; i++)
+			free(r->copy[k].mem[i]);
+		free(r->copy[k].mem);
+	}
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", r->dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+/* The guest's vCPUs made progress: it was left running. */
+static void expect_running(struct rig *r, const char *when)
+{
+	uint64_t w0 = testvm_mailbox(r->tv, 0)->writes, w1 = testvm_mailbox(r->tv, 1)->writes;
+	unsigned int i;
+
+	for (i = 0; i < 2000 && testvm_mailbox(r->tv, 0)->writes == w0 && testvm_mailbox(r->tv, 1)->writes == w1; i++)
+		sleep_ms(5);
+	ck_assert_msg(testvm_mailbox(r->tv, 0)->writes != w0 || testvm_mailbox(r->tv, 1)->writes != w1,
+		      "%s: the guest does not run", when);
+}
+
+/* Files 0 .. k restored into a new guest, compared with the copy at k's pause; run and checked when asked. */
+static void restore_and_compare(struct rig *r, unsigned int k, bool run, const char *mode)
+{
+	struct mig_testvm_opts o = { .mib = 16, .vcpus = 2, .lazy = true };
+	struct snap_file *f[MAX_SNAPS] = { 0 };
+	struct mig_guest g;
+	struct testvm *tv;
+	char path[128], err[512];
+	unsigned int i;
+	uint64_t pg;
+	int ret = 0;
+
+	for (i = 0; i <= k && ret == 0; i++) {
+		snprintf(path, sizeof(path), "%s/s-%06u.snap", r->dir, i);
+		ret = snap_file_open(path, &f[i], err, sizeof(err));
+	}
+	ck_assert_msg(ret == 0, "%s: %s", mode, err);
+	ck_assert_msg(mig_testvm_new(&o, false, &tv, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(mig_testvm_guest(tv, &g), 0);
+	ret = mig_snap_restore(&g, f, k + 1, NULL, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%s: restoring %u files: %s", mode, k + 1, err);
+	ck_assert(r->copy[k].taken);
+	for (i = 0; i < g.nr_regions; i++) {
+		const uint8_t *a = g.regions[i].hva, *b = r->copy[k].mem[i];
+
+		for (pg = 0; pg < g.regions[i].size / 4096; pg++)
+			expect(!memcmp(a + pg * 4096, b + pg * 4096, 4096),
+			       "%s: chain of %u: region %u page %" PRIu64 " (gpa 0x%" PRIx64 ") is not as at the pause", mode,
+			       k + 1, i, pg, g.regions[i].gpa + pg * 4096);
+	}
+	for (i = 0; i < 2; i++) {
+		struct mig_vcpu_state st;
+
+		ck_assert_int_eq(g.ops->vcpu_save(g.ctx, i, &st), 0);
+		ck_assert_msg(st.regs.rip == r->copy[k].vs[i].regs.rip && st.regs.rsp == r->copy[k].vs[i].regs.rsp &&
+				      st.sregs.cr3 == r->copy[k].vs[i].sregs.cr3,
+			      "%s: vCPU %u's state is not as at the pause", mode, i);
+	}
+	mig_guest_release(&g);
+	if (run) {
+		ret = mig_testvm_resume_check(tv, 300, err, sizeof(err));
+		ck_assert_msg(ret == 0, "%s: the restored guest: %s", mode, err);
+	}
+	mig_testvm_free(tv);
+	for (i = 0; i <= k; i++)
+		snap_file_close(f[i]);
+}
+
+static struct mig_snap *snap_new(struct rig *r)
+{
+	static char prefix[96];
+	struct mig_snap_opts o = { .prefix = prefix, .paused = on_paused, .paused_ctx = r };
+	struct mig_snap *s;
+	char err[256];
+
+	snprintf(prefix, sizeof(prefix), "%s/s", r->dir);
+	ck_assert_msg(mig_snap_new(&r->g, &o, &s, err, sizeof(err)) == 0, "%s", err);
+	return s;
+}
+
+static void take(struct mig_snap *s, uint64_t seq, const char *mode)
+{
+	struct mig_snap_result res;
+	char err[512];
+
+	ck_assert_msg(mig_snap_take(s, &res, err, sizeof(err)) == 0, "%s: snapshot %" PRIu64 ": %s", mode, seq, err);
+	ck_assert_uint_eq(res.seq, seq);
+	ck_assert_msg(seq == 0 || res.data_pages + res.zero_pages > 0, "%s: diff %" PRIu64 " holds no page", mode, seq);
+}
+
+/* The snapshots done: the guest stopped, every prefix of the 4-file chain restored and compared, the newest run. */
+static void end_and_compare(struct rig *r, struct mig_snap *s, const char *mode)
+{
+	unsigned int k;
+
+	mig_snap_free(s);
+	expect_running(r, mode);
+	testvm_halt_all(r->tv);
+	ck_assert_int_eq(testvm_join(r->tv, NULL, NULL), 0);
+	for (k = 0; k < 4; k++)
+		restore_and_compare(r, k, k == 3, mode);
+	rig_free(r);
+}
+
+START_TEST(chain_matches_memory)
+{
+	enum kvmdirty_mode mode = modes[_i];
+	struct mig_snap *s;
+	struct rig r;
+	unsigned int k;
+
+	rig_new(&r, mode);
+	s = snap_new(&r);
+	for (k = 0; k < 4; k++) {
+		take(s, k, mode_name(mode));
+		sleep_ms(100);
+	}
+	end_and_compare(&r, s, mode_name(mode));
+}
+END_TEST
+
+static int fail_write_at; /* fail the write at this offset (UINT64_MAX: none) or the nth write (count down) */
+static uint64_t fail_off = UINT64_MAX;
+
+static ssize_t failing_pwrite(int fd, const void *buf, size_t n, off_t off)
+{
+	if ((fail_off != UINT64_MAX && (uint64_t)off == fail_off) || (fail_write_at > 0 && --fail_write_at == 0)) {
+		errno = ENOSPC;
+		return -1;
+	}
+	return pwrite(fd, buf, n, off);
+}
+
+static void take_failing(struct mig_snap *s, uint64_t seq, const char *mode, const char *why)
+{
+	struct mig_snap_result res;
+	char err[512], cmd[300];
+
+	snap_pwrite = failing_pwrite;
+	ck_assert_msg(mig_snap_take(s, &res, err, sizeof(err)) == -ENOSPC, "%s: %s: taken", mode, why);
+	snap_pwrite = pwrite;
+	fail_off = UINT64_MAX;
+	fail_write_at = 0;
+	ck_assert_uint_eq(res.seq, seq);
+	ck_assert_msg(access(res.path, F_OK) < 0, "%s: %s: %s left behind", mode, why, res.path);
+	/* nothing temporary either */
+	snprintf(cmd, sizeof(cmd), "test -z \"$(ls '%.*s' | grep tmp)\"", (int)(strrchr(res.path, '/') - res.path),
+		 res.path);
+	ck_assert_msg(system(cmd) == 0, "%s: %s: a temporary file left behind", mode, why);
+}
+
+START_TEST(failed_snapshots_retaken)
+{
+	enum kvmdirty_mode mode = modes[_i];
+	struct mig_snap *s;
+	struct rig r;
+
+	rig_new(&r, mode);
+	s = snap_new(&r);
+	take(s, 0, mode_name(mode));
+	sleep_ms(100);
+	take(s, 1, mode_name(mode));
+	sleep_ms(100);
+	/* the header is written at offset 0, after every page and the pause */
+	fail_off = 0;
+	take_failing(s, 2, mode_name(mode), "the header's write failed");
+	expect_running(&r, "after a failed commit");
+	take(s, 2, mode_name(mode));
+	sleep_ms(100);
+	fail_write_at = 3;
+	take_failing(s, 3, mode_name(mode), "the third write failed");
+	expect_running(&r, "after a failed page write");
+	take(s, 3, mode_name(mode));
+	end_and_compare(&r, s, mode_name(mode));
+}
+END_TEST
+
+int main(void)
+{
+	int skip = require_kvm("test-snapshot");
+	Suite *s;
+	TCase *tc;
+
+	if (skip)
+		return skip;
+	s = suite_create("snapshot");
+	tc = tcase_create("snapshot");
+	tcase_set_timeout(tc, 600);
+	tcase_add_loop_test(tc, chain_matches_memory, 0, MODES);
+	tcase_add_loop_test(tc, failed_snapshots_retaken, 0, MODES);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
