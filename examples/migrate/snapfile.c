@@ -22,9 +22,11 @@
 
 #include "errf.h"
 #include "snapfile.h"
+#include "worker.h"
 
-#define ROUND_UP(x, a) (((x) + (a)-1) / (a) * (a))
+#define ROUND_UP(x, a)	(((x) + (a)-1) / (a) * (a))
 #define MAX_REGION_SIZE (1ull << 46) /* 64 TiB a region: offsets stay far from overflow */
+#define HCHUNK		64	     /* pages the hasher hashes while the main thread writes the ones before */
 
 ssize_t (*snap_pwrite)(int fd, const void *buf, size_t n, off_t off) = pwrite;
 
@@ -87,12 +89,26 @@ struct snap_writer {
 	struct wregion *r;
 	struct mig_vcpu_state *vcpus;
 	uint64_t zero_hash;
+	/*
+	 * The hasher (where the host has a CPU to spare): it hashes the
+	 * next HCHUNK pages of a put into hbuf while the main thread writes
+	 * the ones it hashed before, so that hashing costs the write nothing.
+	 * Each page is still hashed before it is written.  Under hw.lock:
+	 * job_* and job (set: to do; cleared by the hasher when done).
+	 */
+	struct mig_worker hw;
+	bool no_hasher;
+	const uint8_t *job_p;
+	uint64_t job_n, *job_out;
+	bool job;
+	uint64_t hbuf[2][HCHUNK];
 };
 
 static void writer_free(struct snap_writer *w)
 {
 	uint32_t i;
 
+	mig_worker_stop(&w->hw);
 	if (w->fd >= 0)
 		close(w->fd);
 	for (i = 0; w->r && i < w->h.nr_regions; i++) {
@@ -115,8 +131,10 @@ static int layout(struct snap_writer *w, const struct snap_layout *l, char *err,
 	if ((l->kind != SNAP_FULL && l->kind != SNAP_DIFF) || !l->nr_regions || l->nr_regions > SNAP_MAX_REGIONS ||
 	    !l->nr_vcpus || l->nr_vcpus > SNAP_MAX_VCPUS || (l->kind == SNAP_FULL) != (l->seq == 0) ||
 	    (l->kind == SNAP_DIFF && (!l->parent || !l->base)))
-		return mig_errf(err, len, -EINVAL, "%s: a snapshot of %u regions and %u vCPUs, kind %u, number %" PRIu64
-				": outside the format", w->path, l->nr_regions, l->nr_vcpus, l->kind, l->seq);
+		return mig_errf(err, len, -EINVAL,
+				"%s: a snapshot of %u regions and %u vCPUs, kind %u, number %" PRIu64
+				": outside the format",
+				w->path, l->nr_regions, l->nr_vcpus, l->kind, l->seq);
 	memcpy(h->magic, SNAP_MAGIC, sizeof(h->magic));
 	h->version = SNAP_VERSION;
 	h->page_size = SNAP_PAGE;
@@ -140,8 +158,10 @@ static int layout(struct snap_writer *w, const struct snap_layout *l, char *err,
 		struct wregion *r = &w->r[i];
 
 		if (!l->size[i] || l->size[i] % SNAP_PAGE || l->gpa[i] % SNAP_PAGE || l->size[i] > MAX_REGION_SIZE)
-			return mig_errf(err, len, -EINVAL, "%s: region %u (gpa 0x%" PRIx64 ", %" PRIu64
-					" bytes): not whole pages, or too large", w->path, i, l->gpa[i], l->size[i]);
+			return mig_errf(err, len, -EINVAL,
+					"%s: region %u (gpa 0x%" PRIx64 ", %" PRIu64
+					" bytes): not whole pages, or too large",
+					w->path, i, l->gpa[i], l->size[i]);
 		r->gpa = l->gpa[i];
 		r->size = l->size[i];
 		r->npages = r->size / SNAP_PAGE;
@@ -159,8 +179,7 @@ static int layout(struct snap_writer *w, const struct snap_layout *l, char *err,
 	return 0;
 }
 
-int snap_writer_open(const char *path, const struct snap_layout *l, struct snap_writer **ret_w, char *err,
-		     size_t len)
+int snap_writer_open(const char *path, const struct snap_layout *l, struct snap_writer **ret_w, char *err, size_t len)
 {
 	struct snap_writer *w = calloc(1, sizeof(*w));
 	struct stat st;
@@ -214,34 +233,92 @@ static int write_all(struct snap_writer *w, const void *buf, uint64_t n, uint64_
 	return 0;
 }
 
-int snap_writer_put(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count, const void *hva,
-		    uint64_t *ret_bytes, char *err, size_t len)
+static void hash_pages(const uint8_t *p, uint64_t n, uint64_t *out)
 {
-	struct wregion *r;
-	uint64_t i, run = 0, bytes = 0;
-	const uint8_t *p = hva;
+	uint64_t i;
+
+	for (i = 0; i < n; i++)
+		out[i] = mig_page_hash(p + i * SNAP_PAGE);
+}
+
+static void *hasher_run(void *arg)
+{
+	struct snap_writer *w = arg;
+
+	pthread_mutex_lock(&w->hw.lock);
+	for (;;) {
+		if (w->job) {
+			const uint8_t *p = w->job_p;
+			uint64_t n = w->job_n, *out = w->job_out;
+
+			pthread_mutex_unlock(&w->hw.lock);
+			hash_pages(p, n, out);
+			pthread_mutex_lock(&w->hw.lock);
+			w->job = false;
+			pthread_cond_broadcast(&w->hw.cond);
+		} else if (w->hw.quit) {
+			break;
+		} else {
+			pthread_cond_wait(&w->hw.cond, &w->hw.lock);
+		}
+	}
+	pthread_mutex_unlock(&w->hw.lock);
+	return NULL;
+}
+
+/* The hasher, started the first time a put is long enough to use it; false where there is none. */
+static bool hasher(struct snap_writer *w)
+{
+	if (w->hw.running)
+		return true;
+	if (w->no_hasher || sysconf(_SC_NPROCESSORS_ONLN) < 2 || mig_worker_start(&w->hw, hasher_run, w) < 0) {
+		w->no_hasher = true;
+		return false;
+	}
+	return true;
+}
+
+static void hash_async(struct snap_writer *w, const uint8_t *p, uint64_t n, uint64_t *out)
+{
+	pthread_mutex_lock(&w->hw.lock);
+	w->job_p = p;
+	w->job_n = n;
+	w->job_out = out;
+	w->job = true;
+	pthread_cond_broadcast(&w->hw.cond);
+	pthread_mutex_unlock(&w->hw.lock);
+}
+
+static void hash_wait(struct snap_writer *w)
+{
+	pthread_mutex_lock(&w->hw.lock);
+	while (w->job)
+		pthread_cond_wait(&w->hw.cond, &w->hw.lock);
+	pthread_mutex_unlock(&w->hw.lock);
+}
+
+/* count pages of region r at hva, hashed already (hashes[i]): data runs written, zero pages noted. */
+static int put_hashed(struct snap_writer *w, struct wregion *r, uint64_t first, uint64_t count, const uint8_t *p,
+		      const uint64_t *hashes, uint64_t *bytes, char *err, size_t len)
+{
+	uint64_t i, run = 0;
 	int ret;
 
-	if (region >= w->h.nr_regions || first > w->r[region].npages || count > w->r[region].npages - first)
-		return mig_errf(err, len, -EINVAL, "%s: pages %" PRIu64 "+%" PRIu64 " of region %u: outside it", w->path,
-				first, count, region);
-	r = &w->r[region];
 	/* data pages gather into runs, each one write; a zero page ends a run and is a hole */
 	for (i = 0; i <= count; i++) {
-		uint64_t pg = first + i, h = 0;
+		uint64_t pg = first + i;
 		bool zero = false;
 
-		if (i < count) {
-			h = mig_page_hash(p + i * SNAP_PAGE);
+		if (i < count)
 			/* a page this file already holds as data stays data: its old copy must be overwritten */
-			zero = h == w->zero_hash && is_zero(p + i * SNAP_PAGE, SNAP_PAGE) && !test_bit(r->data, pg);
-		}
+			zero = hashes[i] == w->zero_hash && is_zero(p + i * SNAP_PAGE, SNAP_PAGE) &&
+			       !test_bit(r->data, pg);
 		if ((i == count || zero) && i > run) {
 			ret = write_all(w, p + run * SNAP_PAGE, (i - run) * SNAP_PAGE,
 					r->data_off + (first + run) * SNAP_PAGE, err, len);
 			if (ret < 0)
 				return ret;
-			bytes += (i - run) * SNAP_PAGE;
+			*bytes += (i - run) * SNAP_PAGE;
 		}
 		if (i == count)
 			break;
@@ -251,11 +328,41 @@ int snap_writer_put(struct snap_writer *w, uint32_t region, uint64_t first, uint
 			continue;
 		}
 		set_bit(r->data, pg);
-		r->hash[pg] = h;
+		r->hash[pg] = hashes[i];
+	}
+	return 0;
+}
+
+int snap_writer_put(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count, const void *hva,
+		    uint64_t *ret_bytes, char *err, size_t len)
+{
+	const uint8_t *p = hva;
+	uint64_t bytes = 0, c, n, next_n;
+	bool async;
+	int ret = 0;
+
+	if (region >= w->h.nr_regions || first > w->r[region].npages || count > w->r[region].npages - first)
+		return mig_errf(err, len, -EINVAL, "%s: pages %" PRIu64 "+%" PRIu64 " of region %u: outside it",
+				w->path, first, count, region);
+	async = count > HCHUNK && hasher(w);
+	n = count < HCHUNK ? count : HCHUNK;
+	hash_pages(p, n, w->hbuf[0]);
+	for (c = 0; c < count && ret == 0; c += n, n = next_n) {
+		const uint64_t *h = w->hbuf[(c / HCHUNK) % 2];
+
+		/* the next chunk hashed meanwhile, by the hasher (or here, after this one) */
+		next_n = count - c - n < HCHUNK ? count - c - n : HCHUNK;
+		if (next_n && async)
+			hash_async(w, p + (c + n) * SNAP_PAGE, next_n, w->hbuf[(c / HCHUNK + 1) % 2]);
+		ret = put_hashed(w, &w->r[region], first + c, n, p + c * SNAP_PAGE, h, &bytes, err, len);
+		if (next_n && async)
+			hash_wait(w);
+		else if (next_n)
+			hash_pages(p + (c + n) * SNAP_PAGE, next_n, w->hbuf[(c / HCHUNK + 1) % 2]);
 	}
 	if (ret_bytes)
 		*ret_bytes = bytes;
-	return 0;
+	return ret;
 }
 
 int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count)
@@ -316,12 +423,14 @@ static int build_index(struct snap_writer *w, void **ret_buf, uint64_t *ret_len)
 					continue;
 				}
 				data = test_bit(r->data, pg);
-				for (k = pg + 1; k < r->npages && test_bit(r->held, k) && test_bit(r->data, k) == data; k++)
+				for (k = pg + 1; k < r->npages && test_bit(r->held, k) && test_bit(r->data, k) == data;
+				     k++)
 					;
 				if (data || w->h.kind == SNAP_DIFF) {
 					if (pass == 1) {
-						runs[run_i] = (struct snap_run){ i, data ? SNAP_RUN_DATA : SNAP_RUN_ZERO, pg,
-										 k - pg, data ? hash_i : 0 };
+						runs[run_i] =
+							(struct snap_run){ i, data ? SNAP_RUN_DATA : SNAP_RUN_ZERO, pg,
+									   k - pg, data ? hash_i : 0 };
 						if (data)
 							memcpy(hashes + hash_i, r->hash + pg, (k - pg) * 8);
 					}
@@ -530,11 +639,10 @@ static int check_trailer(struct snap_file *f, struct snap_trailer *t, char *err,
 	if (t->version != SNAP_VERSION)
 		return BAD("%s: trailer version %u, this reads %d", f->path, t->version, SNAP_VERSION);
 	if (t->file_len != f->size)
-		return BAD("%s: %" PRIu64 " bytes long, its trailer says %" PRIu64 ": cut or extended", f->path, f->size,
-			   t->file_len);
+		return BAD("%s: %" PRIu64 " bytes long, its trailer says %" PRIu64 ": cut or extended", f->path,
+			   f->size, t->file_len);
 	if (t->header_len < sizeof(struct snap_header) ||
-	    t->header_len > snap_header_len(SNAP_MAX_REGIONS, SNAP_MAX_VCPUS) ||
-	    t->header_len > f->size - sizeof(*t))
+	    t->header_len > snap_header_len(SNAP_MAX_REGIONS, SNAP_MAX_VCPUS) || t->header_len > f->size - sizeof(*t))
 		return BAD("%s: trailer: a header of %" PRIu64 " bytes does not fit", f->path, t->header_len);
 	return 0;
 }
@@ -550,16 +658,18 @@ static int check_regions(struct snap_file *f, char *err, size_t len)
 
 		if (!r->size || r->size % SNAP_PAGE || r->gpa % SNAP_PAGE || r->size > MAX_REGION_SIZE ||
 		    r->gpa > UINT64_MAX - r->size || r->reserved)
-			return BAD("%s: header: region %u (gpa 0x%" PRIx64 ", %" PRIu64 " bytes): not whole pages", f->path,
-				   i, r->gpa, r->size);
+			return BAD("%s: header: region %u (gpa 0x%" PRIx64 ", %" PRIu64 " bytes): not whole pages",
+				   f->path, i, r->gpa, r->size);
 		if (r->data_off != off)
-			return BAD("%s: header: region %u's pages at offset %" PRIu64 ", the layout puts them at %" PRIu64,
+			return BAD("%s: header: region %u's pages at offset %" PRIu64
+				   ", the layout puts them at %" PRIu64,
 				   f->path, i, r->data_off, off);
 		off += ROUND_UP(r->size, SNAP_ALIGN);
 	}
 	if (h->data_len != off - h->data_off || h->index_off != off)
 		return BAD("%s: header: the page area (%" PRIu64 " bytes, index at %" PRIu64 ") does not add up to its "
-			   "regions (%" PRIu64 ")", f->path, h->data_len, h->index_off, off - h->data_off);
+			   "regions (%" PRIu64 ")",
+			   f->path, h->data_len, h->index_off, off - h->data_off);
 	return 0;
 }
 
@@ -581,9 +691,11 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	if (h->header_len != snap_header_len(h->nr_regions, h->nr_vcpus) || h->header_len != t->header_len ||
 	    h->data_off != ROUND_UP(h->header_len, SNAP_ALIGN))
 		return BAD("%s: header: length %" PRIu64 " or page area at %" PRIu64 ": not what %u regions and %u "
-			   "vCPUs make", f->path, h->header_len, h->data_off, h->nr_regions, h->nr_vcpus);
-	if (h->kind == SNAP_FULL ? h->seq || memcmp(h->parent, zero_id, SNAP_ID) || memcmp(h->base, zero_id, SNAP_ID)
-				 : !h->seq || !memcmp(h->parent, zero_id, SNAP_ID) || !memcmp(h->base, zero_id, SNAP_ID))
+			   "vCPUs make",
+			   f->path, h->header_len, h->data_off, h->nr_regions, h->nr_vcpus);
+	if (h->kind == SNAP_FULL
+		    ? h->seq || memcmp(h->parent, zero_id, SNAP_ID) || memcmp(h->base, zero_id, SNAP_ID)
+		    : !h->seq || !memcmp(h->parent, zero_id, SNAP_ID) || !memcmp(h->base, zero_id, SNAP_ID))
 		return BAD("%s: header: a %s numbered %" PRIu64 " %s a parent", f->path,
 			   h->kind == SNAP_FULL ? "full snapshot" : "diff", h->seq,
 			   h->kind == SNAP_FULL ? "with" : "without");
@@ -592,8 +704,10 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	if (h->index_off != t->index_off || h->index_len != t->index_len || h->nr_runs > h->index_len / 32 ||
 	    h->data_pages > h->index_len / 8 || h->nr_runs * 32 + h->data_pages * 8 != h->index_len ||
 	    h->index_off + h->index_len + sizeof(*t) != f->size)
-		return BAD("%s: header: an index of %" PRIu64 " runs and %" PRIu64 " hashes at %" PRIu64 " does not fit "
-			   "the file", f->path, h->nr_runs, h->data_pages, h->index_off);
+		return BAD("%s: header: an index of %" PRIu64 " runs and %" PRIu64 " hashes at %" PRIu64
+			   " does not fit "
+			   "the file",
+			   f->path, h->nr_runs, h->data_pages, h->index_off);
 	for (i = 0; i < h->nr_vcpus; i++)
 		if (f->vcpus[i].msrs[0].index != mig_msr_index[0])
 			return BAD("%s: header: vCPU %u's state carries MSR 0x%x, not 0x%x", f->path, i,
@@ -616,7 +730,8 @@ static int check_index(struct snap_file *f, char *err, size_t len)
 
 		if (r->region >= h->nr_regions || !r->count || r->first > f->regions[r->region].size / SNAP_PAGE ||
 		    r->count > f->regions[r->region].size / SNAP_PAGE - r->first)
-			return BAD("%s: index: run %" PRIu64 " (region %u, pages %" PRIu64 "+%" PRIu64 ") outside its region",
+			return BAD("%s: index: run %" PRIu64 " (region %u, pages %" PRIu64 "+%" PRIu64
+				   ") outside its region",
 				   f->path, i, r->region, r->first, r->count);
 		if (p && (r->region < p->region || (r->region == p->region && r->first < p->first + p->count)))
 			return BAD("%s: index: run %" PRIu64 " out of order or overlapping the one before", f->path, i);
@@ -625,13 +740,15 @@ static int check_index(struct snap_file *f, char *err, size_t len)
 		} else if (r->kind == SNAP_RUN_ZERO && h->kind == SNAP_DIFF && !r->hash_first) {
 			zero += r->count;
 		} else {
-			return BAD("%s: index: run %" PRIu64 " of kind %u, its hashes at %" PRIu64 ": not in the format",
+			return BAD("%s: index: run %" PRIu64 " of kind %u, its hashes at %" PRIu64
+				   ": not in the format",
 				   f->path, i, r->kind, r->hash_first);
 		}
 	}
 	if (hash_i != h->data_pages || zero != h->zero_pages)
-		return BAD("%s: index: %" PRIu64 " data and %" PRIu64 " zero pages, the header says %" PRIu64 " and %"
-			   PRIu64, f->path, hash_i, zero, h->data_pages, h->zero_pages);
+		return BAD("%s: index: %" PRIu64 " data and %" PRIu64 " zero pages, the header says %" PRIu64
+			   " and %" PRIu64,
+			   f->path, hash_i, zero, h->data_pages, h->zero_pages);
 	return 0;
 }
 
@@ -680,8 +797,8 @@ static int check_holes(struct snap_file *f, char *err, size_t len)
 			const struct snap_run *r = run_at(f, pos);
 
 			if (!r || r->kind != SNAP_RUN_DATA)
-				return BAD("%s: page area: data at offset %" PRIu64 ", where the index lists no page", f->path,
-					   pos);
+				return BAD("%s: page area: data at offset %" PRIu64 ", where the index lists no page",
+					   f->path, pos);
 			pos = f->regions[r->region].data_off + (r->first + r->count) * SNAP_PAGE;
 		}
 	}
@@ -790,8 +907,8 @@ int snap_chain_check(struct snap_file *const *files, unsigned int n, char *err, 
 		return mig_errf(err, len, -EINVAL, "no snapshot file given");
 	b = files[0];
 	if (b->h.kind != SNAP_FULL)
-		return BAD("%s: a diff (number %" PRIu64 " of its chain): a chain starts with its full snapshot", b->path,
-			   b->h.seq);
+		return BAD("%s: a diff (number %" PRIu64 " of its chain): a chain starts with its full snapshot",
+			   b->path, b->h.seq);
 	for (i = 1; i < n; i++) {
 		const struct snap_file *f = files[i], *p = files[i - 1];
 
@@ -800,10 +917,11 @@ int snap_chain_check(struct snap_file *const *files, unsigned int n, char *err, 
 		if (memcmp(f->h.base, b->id, SNAP_ID))
 			return BAD("%s: of another chain (its full snapshot is not %s)", f->path, b->path);
 		if (f->h.seq > i)
-			return BAD("%s: number %" PRIu64 " of its chain, after %s (number %u): a gap", f->path, f->h.seq,
-				   p->path, i - 1);
+			return BAD("%s: number %" PRIu64 " of its chain, after %s (number %u): a gap", f->path,
+				   f->h.seq, p->path, i - 1);
 		if (f->h.seq < i)
-			return BAD("%s: number %" PRIu64 " of its chain, after %s (number %u): out of order or repeated",
+			return BAD("%s: number %" PRIu64
+				   " of its chain, after %s (number %u): out of order or repeated",
 				   f->path, f->h.seq, p->path, i - 1);
 		if (memcmp(f->h.parent, p->id, SNAP_ID))
 			return BAD("%s: its parent is not %s (another snapshot of that number)", f->path, p->path);
@@ -829,8 +947,8 @@ static int load_pages(const struct snap_file *f, const struct snap_run *r, uint6
 		return ret;
 	for (i = pg; i < pg + k; i++)
 		if (mig_page_hash(hva + i * SNAP_PAGE) != f->hashes[r->hash_first + i - r->first])
-			return BAD("%s: region %u page %" PRIu64 " (gpa 0x%" PRIx64 "): damaged (not its hash)", f->path,
-				   r->region, i, reg->gpa + i * SNAP_PAGE);
+			return BAD("%s: region %u page %" PRIu64 " (gpa 0x%" PRIx64 "): damaged (not its hash)",
+				   f->path, r->region, i, reg->gpa + i * SNAP_PAGE);
 	return 0;
 }
 

@@ -40,15 +40,15 @@
 
 #include "stream.h"
 
-#define SNAP_MAGIC "KVMDSNAP"
+#define SNAP_MAGIC	   "KVMDSNAP"
 #define SNAP_TRAILER_MAGIC "KVMDSEND"
-#define SNAP_VERSION 1
-#define SNAP_PAGE 4096u
-#define SNAP_ALIGN (2ull << 20) /* each region's pages start on a 2 MiB boundary of the file */
-#define SNAP_MAX_REGIONS MIG_MAX_REGIONS
-#define SNAP_MAX_VCPUS MIG_MAX_VCPUS
-#define SNAP_ID 32 /* SHA-256 */
-#define SNAP_PATH_MAX 4096
+#define SNAP_VERSION	   1
+#define SNAP_PAGE	   4096u
+#define SNAP_ALIGN	   (2ull << 20) /* each region's pages start on a 2 MiB boundary of the file */
+#define SNAP_MAX_REGIONS   MIG_MAX_REGIONS
+#define SNAP_MAX_VCPUS	   MIG_MAX_VCPUS
+#define SNAP_ID		   32 /* SHA-256 */
+#define SNAP_PATH_MAX	   4096
 
 enum snap_kind {
 	SNAP_FULL = 1,
@@ -64,7 +64,7 @@ struct snap_header {
 	char magic[8]; /* SNAP_MAGIC */
 	uint32_t version;
 	uint32_t page_size;
-	uint32_t kind; /* enum snap_kind */
+	uint32_t kind;	/* enum snap_kind */
 	uint32_t flags; /* 0 */
 	uint32_t nr_regions, nr_vcpus;
 	uint32_t vcpu_state_size; /* sizeof(struct mig_vcpu_state) */
@@ -132,8 +132,7 @@ struct snap_layout {
  * err naming path (-EEXIST where path exists, -EINVAL for a layout
  * outside the format's limits).
  */
-int snap_writer_open(const char *path, const struct snap_layout *l, struct snap_writer **ret_w, char *err,
-		     size_t len);
+int snap_writer_open(const char *path, const struct snap_layout *l, struct snap_writer **ret_w, char *err, size_t len);
 
 /*
  * Pages [first, first + count) of region at hva, as they are now: hashed
@@ -178,10 +177,10 @@ struct snap_file {
 	uint64_t size;
 	uint8_t id[SNAP_ID];
 	struct snap_header h;
-	struct snap_region *regions;   /* [h.nr_regions] */
-	struct mig_vcpu_state *vcpus;  /* [h.nr_vcpus] */
-	struct snap_run *runs;	       /* [h.nr_runs] */
-	uint64_t *hashes;	       /* [h.data_pages] */
+	struct snap_region *regions;  /* [h.nr_regions] */
+	struct mig_vcpu_state *vcpus; /* [h.nr_vcpus] */
+	struct snap_run *runs;	      /* [h.nr_runs] */
+	uint64_t *hashes;	      /* [h.data_pages] */
 };
 
 /*

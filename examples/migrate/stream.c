@@ -109,6 +109,8 @@ __attribute__((target("avx2"))) static uint64_t page_hash_avx2(const void *page)
 	_mm256_storeu_si256((__m256i *)prod + 1, p1);
 	_mm256_storeu_si256((__m256i *)sum, a0);
 	_mm256_storeu_si256((__m256i *)sum + 1, a1);
+	/* the upper halves clean before code without AVX runs (hash_finish, the caller's, a syscall's) */
+	_mm256_zeroupper();
 	return hash_finish(prod, sum);
 #undef NH
 #undef LD
