@@ -27,7 +27,7 @@
 #include "test-util.h"
 
 #define NREG 3
-#define NV 2
+#define NV   2
 static const uint64_t reg_gpa[NREG] = { 0, 4ull << 30, (4ull << 30) + (3ull << 20) };
 static const uint64_t reg_size[NREG] = { 64 * 4096, 3ull << 20, 700 * 4096 }; /* the last not on 2 MiB */
 
@@ -99,8 +99,14 @@ struct pagelist {
 static int write_snap(const char *name, const struct mem *m, uint64_t seq, const uint8_t *parent, const uint8_t *base,
 		      const struct pagelist *pl, uint8_t id[SNAP_ID], char *err, size_t len)
 {
-	struct snap_layout l = { .kind = parent ? SNAP_DIFF : SNAP_FULL, .seq = seq, .parent = parent, .base = base,
-				 .nr_regions = NREG, .nr_vcpus = NV, .gpa = reg_gpa, .size = reg_size };
+	struct snap_layout l = { .kind = parent ? SNAP_DIFF : SNAP_FULL,
+				 .seq = seq,
+				 .parent = parent,
+				 .base = base,
+				 .nr_regions = NREG,
+				 .nr_vcpus = NV,
+				 .gpa = reg_gpa,
+				 .size = reg_size };
 	struct snap_writer *w;
 	char path[256];
 	unsigned int i;
@@ -163,8 +169,8 @@ static void expect_same(const struct mem *a, const struct mem *b, const char *wh
 
 	for (i = 0; i < NREG; i++)
 		for (pg = 0; pg < reg_size[i] / 4096; pg++)
-			expect(!memcmp(a->r[i] + pg * 4096, b->r[i] + pg * 4096, 4096), "%s: region %u page %" PRIu64
-			       " differs from memory at the snapshot", what, i, pg);
+			expect(!memcmp(a->r[i] + pg * 4096, b->r[i] + pg * 4096, 4096),
+			       "%s: region %u page %" PRIu64 " differs from memory at the snapshot", what, i, pg);
 	ck_assert_msg(!memcmp(a->vs, b->vs, sizeof(a->vs)), "%s: vCPU states differ", what);
 }
 
@@ -209,7 +215,8 @@ static void chain_make(struct chain *c, uint64_t seed)
 		mem_copy(&c->m[i], &c->m[i - 1]);
 		dirty_some(&c->m[i], &pl, &rng, 200);
 		ck_assert_msg(write_snap(i == 1 ? "s1" : "s2", &c->m[i], i, c->id[i - 1], c->id[0], &pl, c->id[i], err,
-					 sizeof(err)) == 0, "%s", err);
+					 sizeof(err)) == 0,
+			      "%s", err);
 	}
 }
 
@@ -278,8 +285,8 @@ START_TEST(allocated_size)
 		want = f->h.data_pages * 4096 + f->h.header_len + f->h.index_len + sizeof(struct snap_trailer);
 		got = (uint64_t)st.st_blocks * 512;
 		ck_assert_msg(got <= want + want / 100 + 8192 && got >= f->h.data_pages * 4096,
-			      "%s: %" PRIu64 " bytes allocated for %" PRIu64 " data pages and %" PRIu64 " of tables", path,
-			      got, f->h.data_pages, want - f->h.data_pages * 4096);
+			      "%s: %" PRIu64 " bytes allocated for %" PRIu64 " data pages and %" PRIu64 " of tables",
+			      path, got, f->h.data_pages, want - f->h.data_pages * 4096);
 		if (k == 0) /* every fifth page is zero: not held */
 			ck_assert_uint_lt(f->h.data_pages, (64 + 768 + 700) * 4 / 5 + 2);
 		snap_file_close(f);
@@ -408,9 +415,9 @@ START_TEST(flipped_byte_in_every_part)
 	flip_case(8, "version", false);
 	for (off = 12; off < sizeof(struct snap_header); off += 4)
 		flip_case(off, "header damaged", false);
-	flip_case(sizeof(struct snap_header) + 3, "header damaged", false);	/* the region table */
+	flip_case(sizeof(struct snap_header) + 3, "header damaged", false);		 /* the region table */
 	flip_case(sizeof(struct snap_header) + NREG * 32 + 17, "header damaged", false); /* a vCPU's state */
-	flip_case(f->h.header_len - 1, "header damaged", false);		/* the padding */
+	flip_case(f->h.header_len - 1, "header damaged", false);			 /* the padding */
 	/* the page area: a held page at load; a hole, and the gap before the pages, at open */
 	for (i = 0; i < f->h.nr_runs && f->runs[i].kind != SNAP_RUN_DATA; i++)
 		;
@@ -597,8 +604,9 @@ END_TEST
 
 START_TEST(never_over_a_file)
 {
-	struct snap_layout l = { .kind = SNAP_FULL, .nr_regions = NREG, .nr_vcpus = NV, .gpa = reg_gpa,
-				 .size = reg_size };
+	struct snap_layout l = {
+		.kind = SNAP_FULL, .nr_regions = NREG, .nr_vcpus = NV, .gpa = reg_gpa, .size = reg_size
+	};
 	struct snap_writer *w;
 	struct mem m;
 	uint8_t id[SNAP_ID];

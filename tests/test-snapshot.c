@@ -31,7 +31,7 @@
 #include "testguest.h"
 
 #define MAX_SNAPS 8
-#define MODES 3
+#define MODES	  3
 
 static const enum kvmdirty_mode modes[MODES] = { KVMDIRTY_MODE_CLEAR_LOG, KVMDIRTY_MODE_DIRTY_LOG,
 						 KVMDIRTY_MODE_DIRTY_RING };
@@ -110,7 +110,8 @@ static void rig_new(struct rig *r, enum kvmdirty_mode mode)
 
 		mb->pattern = i ? GUEST_SEQUENTIAL : GUEST_RANDOM;
 		mb->seed = 0x9e3779b97f4a7c15ull;
-		/* vCPU 1 slower: a pass takes about a second, so the pages a lost diff held are not soon written again */
+		/* vCPU 1 slower: a pass takes about a second, so the pages a lost diff held are not soon written again
+		 */
 		mb->tsc_per_page = testvm_tsc_per_page(r->tv, i ? 1000 : 20000);
 	}
 	ck_assert_int_eq(testvm_spawn(r->tv), 0);
@@ -173,8 +174,8 @@ static void restore_and_compare(struct rig *r, unsigned int k, bool run, const c
 
 		for (pg = 0; pg < g.regions[i].size / 4096; pg++)
 			expect(!memcmp(a + pg * 4096, b + pg * 4096, 4096),
-			       "%s: chain of %u: region %u page %" PRIu64 " (gpa 0x%" PRIx64 ") is not as at the pause", mode,
-			       k + 1, i, pg, g.regions[i].gpa + pg * 4096);
+			       "%s: chain of %u: region %u page %" PRIu64 " (gpa 0x%" PRIx64 ") is not as at the pause",
+			       mode, k + 1, i, pg, g.regions[i].gpa + pg * 4096);
 	}
 	for (i = 0; i < 2; i++) {
 		struct mig_vcpu_state st;

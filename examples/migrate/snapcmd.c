@@ -41,10 +41,13 @@ void mig_snap_line(FILE *out, const struct mig_snap_result *r, uint64_t alloc_by
 
 	fprintf(out,
 		"snapshot kind=%s seq=%" PRIu64 " file=%s passes=%u dirty_mib=%.1f data_pages=%" PRIu64
-		" zero_pages=%" PRIu64 " pages_written=%" PRIu64 " pause_pages=%" PRIu64 " pause_ms=%.2f fsync_ms=%.2f"
+		" zero_pages=%" PRIu64 " pages_written=%" PRIu64 " pause_pages=%" PRIu64
+		" pause_ms=%.2f pause_stop_ms=%.2f pause_sync_ms=%.2f"
+		" pause_vcpu_ms=%.2f fsync_ms=%.2f"
 		" write_ms=%.1f write_mibps=%.0f guest_dirty_pps=%.0f file_mib=%.1f alloc_mib=%.2f total_ms=%.1f\n",
 		r->seq ? "diff" : "full", r->seq, r->path, r->passes, held * 4096.0 / 1048576, r->data_pages,
-		r->zero_pages, r->pages, r->pause_pages, r->pause_ms, r->fsync_ms, r->write_ms,
+		r->zero_pages, r->pages, r->pause_pages, r->pause_ms, r->pause_stop_ms, r->pause_sync_ms,
+		r->pause_vcpu_ms, r->fsync_ms, r->write_ms,
 		r->write_ms > 0 ? r->bytes / 1048576.0 / (r->write_ms / 1e3) : 0, r->dirty_pps, r->file_len / 1048576.0,
 		alloc_bytes / 1048576.0, r->total_ms);
 	fflush(out);
@@ -65,8 +68,10 @@ int mig_snap_prefix_check(const char *prefix, char *err, size_t len)
 		       -ENOTDIR;
 	snprintf(first, sizeof(first), "%s-000000.snap", prefix);
 	if (lstat(first, &st) == 0)
-		return snprintf(err, len, "-o '%.256s': %.256s exists: a chain is never written over (another prefix, "
-				"or remove it)", prefix, first),
+		return snprintf(err, len,
+				"-o '%.256s': %.256s exists: a chain is never written over (another prefix, "
+				"or remove it)",
+				prefix, first),
 		       -EEXIST;
 	return 0;
 }
@@ -115,8 +120,10 @@ int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_m
 		ret = mig_snap_take(s, &r, err, sizeof(err));
 		if (ret < 0) {
 			failed++;
-			fprintf(stderr, "kvmdirty-migrate: snapshot %s failed, nothing of it kept (the next takes its "
-					"place): %s\n", r.path, err);
+			fprintf(stderr,
+				"kvmdirty-migrate: snapshot %s failed, nothing of it kept (the next takes its "
+				"place): %s\n",
+				r.path, err);
 			continue;
 		}
 		mig_snap_line(stdout, &r, mig_snap_allocated(r.path));
@@ -151,7 +158,8 @@ static int guest_opts(const struct snap_file *f, struct mig_testvm_opts *o, char
 
 static int restore_usage(void)
 {
-	fprintf(stderr, "usage: kvmdirty-migrate restore FILE... [--run-ms MS]   (a full snapshot, then its diffs in order)\n");
+	fprintf(stderr,
+		"usage: kvmdirty-migrate restore FILE... [--run-ms MS]   (a full snapshot, then its diffs in order)\n");
 	return 2;
 }
 

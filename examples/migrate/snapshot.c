@@ -19,7 +19,7 @@
 #include "snapshot.h"
 
 #define HAND_OUT 8192 /* pages handed out at once (32 MiB) */
-#define NRANGES 64
+#define NRANGES	 64
 
 struct mig_snap {
 	const struct mig_guest *g;
@@ -94,8 +94,8 @@ int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struc
 	if (mig_hostmem_private_anon_n(hva, s->size, g->nr_regions, s->anon) == 0)
 		s->pagemap = mig_pagemap_open();
 	free(hva);
-	s->own_tracking = kvmdirty_consumer_info(kvmdirty_tracker_consumer(g->tracker), &ci, sizeof(ci)) < 0 ||
-			  !ci.tracked_pages;
+	s->own_tracking =
+		kvmdirty_consumer_info(kvmdirty_tracker_consumer(g->tracker), &ci, sizeof(ci)) < 0 || !ci.tracked_pages;
 	ret = kvmdirty_tracker_start(g->tracker, NULL);
 	if (ret < 0) {
 		s->own_tracking = false;
@@ -252,18 +252,24 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 	unsigned int i;
 	int64_t n;
 	int ret = 0;
+	double t;
 
 	g->ops->pause(g->ctx);
+	t = now_ms();
+	res->pause_stop_ms = t - t0;
 	n = kvmdirty_consumer_sync(s->cons);
+	res->pause_sync_ms = now_ms() - t;
 	if (n < 0)
 		ret = sync_fail(n, err, len);
 	if (ret == 0)
 		ret = put_pending(s, &pages, err, len);
+	t = now_ms();
 	for (i = 0; ret == 0 && i < g->nr_vcpus; i++) {
 		ret = g->ops->vcpu_save(g->ctx, i, &s->vs[i]);
 		if (ret < 0)
 			mig_errf(err, len, ret, "saving vCPU %u's state: %s", i, strerror(-ret));
 	}
+	res->pause_vcpu_ms = now_ms() - t;
 	if (ret == 0) {
 		snap_writer_vcpus(s->w, s->vs);
 		res->pause_pages = pages;
@@ -278,9 +284,14 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, size_t len)
 {
 	const struct mig_guest *g = s->g;
-	struct snap_layout l = { .kind = s->seq ? SNAP_DIFF : SNAP_FULL, .seq = s->seq,
-				 .parent = s->seq ? s->parent : NULL, .base = s->seq ? s->base : NULL,
-				 .nr_regions = g->nr_regions, .nr_vcpus = g->nr_vcpus, .gpa = s->gpa, .size = s->size };
+	struct snap_layout l = { .kind = s->seq ? SNAP_DIFF : SNAP_FULL,
+				 .seq = s->seq,
+				 .parent = s->seq ? s->parent : NULL,
+				 .base = s->seq ? s->base : NULL,
+				 .nr_regions = g->nr_regions,
+				 .nr_vcpus = g->nr_vcpus,
+				 .gpa = s->gpa,
+				 .size = s->size };
 	double t0 = now_ms(), t_first = t0, t_last;
 	struct snap_written wr;
 	uint8_t id[SNAP_ID];
@@ -343,13 +354,14 @@ int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, 
 		return ret;
 	last = files[n - 1];
 	if (files[0]->h.nr_regions != g->nr_regions || files[0]->h.nr_vcpus != g->nr_vcpus)
-		return mig_errf(err, len, -EINVAL, "%s: %u regions and %u vCPUs, the guest has %u and %u", files[0]->path,
-				files[0]->h.nr_regions, files[0]->h.nr_vcpus, g->nr_regions, g->nr_vcpus);
+		return mig_errf(err, len, -EINVAL, "%s: %u regions and %u vCPUs, the guest has %u and %u",
+				files[0]->path, files[0]->h.nr_regions, files[0]->h.nr_vcpus, g->nr_regions,
+				g->nr_vcpus);
 	for (i = 0; i < g->nr_regions; i++)
 		if (files[0]->regions[i].gpa != g->regions[i].gpa || files[0]->regions[i].size != g->regions[i].size)
-			return mig_errf(err, len, -EINVAL, "%s: region %u (gpa 0x%" PRIx64 ", %" PRIu64
-					" bytes) is not the guest's", files[0]->path, i, files[0]->regions[i].gpa,
-					files[0]->regions[i].size);
+			return mig_errf(err, len, -EINVAL,
+					"%s: region %u (gpa 0x%" PRIx64 ", %" PRIu64 " bytes) is not the guest's",
+					files[0]->path, i, files[0]->regions[i].gpa, files[0]->regions[i].size);
 	hva = calloc(g->nr_regions, sizeof(*hva));
 	if (!hva)
 		return mig_errf(err, len, -ENOMEM, "out of memory");

@@ -40,16 +40,18 @@ struct mig_snap_result {
 	uint64_t bytes;	     /* bytes written of them */
 	uint64_t pause_pages;
 	uint64_t data_pages, zero_pages, file_len, tables_bytes; /* what the file holds */
-	double write_ms; /* writing pages (hashing included), the pause's too */
-	double pause_ms; /* the vCPUs paused: from pause to resume */
+	double write_ms;					 /* writing pages (hashing included), the pause's too */
+	double pause_ms;					 /* the vCPUs paused: from pause to resume */
+	/* ... of it: taking the vCPUs out of KVM_RUN; the last sync; saving the vCPUs' states */
+	double pause_stop_ms, pause_sync_ms, pause_vcpu_ms;
 	double fsync_ms; /* index, header, trailer, fsync, rename, the directory's fsync */
 	double total_ms;
 	double dirty_pps; /* pages the guest made dirty a second while the snapshot ran (after its first sync) */
 };
 
 struct mig_snap_opts {
-	const char *prefix; /* files PREFIX-NNNNNN.snap (6 digits, the snapshot's number) */
-	double pause_ms;    /* what the last pass aims at (0: 5 ms) */
+	const char *prefix;	 /* files PREFIX-NNNNNN.snap (6 digits, the snapshot's number) */
+	double pause_ms;	 /* what the last pass aims at (0: 5 ms) */
 	unsigned int max_passes; /* passes with the guest running at most (0: 8): then the pause takes the rest */
 	/* tests: called with the vCPUs paused, every page and vCPU state taken, before they resume */
 	void (*paused)(void *ctx, const struct mig_snap_result *res);
