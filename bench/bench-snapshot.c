@@ -151,12 +151,13 @@ static int report(const char *dir, const struct mig_snap_result *r, void *const 
 	*fg = (struct figures){ r->pause_ms, r->fsync_ms, p.mibps > 0 ? wr / p.mibps : 0, alloc / expected,
 				(r->data_pages + r->zero_pages) * 4096.0 / 1048576 };
 	printf("snapshot kind=%s seq=%" PRIu64 " dirty_mib=%.1f passes=%u pause_ms=%.2f pause_pages=%" PRIu64
-	       " pause_stop_ms=%.2f pause_sync_ms=%.2f pause_vcpu_ms=%.2f fsync_ms=%.2f write_mibps=%.0f "
+	       " pause_stop_ms=%.2f pause_sync_ms=%.2f pause_write_ms=%.2f pause_vcpu_ms=%.2f fsync_ms=%.2f "
+	       "write_mibps=%.0f "
 	       "plainwrite_mibps=%.0f plain_fsync_ms=%.2f of_plain=%.2f"
 	       " guest_dirty_pps=%.0f alloc_mib=%.2f expected_mib=%.2f alloc_of_expected=%.4f\n",
 	       r->seq ? "diff" : "full", r->seq, fg->dirty_mib, r->passes, r->pause_ms, r->pause_pages,
-	       r->pause_stop_ms, r->pause_sync_ms, r->pause_vcpu_ms, r->fsync_ms, wr, p.mibps, p.fsync_ms, fg->of_plain,
-	       r->dirty_pps, alloc / 1048576.0, expected / 1048576.0, fg->alloc_ratio);
+	       r->pause_stop_ms, r->pause_sync_ms, r->pause_write_ms, r->pause_vcpu_ms, r->fsync_ms, wr, p.mibps,
+	       p.fsync_ms, fg->of_plain, r->dirty_pps, alloc / 1048576.0, expected / 1048576.0, fg->alloc_ratio);
 	fflush(stdout);
 	return 0;
 }

@@ -37,7 +37,7 @@ refused() { # WANT FILE...
 	want=$1; shift
 	"$M" restore "$@" >"$D/out" 2>&1; rc=$?
 	[ $rc -eq 1 ] || fail "restore $*: exit $rc, expected 1: $(cat "$D/out")"
-	grep -q "restore refused: .*$want" "$D/out" || fail "restore $*: expected '$want': $(cat "$D/out")"
+	grep -q "restore refused.*$want" "$D/out" || fail "restore $*: expected '$want': $(cat "$D/out")"
 }
 refused 's-000002.snap: number 2 of its chain.*a gap' "$D/s-000000.snap" "$D/s-000002.snap"
 refused 'out of order or repeated' "$D/s-000000.snap" "$D/s-000001.snap" "$D/s-000001.snap"

@@ -42,12 +42,12 @@ void mig_snap_line(FILE *out, const struct mig_snap_result *r, uint64_t alloc_by
 	fprintf(out,
 		"snapshot kind=%s seq=%" PRIu64 " file=%s passes=%u dirty_mib=%.1f data_pages=%" PRIu64
 		" zero_pages=%" PRIu64 " pages_written=%" PRIu64 " pause_pages=%" PRIu64
-		" pause_ms=%.2f pause_stop_ms=%.2f pause_sync_ms=%.2f"
+		" pause_ms=%.2f pause_stop_ms=%.2f pause_sync_ms=%.2f pause_write_ms=%.2f"
 		" pause_vcpu_ms=%.2f fsync_ms=%.2f"
 		" write_ms=%.1f write_mibps=%.0f guest_dirty_pps=%.0f file_mib=%.1f alloc_mib=%.2f total_ms=%.1f\n",
 		r->seq ? "diff" : "full", r->seq, r->path, r->passes, held * 4096.0 / 1048576, r->data_pages,
 		r->zero_pages, r->pages, r->pause_pages, r->pause_ms, r->pause_stop_ms, r->pause_sync_ms,
-		r->pause_vcpu_ms, r->fsync_ms, r->write_ms,
+		r->pause_write_ms, r->pause_vcpu_ms, r->fsync_ms, r->write_ms,
 		r->write_ms > 0 ? r->bytes / 1048576.0 / (r->write_ms / 1e3) : 0, r->dirty_pps, r->file_len / 1048576.0,
 		alloc_bytes / 1048576.0, r->total_ms);
 	fflush(out);

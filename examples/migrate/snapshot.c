@@ -261,8 +261,10 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 	res->pause_sync_ms = now_ms() - t;
 	if (n < 0)
 		ret = sync_fail(n, err, len);
+	t = now_ms();
 	if (ret == 0)
 		ret = put_pending(s, &pages, err, len);
+	res->pause_write_ms = now_ms() - t;
 	t = now_ms();
 	for (i = 0; ret == 0 && i < g->nr_vcpus; i++) {
 		ret = g->ops->vcpu_save(g->ctx, i, &s->vs[i]);

@@ -42,8 +42,8 @@ struct mig_snap_result {
 	uint64_t data_pages, zero_pages, file_len, tables_bytes; /* what the file holds */
 	double write_ms;					 /* writing pages (hashing included), the pause's too */
 	double pause_ms;					 /* the vCPUs paused: from pause to resume */
-	/* ... of it: taking the vCPUs out of KVM_RUN; the last sync; saving the vCPUs' states */
-	double pause_stop_ms, pause_sync_ms, pause_vcpu_ms;
+	/* ... of it: taking the vCPUs out of KVM_RUN; the last sync; the last pages; saving the vCPUs' states */
+	double pause_stop_ms, pause_sync_ms, pause_write_ms, pause_vcpu_ms;
 	double fsync_ms; /* index, header, trailer, fsync, rename, the directory's fsync */
 	double total_ms;
 	double dirty_pps; /* pages the guest made dirty a second while the snapshot ran (after its first sync) */
