@@ -22,7 +22,10 @@
  * touched.
  *
  * Threads: one snapshot at a time, from one thread; the guest's vCPUs run
- * meanwhile (paused and resumed through the guest's ops).
+ * meanwhile (paused and resumed through the guest's ops).  The guest's
+ * regions must stay as they are for the life of a mig_snap (as for a
+ * migration): a chain has one layout, and a page the tracker reports in a
+ * region the guest did not list fails the snapshot (-ENOENT).
  */
 #include <stdbool.h>
 #include <stdint.h>
