@@ -60,7 +60,7 @@ for i in range(nruns):
 EOF
 )
 [ -n "$off" ] || fail "no data page in s-000002.snap"
-printf '\377' | dd of="$D/flip.snap" bs=1 seek="$off" conv=notrunc status=none
+python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 0x20]))' "$D/flip.snap" "$off"
 refused 'flip.snap: region .* page .*damaged' "$D/s-000000.snap" "$D/s-000001.snap" "$D/flip.snap"
 "$M" snapshot -o "$D/s" -m 64 >"$D/out" 2>&1 && fail "a used prefix taken"
 grep -q 's-000000.snap exists' "$D/out" || fail "a used prefix: $(cat "$D/out")"

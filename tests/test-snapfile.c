@@ -22,6 +22,9 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <openssl/evp.h>
+#include <sys/stat.h>
+
 #include "rng.h"
 #include "snapfile.h"
 #include "test-util.h"
@@ -637,6 +640,256 @@ START_TEST(never_over_a_file)
 }
 END_TEST
 
+/* Pages [first, first + n) of region r of the snapshot at name, as they read back through a fresh load of it alone. */
+static void sha(const void *p, size_t n, uint8_t out[SNAP_ID])
+{
+	unsigned int len = SNAP_ID;
+
+	ck_assert_int_eq(EVP_Digest(p, n, out, &len, EVP_sha256(), NULL), 1);
+}
+
+/*
+ * The whole file in memory, changed by fn, then sealed again (the index's
+ * hash into the header, the header's into the trailer, the trailer's own)
+ * and written back: damage that every hash agrees with, which only the
+ * reader's structural checks can catch.
+ */
+static void reseal(const char *path, void (*fn)(uint8_t *b, struct snap_header *h, void *arg), void *arg)
+{
+	struct snap_header *h;
+	struct snap_trailer *t;
+	struct stat st;
+	uint8_t *b;
+	int fd = open(path, O_RDWR);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	b = malloc(st.st_size);
+	ck_assert_int_eq(pread(fd, b, st.st_size, 0), st.st_size);
+	h = (struct snap_header *)b;
+	t = (struct snap_trailer *)(b + st.st_size - sizeof(*t));
+	fn(b, h, arg);
+	sha(b + t->index_off, t->index_len, h->index_sha);
+	sha(b, t->header_len, t->id);
+	sha(t, offsetof(struct snap_trailer, sha), t->sha);
+	ck_assert_int_eq(pwrite(fd, b, st.st_size, 0), st.st_size);
+	close(fd);
+	free(b);
+}
+
+static struct snap_run *runs_of(uint8_t *b, struct snap_header *h)
+{
+	return (struct snap_run *)(b + h->index_off);
+}
+
+static void run_past_region(uint8_t *b, struct snap_header *h, void *arg)
+{
+	(void)arg;
+	runs_of(b, h)[0].count += 100000;
+}
+
+static void runs_swapped(uint8_t *b, struct snap_header *h, void *arg)
+{
+	struct snap_run *r = runs_of(b, h), x = r[0];
+
+	(void)arg;
+	r[0] = r[1];
+	r[1] = x;
+	/* the hashes in their new order's places: only the order is wrong */
+	r[0].hash_first = 0;
+	r[1].hash_first = r[0].count;
+}
+
+static void runs_overlap(uint8_t *b, struct snap_header *h, void *arg)
+{
+	struct snap_run *r = runs_of(b, h);
+
+	(void)arg;
+	r[1].region = r[0].region;
+	r[1].first = r[0].first;
+}
+
+static void hash_first_wrong(uint8_t *b, struct snap_header *h, void *arg)
+{
+	(void)arg;
+	runs_of(b, h)[1].hash_first += 1;
+}
+
+static void zero_run_in_full(uint8_t *b, struct snap_header *h, void *arg)
+{
+	(void)arg;
+	runs_of(b, h)[0].kind = SNAP_RUN_ZERO;
+	runs_of(b, h)[0].hash_first = 0;
+}
+
+static void counts_wrong(uint8_t *b, struct snap_header *h, void *arg)
+{
+	(void)b;
+	(void)arg;
+	h->zero_pages += 1;
+}
+
+static void region_moved(uint8_t *b, struct snap_header *h, void *arg)
+{
+	struct snap_region *reg = (struct snap_region *)(b + sizeof(*h));
+
+	(void)arg;
+	reg[1].data_off += 4096;
+}
+
+static void region_not_pages(uint8_t *b, struct snap_header *h, void *arg)
+{
+	struct snap_region *reg = (struct snap_region *)(b + sizeof(*h));
+
+	(void)arg;
+	reg[2].size -= 1;
+}
+
+static void full_with_parent(uint8_t *b, struct snap_header *h, void *arg)
+{
+	(void)b;
+	(void)arg;
+	h->parent[3] = 1;
+}
+
+static void unchanged(uint8_t *b, struct snap_header *h, void *arg)
+{
+	(void)b;
+	(void)h;
+	(void)arg;
+}
+
+static void more_runs_than_pages(uint8_t *b, struct snap_header *h, void *arg)
+{
+	(void)b;
+	(void)arg;
+	h->nr_runs = 1ull << 40;
+}
+
+/* Damage the hashes agree with: refused by the structural checks, by name. */
+START_TEST(sealed_damage_refused)
+{
+	static const struct {
+		const char *file;
+		void (*fn)(uint8_t *, struct snap_header *, void *);
+		const char *want;
+	} cases[] = {
+		{ "s0", run_past_region, "outside its region" },
+		{ "s0", runs_swapped, "out of order or overlapping" },
+		{ "s1", runs_overlap, "out of order or overlapping" },
+		{ "s0", hash_first_wrong, "not in the format" },
+		{ "s0", zero_run_in_full, "not in the format" },
+		{ "s1", counts_wrong, "the header says" },
+		{ "s0", region_moved, "the layout puts them" },
+		{ "s0", region_not_pages, "not whole pages" },
+		{ "s0", full_with_parent, "with a parent" },
+		{ "s1", more_runs_than_pages, "does not fit" },
+	};
+	char src[256], bad[256], err[512];
+	struct snap_file *f;
+	struct chain c;
+	unsigned int i;
+
+	chain_make(&c, 41);
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		path_of(src, sizeof(src), cases[i].file);
+		path_of(bad, sizeof(bad), "sealed");
+		unlink(bad);
+		copy_file(src, bad);
+		reseal(bad, cases[i].fn, NULL);
+		expect_refused(bad, cases[i].want, cases[i].want);
+	}
+	/* and a file resealed unchanged is taken: the sealing is the writer's, the refusals the damage's */
+	unlink(bad);
+	copy_file(src, bad);
+	reseal(bad, unchanged, NULL);
+	ck_assert_msg(snap_file_open(bad, &f, err, sizeof(err)) == 0, "resealed unchanged: %s", err);
+	snap_file_close(f);
+	chain_free(&c);
+}
+END_TEST
+
+/* Written as data, then zero within the same snapshot: the data must not come back. */
+START_TEST(stale_copies_never_come_back)
+{
+	struct snap_layout l = {
+		.kind = SNAP_FULL, .nr_regions = NREG, .nr_vcpus = NV, .gpa = reg_gpa, .size = reg_size
+	};
+	static const char *const names[] = { "z0", "z1" };
+	static const uint8_t zero[4096];
+	struct snap_writer *w;
+	struct mem m, out;
+	uint8_t id[2][SNAP_ID];
+	char path[256], err[512];
+	uint64_t rng = 9, pg;
+	unsigned int k;
+
+	mem_new(&m);
+	for (pg = 0; pg < reg_size[1] / 4096; pg++)
+		page_set(&m, 1, pg, &rng, false);
+	for (k = 0; k < 2; k++) {
+		l.kind = k ? SNAP_DIFF : SNAP_FULL;
+		l.seq = k;
+		l.parent = k ? id[0] : NULL;
+		l.base = k ? id[0] : NULL;
+		path_of(path, sizeof(path), names[k]);
+		ck_assert_msg(snap_writer_open(path, &l, &w, err, sizeof(err)) == 0, "%s", err);
+		/* full: every page; diff: pages 3 to 9 again */
+		ck_assert_int_eq(snap_writer_put(w, 1, k ? 3 : 0, k ? 7 : reg_size[1] / 4096,
+						 m.r[1] + (k ? 3 : 0) * 4096, NULL, err, sizeof(err)),
+				 0);
+		/* then page 3 is zero when put again, and page 5 is found untouched (zero without a read) */
+		page_set(&m, 1, 3, &rng, true);
+		page_set(&m, 1, 5, &rng, true);
+		ck_assert_int_eq(snap_writer_put(w, 1, 3, 1, zero, NULL, err, sizeof(err)), 0);
+		ck_assert_int_eq(snap_writer_zero(w, 1, 5, 1, err, sizeof(err)), 0);
+		snap_writer_vcpus(w, m.vs);
+		ck_assert_msg(snap_writer_commit(w, id[k], NULL, err, sizeof(err)) == 0, "%s", err);
+		mem_new(&out);
+		ck_assert_msg(load_chain(names, k + 1, &out, err, sizeof(err)) == 0, "%s", err);
+		expect_same(&out, &m, k ? "the diff" : "the full snapshot");
+		mem_free(&out);
+		/* the next snapshot starts from data again */
+		page_set(&m, 1, 3, &rng, false);
+		page_set(&m, 1, 5, &rng, false);
+	}
+	mem_free(&m);
+}
+END_TEST
+
+/*
+ * Zeroes where the index lists no page are taken (a file system that
+ * reports data in blocks larger than a page shows the holes beside a page
+ * as data); a FIFO is refused at once, not waited on.
+ */
+START_TEST(zeroes_beside_pages_and_fifos)
+{
+	static const uint8_t zero[4096];
+	struct snap_file *f;
+	char src[256], z[256], err[512];
+	struct chain c;
+	int fd;
+
+	chain_make(&c, 51);
+	path_of(src, sizeof(src), "s1");
+	path_of(z, sizeof(z), "zeroes");
+	copy_file(src, z);
+	ck_assert_msg(snap_file_open(z, &f, err, sizeof(err)) == 0, "%s", err);
+	fd = open(z, O_WRONLY);
+	/* region 1's padding after its last page, and the gap after the header */
+	ck_assert_int_eq(pwrite(fd, zero, 4096, (off_t)(f->regions[1].data_off + (3u << 20))), 4096);
+	ck_assert_int_eq(pwrite(fd, zero, 4096, (off_t)f->h.header_len), 4096);
+	close(fd);
+	snap_file_close(f);
+	ck_assert_msg(snap_file_open(z, &f, err, sizeof(err)) == 0, "zeroes beside the pages: %s", err);
+	snap_file_close(f);
+	path_of(z, sizeof(z), "fifo");
+	ck_assert_int_eq(mkfifo(z, 0600), 0);
+	expect_refused(z, "not a regular file", "a FIFO");
+	chain_free(&c);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("snapfile");
@@ -652,6 +905,9 @@ int main(void)
 	tcase_add_test(tc, write_errors_leave_nothing);
 	tcase_add_test(tc, file_too_large);
 	tcase_add_test(tc, never_over_a_file);
+	tcase_add_test(tc, sealed_damage_refused);
+	tcase_add_test(tc, stale_copies_never_come_back);
+	tcase_add_test(tc, zeroes_beside_pages_and_fifos);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

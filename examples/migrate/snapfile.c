@@ -195,14 +195,15 @@ int snap_writer_open(const char *path, const struct snap_layout *l, struct snap_
 				SNAP_PATH_MAX - 1);
 	}
 	snprintf(w->path, sizeof(w->path), "%s", path);
-	snprintf(w->tmp, sizeof(w->tmp), "%s.tmp.%ld", path, (long)getpid());
+	/* NAME.tmp.XXXXXX: unique, so a leftover of a killed run never stands in the way */
+	snprintf(w->tmp, sizeof(w->tmp), "%s.tmp.XXXXXX", path);
 	w->zero_hash = mig_zero_page_hash();
 	ret = layout(w, l, err, len);
 	if (ret == 0 && lstat(path, &st) == 0)
 		ret = mig_errf(err, len, -EEXIST, "%s: exists already: a snapshot is never written over a file", path);
 	if (ret == 0) {
-		/* guest memory: the user's alone */
-		w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+		/* guest memory: the user's alone (mkostemp makes it 0600) */
+		w->fd = mkostemp(w->tmp, O_CLOEXEC);
 		if (w->fd < 0)
 			ret = mig_errf(err, len, -errno, "%s: %s", w->tmp, strerror(errno));
 	}
@@ -341,6 +342,8 @@ int snap_writer_put(struct snap_writer *w, uint32_t region, uint64_t first, uint
 	bool async;
 	int ret = 0;
 
+	if (ret_bytes)
+		*ret_bytes = 0;
 	if (region >= w->h.nr_regions || first > w->r[region].npages || count > w->r[region].npages - first)
 		return mig_errf(err, len, -EINVAL, "%s: pages %" PRIu64 "+%" PRIu64 " of region %u: outside it",
 				w->path, first, count, region);
@@ -365,20 +368,20 @@ int snap_writer_put(struct snap_writer *w, uint32_t region, uint64_t first, uint
 	return ret;
 }
 
-int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count)
+int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count, char *err, size_t len)
 {
 	struct wregion *r;
 	uint64_t pg;
 
 	if (region >= w->h.nr_regions || first > w->r[region].npages || count > w->r[region].npages - first)
-		return -EINVAL;
+		return mig_errf(err, len, -EINVAL, "%s: pages %" PRIu64 "+%" PRIu64 " of region %u: outside it",
+				w->path, first, count, region);
 	r = &w->r[region];
 	for (pg = first; pg < first + count; pg++) {
 		/* held as data already: the page must read as zero, and a hole it is not */
 		if (test_bit(r->data, pg)) {
 			static const uint8_t zero[SNAP_PAGE];
-			char err[8];
-			int ret = snap_writer_put(w, region, pg, 1, zero, NULL, err, sizeof(err));
+			int ret = snap_writer_put(w, region, pg, 1, zero, NULL, err, len);
 
 			if (ret < 0)
 				return ret;
@@ -638,6 +641,8 @@ static int check_trailer(struct snap_file *f, struct snap_trailer *t, char *err,
 		return BAD("%s: trailer damaged (its checksum does not match)", f->path);
 	if (t->version != SNAP_VERSION)
 		return BAD("%s: trailer version %u, this reads %d", f->path, t->version, SNAP_VERSION);
+	if (t->reserved0 || !is_zero(t->reserved, sizeof(t->reserved)))
+		return BAD("%s: trailer: a reserved field set", f->path);
 	if (t->file_len != f->size)
 		return BAD("%s: %" PRIu64 " bytes long, its trailer says %" PRIu64 ": cut or extended", f->path,
 			   f->size, t->file_len);
@@ -647,10 +652,10 @@ static int check_trailer(struct snap_file *f, struct snap_trailer *t, char *err,
 	return 0;
 }
 
-static int check_regions(struct snap_file *f, char *err, size_t len)
+static int check_regions(struct snap_file *f, uint64_t *ret_pages, char *err, size_t len)
 {
 	const struct snap_header *h = &f->h;
-	uint64_t off = h->data_off;
+	uint64_t off = h->data_off, pages = 0;
 	uint32_t i;
 
 	for (i = 0; i < h->nr_regions; i++) {
@@ -665,7 +670,9 @@ static int check_regions(struct snap_file *f, char *err, size_t len)
 				   ", the layout puts them at %" PRIu64,
 				   f->path, i, r->data_off, off);
 		off += ROUND_UP(r->size, SNAP_ALIGN);
+		pages += r->size / SNAP_PAGE;
 	}
+	*ret_pages = pages;
 	if (h->data_len != off - h->data_off || h->index_off != off)
 		return BAD("%s: header: the page area (%" PRIu64 " bytes, index at %" PRIu64 ") does not add up to its "
 			   "regions (%" PRIu64 ")",
@@ -677,6 +684,7 @@ static int check_regions(struct snap_file *f, char *err, size_t len)
 static int check_header(struct snap_file *f, const struct snap_trailer *t, char *err, size_t len)
 {
 	const struct snap_header *h = &f->h;
+	uint64_t pages = 0;
 	uint32_t i;
 
 	if (h->page_size != SNAP_PAGE || h->flags || h->reserved0 || !is_zero(h->reserved, sizeof(h->reserved)))
@@ -699,9 +707,11 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 		return BAD("%s: header: a %s numbered %" PRIu64 " %s a parent", f->path,
 			   h->kind == SNAP_FULL ? "full snapshot" : "diff", h->seq,
 			   h->kind == SNAP_FULL ? "with" : "without");
-	if (check_regions(f, err, len) < 0)
+	if (check_regions(f, &pages, err, len) < 0)
 		return -EPROTO;
-	if (h->index_off != t->index_off || h->index_len != t->index_len || h->nr_runs > h->index_len / 32 ||
+	/* a run and a hash at most a page: an index larger than the guest's pages allow is refused unread */
+	if (h->index_off != t->index_off || h->index_len != t->index_len || h->nr_runs > pages ||
+	    h->data_pages > pages || h->zero_pages > pages || h->nr_runs > h->index_len / 32 ||
 	    h->data_pages > h->index_len / 8 || h->nr_runs * 32 + h->data_pages * 8 != h->index_len ||
 	    h->index_off + h->index_len + sizeof(*t) != f->size)
 		return BAD("%s: header: an index of %" PRIu64 " runs and %" PRIu64 " hashes at %" PRIu64
@@ -715,13 +725,38 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	return 0;
 }
 
-/* The index: its hash, then each run within its region, in order, disjoint; the counts add up. */
+/* The index's SHA-256 against the header's, read 1 MiB at a time. */
+static int index_hash_check(struct snap_file *f, char *err, size_t len)
+{
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	uint64_t off = 0, n;
+	uint8_t sha[SNAP_ID];
+	uint8_t *buf = malloc(1u << 20);
+	int ret = 0;
+
+	if (!ctx || !buf || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1)
+		ret = mig_errf(err, len, -ENOMEM, "%s: out of memory", f->path);
+	for (; ret == 0 && off < f->h.index_len; off += n) {
+		n = f->h.index_len - off < (1u << 20) ? f->h.index_len - off : (1u << 20);
+		ret = read_all(f, buf, n, f->h.index_off + off, "the index", err, len);
+		if (ret == 0 && EVP_DigestUpdate(ctx, buf, n) != 1)
+			ret = mig_errf(err, len, -ENOMEM, "%s: hashing the index", f->path);
+	}
+	if (ret == 0 && (EVP_DigestFinal_ex(ctx, sha, NULL) != 1 || memcmp(sha, f->h.index_sha, SNAP_ID)))
+		ret = BAD("%s: index damaged (its hash is not the header's)", f->path);
+	EVP_MD_CTX_free(ctx);
+	free(buf);
+	return ret;
+}
+
+/* The index, its hash checked: each run within its region, in order, disjoint; the counts add up. */
 static int check_index(struct snap_file *f, char *err, size_t len)
 {
 	const struct snap_header *h = &f->h;
 	uint64_t hash_i = 0, zero = 0, i;
 	uint8_t sha[SNAP_ID];
 
+	/* again, over what was read: the file may have changed since */
 	sha256(f->runs, h->index_len, sha);
 	if (memcmp(sha, h->index_sha, SNAP_ID))
 		return BAD("%s: index damaged (its hash is not the header's)", f->path);
@@ -772,15 +807,60 @@ static const struct snap_run *run_at(const struct snap_file *f, uint64_t off)
 	return NULL;
 }
 
+/* The file offset where the first run starting after off starts, or end. */
+static uint64_t next_run_start(const struct snap_file *f, uint64_t off, uint64_t end)
+{
+	uint64_t lo = 0, hi = f->h.nr_runs;
+
+	while (lo < hi) {
+		uint64_t mid = lo + (hi - lo) / 2;
+		const struct snap_run *r = &f->runs[mid];
+
+		if (f->regions[r->region].data_off + r->first * SNAP_PAGE <= off)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo == f->h.nr_runs)
+		return end;
+	off = f->regions[f->runs[lo].region].data_off + f->runs[lo].first * SNAP_PAGE;
+	return off < end ? off : end;
+}
+
+/* Bytes [off, end) of the file, which no DATA run lists: 0 if all zero, else the offset of the first that is not. */
+static int zero_gap(const struct snap_file *f, uint64_t off, uint64_t end, uint64_t *ret_bad, char *err, size_t len)
+{
+	static uint8_t buf[64 << 10];
+	uint64_t n, i;
+	int ret;
+
+	for (; off < end; off += n) {
+		n = end - off < sizeof(buf) ? end - off : sizeof(buf);
+		ret = read_all(f, buf, n, off, "the page area", err, len);
+		if (ret < 0)
+			return ret;
+		for (i = 0; i < n; i++)
+			if (buf[i]) {
+				*ret_bad = off + i;
+				return 1;
+			}
+	}
+	return 0;
+}
+
 /*
  * Data in the page area only where a DATA run lists it: bytes elsewhere
- * are never read, so a change there would go unseen.  Where the file
- * system does not tell holes apart (it reports the whole area as data),
- * nothing can be said, and nothing is.
+ * are never read, so a change there would go unseen.  A file system that
+ * reports data in blocks larger than a page (tmpfs with huge pages, ZFS's
+ * records) shows holes next to a listed page as data: there, and wherever
+ * the file system does not say, the bytes no run lists are read and must
+ * be zero.  Where it reports the whole area as data (no holes at all),
+ * nothing is read, and nothing can be said.
  */
 static int check_holes(struct snap_file *f, char *err, size_t len)
 {
-	uint64_t end = f->h.index_off, pos = f->h.header_len;
+	uint64_t end = f->h.index_off, pos = f->h.header_len, bad, next;
+	int ret;
 
 	while (pos < end) {
 		off_t a = lseek(f->fd, (off_t)pos, SEEK_DATA), b;
@@ -796,10 +876,18 @@ static int check_holes(struct snap_file *f, char *err, size_t len)
 		while (pos < (uint64_t)b && pos < end) {
 			const struct snap_run *r = run_at(f, pos);
 
-			if (!r || r->kind != SNAP_RUN_DATA)
+			if (r && r->kind == SNAP_RUN_DATA) {
+				pos = f->regions[r->region].data_off + (r->first + r->count) * SNAP_PAGE;
+				continue;
+			}
+			next = next_run_start(f, pos, (uint64_t)b < end ? (uint64_t)b : end);
+			ret = zero_gap(f, pos, next, &bad, err, len);
+			if (ret < 0)
+				return ret;
+			if (ret)
 				return BAD("%s: page area: data at offset %" PRIu64 ", where the index lists no page",
-					   f->path, pos);
-			pos = f->regions[r->region].data_off + (r->first + r->count) * SNAP_PAGE;
+					   f->path, bad);
+			pos = next;
 		}
 	}
 	return 0;
@@ -850,6 +938,10 @@ static int file_check(struct snap_file *f, char *err, size_t len)
 	free(hdr);
 	if (ret < 0)
 		return ret;
+	/* the index's hash first, read in pieces: a damaged length costs time, not memory */
+	ret = index_hash_check(f, err, len);
+	if (ret < 0)
+		return ret;
 	f->runs = malloc(f->h.index_len + 1);
 	if (!f->runs)
 		return mig_errf(err, len, -ENOMEM, "%s: out of memory for an index of %" PRIu64 " bytes", f->path,
@@ -873,7 +965,8 @@ int snap_file_open(const char *path, struct snap_file **ret_f, char *err, size_t
 	if (!f)
 		return mig_errf(err, len, -ENOMEM, "%s: out of memory", path);
 	snprintf(f->path, sizeof(f->path), "%s", path);
-	f->fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: a FIFO is refused as not a regular file, not waited on */
+	f->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 	if (f->fd < 0)
 		ret = mig_errf(err, len, -errno, "%s: %s", path, strerror(errno));
 	else if (fstat(f->fd, &st) < 0)

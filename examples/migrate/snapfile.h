@@ -70,7 +70,7 @@ struct snap_header {
 	uint32_t vcpu_state_size; /* sizeof(struct mig_vcpu_state) */
 	uint32_t reserved0;
 	uint64_t seq;	  /* 0: full; n: the nth diff of its chain */
-	uint64_t time_ns; /* CLOCK_REALTIME at the pause */
+	uint64_t time_ns; /* CLOCK_REALTIME when the file was finished */
 	uint64_t header_len;
 	uint64_t data_off, data_len;
 	uint64_t index_off, index_len;
@@ -128,7 +128,7 @@ struct snap_layout {
 
 /*
  * Begin the file path (its directory must exist; path must not): a
- * temporary file beside it, made here.  0, or -errno with the reason in
+ * temporary file beside it (path.tmp.XXXXXX, unique), made here.  0, or -errno with the reason in
  * err naming path (-EEXIST where path exists, -EINVAL for a layout
  * outside the format's limits).
  */
@@ -143,7 +143,7 @@ int snap_writer_open(const char *path, const struct snap_layout *l, struct snap_
  */
 int snap_writer_put(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count, const void *hva,
 		    uint64_t *ret_bytes, char *err, size_t len);
-int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count);
+int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count, char *err, size_t len);
 
 /* Every vCPU's state (nr_vcpus of them, as the layout said), copied. */
 void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states);
@@ -188,7 +188,8 @@ struct snap_file {
  * trailer (present, whole, its checksum), the header against the
  * trailer's hash, every field of it, the region and vCPU tables, the
  * index against its hash and the regions, and that the page area holds
- * data only where the index lists DATA pages.  0, or -errno with a
+ * data only where the index lists DATA pages (or zeroes, where the file
+ * system reports data in blocks larger than a page).  0, or -errno with a
  * one-line reason naming the file and the part (-EPROTO: not a snapshot
  * of this version, or damaged).
  */

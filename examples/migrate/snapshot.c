@@ -25,7 +25,6 @@ struct mig_snap {
 	const struct mig_guest *g;
 	struct mig_snap_opts o;
 	struct kvmdirty_consumer *cons;
-	bool own_tracking;
 	uint64_t seq; /* the next snapshot's number */
 	uint8_t parent[SNAP_ID], base[SNAP_ID];
 	struct mig_vcpu_state *vs;
@@ -54,7 +53,6 @@ int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struc
 		 size_t len)
 {
 	struct mig_snap *s = calloc(1, sizeof(*s));
-	struct kvmdirty_consumer_info ci;
 	void **hva = NULL;
 	unsigned int i;
 	int ret;
@@ -86,6 +84,13 @@ int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struc
 		return mig_errf(err, len, -ENOMEM, "out of memory");
 	}
 	for (i = 0; i < g->nr_regions; i++) {
+		/* a region the tracker does not know would be taken for all zeroes */
+		if (!g->regions[i].region) {
+			free(hva);
+			mig_snap_free(s);
+			return mig_errf(err, len, -EINVAL, "region %u (gpa 0x%" PRIx64 ") is not the library's", i,
+					g->regions[i].gpa);
+		}
 		s->gpa[i] = g->regions[i].gpa;
 		s->size[i] = g->regions[i].size;
 		hva[i] = g->regions[i].hva;
@@ -94,11 +99,8 @@ int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struc
 	if (mig_hostmem_private_anon_n(hva, s->size, g->nr_regions, s->anon) == 0)
 		s->pagemap = mig_pagemap_open();
 	free(hva);
-	s->own_tracking =
-		kvmdirty_consumer_info(kvmdirty_tracker_consumer(g->tracker), &ci, sizeof(ci)) < 0 || !ci.tracked_pages;
 	ret = kvmdirty_tracker_start(g->tracker, NULL);
 	if (ret < 0) {
-		s->own_tracking = false;
 		mig_snap_free(s);
 		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
 	}
@@ -116,10 +118,9 @@ void mig_snap_free(struct mig_snap *s)
 {
 	if (!s)
 		return;
+	/* tracking stays on: a consumer that came later (a migration) may need it; the VMM turns it off */
 	if (s->cons)
 		kvmdirty_consumer_free(s->cons);
-	if (s->own_tracking)
-		kvmdirty_tracker_stop(s->g->tracker, NULL);
 	if (s->pagemap >= 0)
 		close(s->pagemap);
 	free(s->vs);
@@ -170,13 +171,13 @@ static int put_range(struct mig_snap *s, const struct kvmdirty_range *rg, char *
 				;
 			bytes = 0;
 			if (untouched)
-				ret = snap_writer_zero(s->w, idx, rg->page + done + i, j - i);
+				ret = snap_writer_zero(s->w, idx, rg->page + done + i, j - i, err, len);
 			else
 				ret = snap_writer_put(s->w, idx, rg->page + done + i, j - i, p + (done + i) * SNAP_PAGE,
 						      &bytes, err, len);
 			s->bytes += bytes;
 			if (ret < 0)
-				return ret == -EINVAL ? mig_errf(err, len, ret, "a range outside its region") : ret;
+				return ret;
 		}
 		done += k;
 	}

@@ -63,8 +63,8 @@ struct mig_snap_opts {
 
 /*
  * Begin: tracking on for g's tracker (where it was off), a consumer with
- * every page pending (the first snapshot is full).  The prefix's
- * directory must exist.  0, or -errno with err saying why.
+ * every page pending (the first snapshot is full).  Every region of g must
+ * be the library's (its region set).  The prefix's directory must exist.  0, or -errno with err saying why.
  */
 int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struct mig_snap **ret_s, char *err,
 		 size_t len);
@@ -87,7 +87,12 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, unsigned int n, uint64_t *ret_pages,
 		     char *err, size_t len);
 
-/* The consumer freed, tracking off where mig_snap_new() turned it on.  NULL is ignored. */
+/*
+ * The consumer freed.  Tracking stays on, even where mig_snap_new()
+ * turned it on: another consumer that joined since (a migration) may rely
+ * on it; the VMM calls kvmdirty_tracker_stop() once no one does.  NULL is
+ * ignored.
+ */
 void mig_snap_free(struct mig_snap *s);
 
 #endif
