@@ -169,4 +169,14 @@ expect 2 "-P 'zigzag'" "$vmm" -P zigzag
 expect 2 "-v '1025'" "$vmm" -v 1025
 expect 2 "-v '1025'" "$migrate" send unix:/tmp/x -v 1025
 expect 2 "invalid option -- 'q'" "$vmm" -q
+# snapshot and restore
+expect 2 "snapshot needs -o PREFIX" "$migrate" snapshot -m 8
+expect 2 "-o and --every are snapshot's options" "$migrate" send unix:/tmp/x -o y
+expect 2 "--every 'soon'" "$migrate" snapshot -o /tmp/s --every soon
+expect 2 "--count '0'" "$migrate" snapshot -o /tmp/s --count 0
+expect 2 "are a migration's" "$migrate" snapshot -o /tmp/s --stats /tmp/x.json
+expect 1 "-o '/nonexistent/s': /nonexistent/: No such file or directory" "$migrate" snapshot -o /nonexistent/s
+expect 2 "usage: kvmdirty-migrate restore FILE..." "$migrate" restore
+expect 1 "restore refused: /nonexistent.snap: No such file or directory" "$migrate" restore /nonexistent.snap
+expect 1 "restore refused: /dev/null: not a regular file" "$migrate" restore /dev/null
 exit $status

@@ -440,6 +440,10 @@ static int parse(int argc, char **argv, struct args *a)
 		case 'U':
 			a->rate_migrate = a->rate_opts = true;
 			break;
+		case 'o':
+		case OPT_EVERY:
+			fprintf(stderr, "kvmdirty-migrate: -o and --every are snapshot's options\n");
+			return -1;
 		case 'h':
 			usage();
 			exit(0);
@@ -467,6 +471,13 @@ static int parse(int argc, char **argv, struct args *a)
 	     a->send.max_bandwidth || a->recv.deadline_ms)) {
 		fprintf(stderr, "kvmdirty-migrate: rate: --stats, --control, --psk, --connections, --name, --peer-name, "
 				"--max-bandwidth and --deadline are the migration's: with --during-migration only\n");
+		return -1;
+	}
+	if (!strcmp(a->cmd, "snapshot") &&
+	    (a->stats || a->control || a->psk_file || a->send.connections || a->send.peer_name || a->recv.name ||
+	     a->send.max_bandwidth || a->recv.deadline_ms || a->send.encrypt)) {
+		fprintf(stderr, "kvmdirty-migrate: snapshot: --stats, --control, --psk, --encrypt, --connections, --name, "
+				"--peer-name, --max-bandwidth and --deadline are a migration's\n");
 		return -1;
 	}
 	if (!strcmp(a->cmd, "snapshot") && !a->snap_prefix) {
