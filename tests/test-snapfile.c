@@ -20,6 +20,7 @@
 #include <unistd.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/time.h>
 #include <sys/stat.h>
 
 #include <openssl/evp.h>
@@ -431,7 +432,8 @@ START_TEST(flipped_byte_in_every_part)
 	flip_case(f->regions[1].data_off + (3u << 20) + 5, "where the index lists no page", false);
 	flip_case(f->h.header_len + 10, "where the index lists no page", false);
 	/* the index: runs and hashes */
-	flip_case(f->h.index_off + 1, "index damaged", false);
+	/* a run: its structure fails first (the walk stops there, the hash unread); a hash: the hash */
+	flip_case(f->h.index_off + 1, "index: run 0", false);
 	flip_case(f->h.index_off + f->h.index_len - 1, "index damaged", false);
 	/* the trailer, every part */
 	for (off = 0; off < sizeof(struct snap_trailer); off += 8)
@@ -890,6 +892,103 @@ START_TEST(zeroes_beside_pages_and_fifos)
 }
 END_TEST
 
+/*
+ * A file whose page area the file system keeps no holes in (a copy that
+ * filled them): taken as it is, and refused once a byte outside the
+ * listed pages is not zero.
+ */
+START_TEST(no_holes_still_checked)
+{
+	struct snap_file *f;
+	char src[256], full[256], cmd[600], err[512];
+	struct chain c;
+
+	chain_make(&c, 61);
+	path_of(src, sizeof(src), "s1");
+	path_of(full, sizeof(full), "filled");
+	snprintf(cmd, sizeof(cmd), "cp --sparse=never '%s' '%s'", src, full);
+	ck_assert_int_eq(system(cmd), 0);
+	ck_assert_msg(snap_file_open(full, &f, err, sizeof(err)) == 0, "a copy without holes: %s", err);
+	flip(full, f->regions[1].data_off + (3u << 20) + 5);
+	snap_file_close(f);
+	expect_refused(full, "where the index lists no page", "a copy without holes, a byte set in the padding");
+	chain_free(&c);
+}
+END_TEST
+
+static long maxrss_kib(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return ru.ru_maxrss;
+}
+
+/*
+ * A small sparse file whose header claims a 64 GiB region and a 512 MiB
+ * index of zeroes, every hash right: refused at its first run, before
+ * anything the size of the index is allocated or read.
+ */
+START_TEST(huge_claimed_index_refused_cheaply)
+{
+	static uint8_t zero[1 << 20];
+	struct snap_header *h;
+	struct snap_region *reg;
+	struct snap_trailer t = { 0 };
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	char src[256], big[256];
+	struct chain c;
+	struct stat st;
+	uint8_t *hdr;
+	uint64_t i, off;
+	long rss0;
+	int fd;
+
+	chain_make(&c, 71);
+	path_of(src, sizeof(src), "s0");
+	path_of(big, sizeof(big), "big");
+	fd = open(src, O_RDONLY);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	hdr = malloc(st.st_size);
+	ck_assert_int_eq(pread(fd, hdr, st.st_size, 0), st.st_size);
+	close(fd);
+	h = (struct snap_header *)hdr;
+	reg = (struct snap_region *)(hdr + sizeof(*h));
+	reg[2].size = 64ull << 30;
+	off = reg[2].data_off + reg[2].size;
+	h->data_len = off - h->data_off;
+	h->index_off = off;
+	h->nr_runs = (512u << 20) / sizeof(struct snap_run);
+	h->data_pages = h->zero_pages = 0;
+	h->index_len = h->nr_runs * sizeof(struct snap_run);
+	ck_assert_int_eq(EVP_DigestInit_ex(ctx, EVP_sha256(), NULL), 1);
+	for (i = 0; i < h->index_len; i += sizeof(zero))
+		ck_assert_int_eq(EVP_DigestUpdate(ctx, zero, sizeof(zero)), 1);
+	ck_assert_int_eq(EVP_DigestFinal_ex(ctx, h->index_sha, NULL), 1);
+	EVP_MD_CTX_free(ctx);
+	memcpy(t.magic, SNAP_TRAILER_MAGIC, sizeof(t.magic));
+	t.version = SNAP_VERSION;
+	t.header_len = h->header_len;
+	t.index_off = h->index_off;
+	t.index_len = h->index_len;
+	t.file_len = h->index_off + h->index_len + sizeof(t);
+	sha(hdr, h->header_len, t.id);
+	sha(&t, offsetof(struct snap_trailer, sha), t.sha);
+	fd = open(big, O_WRONLY | O_CREAT | O_EXCL, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, hdr, h->header_len, 0), (ssize_t)h->header_len);
+	ck_assert_int_eq(pwrite(fd, &t, sizeof(t), (off_t)(t.file_len - sizeof(t))), (ssize_t)sizeof(t));
+	close(fd);
+	free(hdr);
+	rss0 = maxrss_kib();
+	expect_refused(big, "index: run 0 (region 0, pages 0+0) outside its region", "a 512 MiB index of zeroes");
+	ck_assert_msg(maxrss_kib() < rss0 + 128 * 1024, "opening it took %ld KiB more at its peak",
+		      maxrss_kib() - rss0);
+	unlink(big);
+	chain_free(&c);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("snapfile");
@@ -908,6 +1007,8 @@ int main(void)
 	tcase_add_test(tc, sealed_damage_refused);
 	tcase_add_test(tc, stale_copies_never_come_back);
 	tcase_add_test(tc, zeroes_beside_pages_and_fifos);
+	tcase_add_test(tc, no_holes_still_checked);
+	tcase_add_test(tc, huge_claimed_index_refused_cheaply);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

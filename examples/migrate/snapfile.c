@@ -725,11 +725,49 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	return 0;
 }
 
-/* The index's SHA-256 against the header's, read 1 MiB at a time. */
-static int index_hash_check(struct snap_file *f, char *err, size_t len)
+/* Where the index's walk is: runs seen, hashes and zero pages they account for, the run before. */
+struct index_walk {
+	uint64_t i, hash_i, zero;
+	struct snap_run prev;
+};
+
+/* One run of the index: within its region, after the one before, its hashes where the counts say. */
+static int check_run(const struct snap_file *f, struct index_walk *w, const struct snap_run *r, char *err, size_t len)
+{
+	const struct snap_header *h = &f->h;
+	const struct snap_run *p = w->i ? &w->prev : NULL;
+
+	if (r->region >= h->nr_regions || !r->count || r->first > f->regions[r->region].size / SNAP_PAGE ||
+	    r->count > f->regions[r->region].size / SNAP_PAGE - r->first)
+		return BAD("%s: index: run %" PRIu64 " (region %u, pages %" PRIu64 "+%" PRIu64 ") outside its region",
+			   f->path, w->i, r->region, r->first, r->count);
+	if (p && (r->region < p->region || (r->region == p->region && r->first < p->first + p->count)))
+		return BAD("%s: index: run %" PRIu64 " out of order or overlapping the one before", f->path, w->i);
+	if (r->kind == SNAP_RUN_DATA && r->hash_first == w->hash_i)
+		w->hash_i += r->count;
+	else if (r->kind == SNAP_RUN_ZERO && h->kind == SNAP_DIFF && !r->hash_first)
+		w->zero += r->count;
+	else
+		return BAD("%s: index: run %" PRIu64 " of kind %u, its hashes at %" PRIu64 ": not in the format",
+			   f->path, w->i, r->kind, r->hash_first);
+	w->prev = *r;
+	w->i++;
+	return 0;
+}
+
+/*
+ * The index read 1 MiB at a time: its SHA-256 against the header's and
+ * every run checked as it goes, before anything the size of the index is
+ * allocated.  An index that does not add up (a damaged length, a sparse
+ * run of zeroes, runs outside the regions) costs time, not memory: what
+ * is allocated after is bounded by an index whose runs are all in order,
+ * 8 bytes a page the file holds as data and 32 a run.
+ */
+static int index_check(struct snap_file *f, char *err, size_t len)
 {
 	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
-	uint64_t off = 0, n;
+	uint64_t off = 0, n, runs_len = f->h.nr_runs * sizeof(struct snap_run), k;
+	struct index_walk w = { 0 };
 	uint8_t sha[SNAP_ID];
 	uint8_t *buf = malloc(1u << 20);
 	int ret = 0;
@@ -741,49 +779,29 @@ static int index_hash_check(struct snap_file *f, char *err, size_t len)
 		ret = read_all(f, buf, n, f->h.index_off + off, "the index", err, len);
 		if (ret == 0 && EVP_DigestUpdate(ctx, buf, n) != 1)
 			ret = mig_errf(err, len, -ENOMEM, "%s: hashing the index", f->path);
+		/* 1 MiB is whole runs: the runs of this piece, if any */
+		for (k = 0; ret == 0 && off + k < runs_len && k < n; k += sizeof(struct snap_run))
+			ret = check_run(f, &w, (const struct snap_run *)(buf + k), err, len);
 	}
 	if (ret == 0 && (EVP_DigestFinal_ex(ctx, sha, NULL) != 1 || memcmp(sha, f->h.index_sha, SNAP_ID)))
 		ret = BAD("%s: index damaged (its hash is not the header's)", f->path);
+	if (ret == 0 && (w.hash_i != f->h.data_pages || w.zero != f->h.zero_pages))
+		ret = BAD("%s: index: %" PRIu64 " data and %" PRIu64 " zero pages, the header says %" PRIu64
+			  " and %" PRIu64,
+			  f->path, w.hash_i, w.zero, f->h.data_pages, f->h.zero_pages);
 	EVP_MD_CTX_free(ctx);
 	free(buf);
 	return ret;
 }
 
-/* The index, its hash checked: each run within its region, in order, disjoint; the counts add up. */
-static int check_index(struct snap_file *f, char *err, size_t len)
+/* The index as read into memory: the same bytes as checked (the file may have changed since). */
+static int index_same(struct snap_file *f, char *err, size_t len)
 {
-	const struct snap_header *h = &f->h;
-	uint64_t hash_i = 0, zero = 0, i;
 	uint8_t sha[SNAP_ID];
 
-	/* again, over what was read: the file may have changed since */
-	sha256(f->runs, h->index_len, sha);
-	if (memcmp(sha, h->index_sha, SNAP_ID))
+	sha256(f->runs, f->h.index_len, sha);
+	if (memcmp(sha, f->h.index_sha, SNAP_ID))
 		return BAD("%s: index damaged (its hash is not the header's)", f->path);
-	for (i = 0; i < h->nr_runs; i++) {
-		const struct snap_run *r = &f->runs[i], *p = i ? &f->runs[i - 1] : NULL;
-
-		if (r->region >= h->nr_regions || !r->count || r->first > f->regions[r->region].size / SNAP_PAGE ||
-		    r->count > f->regions[r->region].size / SNAP_PAGE - r->first)
-			return BAD("%s: index: run %" PRIu64 " (region %u, pages %" PRIu64 "+%" PRIu64
-				   ") outside its region",
-				   f->path, i, r->region, r->first, r->count);
-		if (p && (r->region < p->region || (r->region == p->region && r->first < p->first + p->count)))
-			return BAD("%s: index: run %" PRIu64 " out of order or overlapping the one before", f->path, i);
-		if (r->kind == SNAP_RUN_DATA && r->hash_first == hash_i) {
-			hash_i += r->count;
-		} else if (r->kind == SNAP_RUN_ZERO && h->kind == SNAP_DIFF && !r->hash_first) {
-			zero += r->count;
-		} else {
-			return BAD("%s: index: run %" PRIu64 " of kind %u, its hashes at %" PRIu64
-				   ": not in the format",
-				   f->path, i, r->kind, r->hash_first);
-		}
-	}
-	if (hash_i != h->data_pages || zero != h->zero_pages)
-		return BAD("%s: index: %" PRIu64 " data and %" PRIu64 " zero pages, the header says %" PRIu64
-			   " and %" PRIu64,
-			   f->path, hash_i, zero, h->data_pages, h->zero_pages);
 	return 0;
 }
 
@@ -827,15 +845,19 @@ static uint64_t next_run_start(const struct snap_file *f, uint64_t off, uint64_t
 	return off < end ? off : end;
 }
 
-/* Bytes [off, end) of the file, which no DATA run lists: 0 if all zero, else the offset of the first that is not. */
-static int zero_gap(const struct snap_file *f, uint64_t off, uint64_t end, uint64_t *ret_bad, char *err, size_t len)
+/*
+ * Bytes [off, end) of the file, which no DATA run lists, through buf (64
+ * KiB): 0 if all zero, 1 with the offset of the first that is not, or
+ * -errno.
+ */
+static int zero_gap(const struct snap_file *f, uint8_t *buf, uint64_t off, uint64_t end, uint64_t *ret_bad, char *err,
+		    size_t len)
 {
-	static uint8_t buf[64 << 10];
 	uint64_t n, i;
 	int ret;
 
 	for (; off < end; off += n) {
-		n = end - off < sizeof(buf) ? end - off : sizeof(buf);
+		n = end - off < (64u << 10) ? end - off : (64u << 10);
 		ret = read_all(f, buf, n, off, "the page area", err, len);
 		if (ret < 0)
 			return ret;
@@ -850,30 +872,34 @@ static int zero_gap(const struct snap_file *f, uint64_t off, uint64_t end, uint6
 
 /*
  * Data in the page area only where a DATA run lists it: bytes elsewhere
- * are never read, so a change there would go unseen.  A file system that
- * reports data in blocks larger than a page (tmpfs with huge pages, ZFS's
- * records) shows holes next to a listed page as data: there, and wherever
- * the file system does not say, the bytes no run lists are read and must
- * be zero.  Where it reports the whole area as data (no holes at all),
- * nothing is read, and nothing can be said.
+ * are never read, so a change there would go unseen.  Where the file
+ * system reports data there (in blocks larger than a page, as tmpfs with
+ * huge pages and ZFS do; or everywhere, where it keeps no holes, or in a
+ * copy that filled them), those bytes are read and must be zero: a file
+ * without holes costs a read of its page area.
  */
 static int check_holes(struct snap_file *f, char *err, size_t len)
 {
 	uint64_t end = f->h.index_off, pos = f->h.header_len, bad, next;
-	int ret;
+	uint8_t *buf = malloc(64u << 10);
+	int ret = 0;
 
-	while (pos < end) {
+	if (!buf)
+		return mig_errf(err, len, -ENOMEM, "%s: out of memory", f->path);
+	while (ret == 0 && pos < end) {
 		off_t a = lseek(f->fd, (off_t)pos, SEEK_DATA), b;
 
-		if (a < 0 || (uint64_t)a >= end)
-			return 0; /* ENXIO: no data past pos; EINVAL: holes not reported */
-		b = lseek(f->fd, a, SEEK_HOLE);
-		if (b < 0)
-			return 0;
-		if ((uint64_t)a == f->h.header_len && (uint64_t)b >= end && f->h.data_pages * SNAP_PAGE < end - pos)
-			return 0; /* all of it data: a file system without holes */
+		if (a < 0 && errno == ENXIO)
+			break; /* no data past pos */
+		b = a < 0 ? -1 : lseek(f->fd, a, SEEK_HOLE);
+		if (a < 0 || b < 0) {
+			ret = mig_errf(err, len, -errno, "%s: finding its holes: %s", f->path, strerror(errno));
+			break;
+		}
+		if ((uint64_t)a >= end)
+			break;
 		pos = (uint64_t)a;
-		while (pos < (uint64_t)b && pos < end) {
+		while (ret == 0 && pos < (uint64_t)b && pos < end) {
 			const struct snap_run *r = run_at(f, pos);
 
 			if (r && r->kind == SNAP_RUN_DATA) {
@@ -881,16 +907,15 @@ static int check_holes(struct snap_file *f, char *err, size_t len)
 				continue;
 			}
 			next = next_run_start(f, pos, (uint64_t)b < end ? (uint64_t)b : end);
-			ret = zero_gap(f, pos, next, &bad, err, len);
-			if (ret < 0)
-				return ret;
-			if (ret)
-				return BAD("%s: page area: data at offset %" PRIu64 ", where the index lists no page",
-					   f->path, bad);
+			ret = zero_gap(f, buf, pos, next, &bad, err, len);
+			if (ret > 0)
+				ret = BAD("%s: page area: data at offset %" PRIu64 ", where the index lists no page",
+					  f->path, bad);
 			pos = next;
 		}
 	}
-	return 0;
+	free(buf);
+	return ret;
 }
 
 static int file_check(struct snap_file *f, char *err, size_t len)
@@ -938,8 +963,8 @@ static int file_check(struct snap_file *f, char *err, size_t len)
 	free(hdr);
 	if (ret < 0)
 		return ret;
-	/* the index's hash first, read in pieces: a damaged length costs time, not memory */
-	ret = index_hash_check(f, err, len);
+	/* the index checked first, read in pieces (index_check()); then read whole */
+	ret = index_check(f, err, len);
 	if (ret < 0)
 		return ret;
 	f->runs = malloc(f->h.index_len + 1);
@@ -949,7 +974,7 @@ static int file_check(struct snap_file *f, char *err, size_t len)
 	f->hashes = (uint64_t *)(f->runs + f->h.nr_runs);
 	ret = read_all(f, f->runs, f->h.index_len, f->h.index_off, "the index", err, len);
 	if (ret == 0)
-		ret = check_index(f, err, len);
+		ret = index_same(f, err, len);
 	if (ret == 0)
 		ret = check_holes(f, err, len);
 	return ret;

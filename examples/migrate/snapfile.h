@@ -187,9 +187,11 @@ struct snap_file {
  * Open a snapshot file and check that it adds up, all but its pages: the
  * trailer (present, whole, its checksum), the header against the
  * trailer's hash, every field of it, the region and vCPU tables, the
- * index against its hash and the regions, and that the page area holds
- * data only where the index lists DATA pages (or zeroes, where the file
- * system reports data in blocks larger than a page).  0, or -errno with a
+ * index against its hash and the regions (read in pieces and checked
+ * before it is read whole, so what is allocated is bounded by an index
+ * that adds up), and that the page area holds data only where the index
+ * lists DATA pages: bytes the file system reports as data elsewhere (no
+ * holes, or blocks larger than a page) are read and must be zero.  0, or -errno with a
  * one-line reason naming the file and the part (-EPROTO: not a snapshot
  * of this version, or damaged).
  */

@@ -21,6 +21,11 @@
  * The guest is never left paused by a failure, and no earlier file is
  * touched.
  *
+ * One order is not safe: a migration (mig_send()) that turned tracking on
+ * itself turns it off at its end, which drops every consumer's pending
+ * pages, this one's too.  Begin the snapshots first (or keep tracking on
+ * around both); mig_snap_free() never turns tracking off.
+ *
  * Threads: one snapshot at a time, from one thread; the guest's vCPUs run
  * meanwhile (paused and resumed through the guest's ops).  The guest's
  * regions must stay as they are for the life of a mig_snap (as for a
