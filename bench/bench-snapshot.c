@@ -154,10 +154,11 @@ static int report(const char *dir, const struct mig_snap_result *r, void *const 
 	       " pause_stop_ms=%.2f pause_sync_ms=%.2f pause_write_ms=%.2f pause_vcpu_ms=%.2f fsync_ms=%.2f "
 	       "write_mibps=%.0f "
 	       "plainwrite_mibps=%.0f plain_fsync_ms=%.2f of_plain=%.2f"
-	       " guest_dirty_pps=%.0f alloc_mib=%.2f expected_mib=%.2f alloc_of_expected=%.4f\n",
+	       " guest_dirty_pps=%.0f throttle_permille=%u alloc_mib=%.2f expected_mib=%.2f alloc_of_expected=%.4f\n",
 	       r->seq ? "diff" : "full", r->seq, fg->dirty_mib, r->passes, r->pause_ms, r->pause_pages,
 	       r->pause_stop_ms, r->pause_sync_ms, r->pause_write_ms, r->pause_vcpu_ms, r->fsync_ms, wr, p.mibps,
-	       p.fsync_ms, fg->of_plain, r->dirty_pps, alloc / 1048576.0, expected / 1048576.0, fg->alloc_ratio);
+	       p.fsync_ms, fg->of_plain, r->dirty_pps, r->throttle_permille, alloc / 1048576.0, expected / 1048576.0,
+	       fg->alloc_ratio);
 	fflush(stdout);
 	return 0;
 }
@@ -233,7 +234,7 @@ static int writer_once(uint64_t *mem, uint64_t size, struct mig_snap_result *r, 
 static int writer_only(const char *dir, uint64_t mib)
 {
 	uint64_t size = mib << 20, i;
-	struct mig_snap_result r = { .seq = 0 };
+	struct mig_snap_result r = { .seq = 0, .throttle_permille = 1000 };
 	struct figures fg;
 	double ratio[ROUNDS];
 	uint64_t *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);

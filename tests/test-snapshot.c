@@ -88,7 +88,7 @@ static void on_paused(void *ctx, const struct mig_snap_result *res)
 	c->taken = true;
 }
 
-static void rig_new(struct rig *r, enum kvmdirty_mode mode)
+static void rig_new(struct rig *r, enum kvmdirty_mode mode, bool flat_out)
 {
 	struct mig_testvm_opts o = { .mib = 16, .vcpus = 2, .mode = mode, .ws_mib = 8, .fill = MIG_FILL_WS };
 	char err[256];
@@ -113,6 +113,9 @@ static void rig_new(struct rig *r, enum kvmdirty_mode mode)
 		/* vCPU 1 slower: a pass takes about a second, so the pages a lost diff held are not soon written again
 		 */
 		mb->tsc_per_page = testvm_tsc_per_page(r->tv, i ? 1000 : 20000);
+		/* or as fast as it can: faster than the snapshot can write */
+		if (flat_out && i)
+			mb->tsc_per_page = 0;
 	}
 	ck_assert_int_eq(testvm_spawn(r->tv), 0);
 	ck_assert_int_eq(mig_testvm_guest(r->tv, &r->g), 0);
@@ -195,10 +198,10 @@ static void restore_and_compare(struct rig *r, unsigned int k, bool run, const c
 		snap_file_close(f[i]);
 }
 
-static struct mig_snap *snap_new(struct rig *r)
+static struct mig_snap *snap_new(struct rig *r, double pause_ms)
 {
 	static char prefix[96];
-	struct mig_snap_opts o = { .prefix = prefix, .paused = on_paused, .paused_ctx = r };
+	struct mig_snap_opts o = { .prefix = prefix, .pause_ms = pause_ms, .paused = on_paused, .paused_ctx = r };
 	struct mig_snap *s;
 	char err[256];
 
@@ -238,8 +241,8 @@ START_TEST(chain_matches_memory)
 	struct rig r;
 	unsigned int k;
 
-	rig_new(&r, mode);
-	s = snap_new(&r);
+	rig_new(&r, mode, false);
+	s = snap_new(&r, 0);
 	for (k = 0; k < 4; k++) {
 		take(s, k, mode_name(mode));
 		sleep_ms(100);
@@ -284,8 +287,8 @@ START_TEST(failed_snapshots_retaken)
 	struct mig_snap *s;
 	struct rig r;
 
-	rig_new(&r, mode);
-	s = snap_new(&r);
+	rig_new(&r, mode, false);
+	s = snap_new(&r, 0);
 	take(s, 0, mode_name(mode));
 	sleep_ms(100);
 	take(s, 1, mode_name(mode));
@@ -304,6 +307,36 @@ START_TEST(failed_snapshots_retaken)
 }
 END_TEST
 
+/*
+ * A vCPU writing flat out, and a pause aimed at 1 ns: the passes never
+ * converge, the throttle halves the vCPUs' run share, and after each
+ * snapshot every vCPU is back at full share; the chain still matches
+ * memory.
+ */
+START_TEST(throttled_then_lifted)
+{
+	struct mig_snap_result res;
+	unsigned int k, i, lowest = 1000;
+	struct mig_snap *s;
+	char err[512];
+	struct rig r;
+
+	rig_new(&r, KVMDIRTY_MODE_CLEAR_LOG, true);
+	s = snap_new(&r, 1e-6);
+	for (k = 0; k < 4; k++) {
+		ck_assert_msg(mig_snap_take(s, &res, err, sizeof(err)) == 0, "snapshot %u: %s", k, err);
+		lowest = res.throttle_permille < lowest ? res.throttle_permille : lowest;
+		for (i = 0; i < 2; i++)
+			ck_assert_msg(r.tv->share[i] == 1000, "snapshot %u: vCPU %u left at %u permille", k, i,
+				      r.tv->share[i]);
+		sleep_ms(100);
+	}
+	ck_assert_msg(lowest < 1000, "a guest writing flat out was never throttled (%u passes in the last)",
+		      res.passes);
+	end_and_compare(&r, s, "throttled");
+}
+END_TEST
+
 int main(void)
 {
 	int skip = require_kvm("test-snapshot");
@@ -317,6 +350,7 @@ int main(void)
 	tcase_set_timeout(tc, 600);
 	tcase_add_loop_test(tc, chain_matches_memory, 0, MODES);
 	tcase_add_loop_test(tc, failed_snapshots_retaken, 0, MODES);
+	tcase_add_test(tc, throttled_then_lifted);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -982,7 +982,7 @@ static int cmd_snapshot(struct args *a)
 		fprintf(stderr, "kvmdirty-migrate: snapshot: the guest's regions: %s\n", strerror(-ret));
 		status = 1;
 	} else {
-		status = mig_snap_run(&g, a->snap_prefix, a->snap_every_ms, a->snap_count);
+		status = mig_snap_run(&g, a->snap_prefix, a->snap_every_ms, a->snap_count, a->send.throttle);
 	}
 	mig_guest_release(&g);
 	fflush(stdout);

@@ -44,12 +44,13 @@ void mig_snap_line(FILE *out, const struct mig_snap_result *r, uint64_t alloc_by
 		" zero_pages=%" PRIu64 " pages_written=%" PRIu64 " pause_pages=%" PRIu64
 		" pause_ms=%.2f pause_stop_ms=%.2f pause_sync_ms=%.2f pause_write_ms=%.2f"
 		" pause_vcpu_ms=%.2f fsync_ms=%.2f"
-		" write_ms=%.1f write_mibps=%.0f guest_dirty_pps=%.0f file_mib=%.1f alloc_mib=%.2f total_ms=%.1f\n",
+		" write_ms=%.1f write_mibps=%.0f guest_dirty_pps=%.0f throttle_permille=%u file_mib=%.1f "
+		"alloc_mib=%.2f total_ms=%.1f\n",
 		r->seq ? "diff" : "full", r->seq, r->path, r->passes, held * 4096.0 / 1048576, r->data_pages,
 		r->zero_pages, r->pages, r->pause_pages, r->pause_ms, r->pause_stop_ms, r->pause_sync_ms,
 		r->pause_write_ms, r->pause_vcpu_ms, r->fsync_ms, r->write_ms,
-		r->write_ms > 0 ? r->bytes / 1048576.0 / (r->write_ms / 1e3) : 0, r->dirty_pps, r->file_len / 1048576.0,
-		alloc_bytes / 1048576.0, r->total_ms);
+		r->write_ms > 0 ? r->bytes / 1048576.0 / (r->write_ms / 1e3) : 0, r->dirty_pps, r->throttle_permille,
+		r->file_len / 1048576.0, alloc_bytes / 1048576.0, r->total_ms);
 	fflush(out);
 }
 
@@ -83,10 +84,10 @@ uint64_t mig_snap_allocated(const char *path)
 	return stat(path, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
 }
 
-int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_ms, uint64_t count)
+int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_ms, uint64_t count, bool throttle)
 {
 	struct sigaction sa = { .sa_handler = on_stop }, old_int, old_term;
-	struct mig_snap_opts o = { .prefix = prefix };
+	struct mig_snap_opts o = { .prefix = prefix, .no_throttle = !throttle };
 	struct mig_snap_result r;
 	struct mig_snap *s;
 	unsigned int failed = 0;

@@ -16,6 +16,7 @@
  *       ran and passed, 1 refused or failed (one line naming the file),
  *       2 a bad command line, 77 no KVM here.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 
@@ -33,7 +34,7 @@ void mig_snap_line(FILE *out, const struct mig_snap_result *r, uint64_t alloc_by
 /* Bytes allocated to path (st_blocks), 0 where it cannot be read. */
 uint64_t mig_snap_allocated(const char *path);
 /* The snapshot loop above, for a guest whose vCPUs run. */
-int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_ms, uint64_t count);
+int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_ms, uint64_t count, bool throttle);
 /* kvmdirty-migrate restore: its exit status. */
 int mig_snap_restore_cmd(int argc, char **argv);
 

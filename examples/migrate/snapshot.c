@@ -33,7 +33,8 @@ struct mig_snap {
 	bool *anon;
 	int pagemap;
 	uint64_t pme[4096];
-	uint32_t last_idx; /* the region of the last range: ranges come in region order */
+	uint32_t last_idx;  /* the region of the last range: ranges come in region order */
+	unsigned int share; /* the run share the throttle gave every vCPU, permille (1000: none) */
 	/* the snapshot under way */
 	struct snap_writer *w;
 	double ns_per_page; /* what putting a page cost in the last pass */
@@ -63,6 +64,7 @@ int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struc
 	s->g = g;
 	s->o = *o;
 	s->pagemap = -1;
+	s->share = 1000;
 	if (!s->o.pause_ms)
 		s->o.pause_ms = 5;
 	if (!s->o.max_passes)
@@ -215,6 +217,36 @@ static int sync_fail(int64_t n, char *err, size_t len)
 	return mig_errf(err, len, (int)n, "syncing the dirty log: %s", strerror((int)-n));
 }
 
+/*
+ * The throttle: each vCPU kept in KVM_RUN for half the share it had (at
+ * least 50 permille), through the VMM's run share (the guest's
+ * set_run_share; none: no throttle).  Lifted by unthrottle() once the
+ * pause is over, whatever happened.
+ */
+static void throttle_step(struct mig_snap *s, struct mig_snap_result *res)
+{
+	const struct mig_guest *g = s->g;
+	unsigned int i, share = s->share / 2 < 50 ? 50 : s->share / 2;
+
+	if (s->o.no_throttle || !g->ops->set_run_share || share == s->share)
+		return;
+	for (i = 0; i < g->nr_vcpus; i++)
+		g->ops->set_run_share(g->ctx, i, share);
+	s->share = res->throttle_permille = share;
+}
+
+static void unthrottle(struct mig_snap *s)
+{
+	const struct mig_guest *g = s->g;
+	unsigned int i;
+
+	if (s->share == 1000)
+		return;
+	for (i = 0; i < g->nr_vcpus; i++)
+		g->ops->set_run_share(g->ctx, i, 1000);
+	s->share = 1000;
+}
+
 /* Passes while the guest runs, until what is pending fits the pause or the passes run out. */
 static int passes(struct mig_snap *s, struct mig_snap_result *res, double *ret_t_first, uint64_t *ret_redirty,
 		  char *err, size_t len)
@@ -223,21 +255,27 @@ static int passes(struct mig_snap *s, struct mig_snap_result *res, double *ret_t
 	int64_t n;
 	int ret;
 
+	uint64_t pending, last = 0;
+
 	for (;;) {
 		n = kvmdirty_consumer_sync(s->cons);
 		if (n < 0)
 			return sync_fail(n, err, len);
 		if (res->passes) {
 			redirty += (uint64_t)n;
-			if (kvmdirty_consumer_pending(s->cons) * s->ns_per_page <= s->o.pause_ms * 1e6 ||
-			    res->passes >= s->o.max_passes)
+			pending = kvmdirty_consumer_pending(s->cons);
+			if (pending * s->ns_per_page <= s->o.pause_ms * 1e6 || res->passes >= s->o.max_passes)
 				break;
+			/* not converging: the guest wrote again at least half of what the last pass wrote */
+			if (res->passes >= 2 && pending * 2 > last)
+				throttle_step(s, res);
 		} else {
 			*ret_t_first = now_ms();
 		}
 		ret = put_pending(s, &pages, err, len);
 		if (ret < 0)
 			return ret;
+		last = pages;
 		res->passes++;
 	}
 	*ret_redirty = redirty;
@@ -303,6 +341,7 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 
 	memset(res, 0, sizeof(*res));
 	res->seq = s->seq;
+	res->throttle_permille = 1000;
 	snprintf(res->path, sizeof(res->path), "%s-%06" PRIu64 ".snap", s->o.prefix, s->seq);
 	s->pages = s->bytes = 0;
 	s->write_ms = 0;
@@ -313,6 +352,8 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 	t_last = now_ms();
 	if (ret == 0)
 		ret = pause_and_take(s, res, err, len);
+	/* the guest at full speed again, whatever happened */
+	unthrottle(s);
 	res->pages = s->pages;
 	res->bytes = s->bytes;
 	res->write_ms = s->write_ms;

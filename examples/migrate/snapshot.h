@@ -12,7 +12,9 @@
  * while the guest runs, each page written to its place in the file (a
  * page written again in a later pass replaces its copy), until what is
  * left fits the pause; then the vCPUs are paused, the tracker synced, the
- * rest written and the vCPUs' states saved, and the guest resumes.  The
+ * rest written and the vCPUs' states saved, and the guest resumes.  A
+ * guest that writes faster than the passes do is throttled meanwhile
+ * (mig_snap_opts.no_throttle), and let go after the pause.  The
  * index, header and trailer, fsync, rename and the directory's fsync
  * follow with the guest running.  Only then does the consumer commit: a
  * snapshot that fails anywhere (a write, the sync to disk, the rename)
@@ -55,12 +57,21 @@ struct mig_snap_result {
 	double fsync_ms; /* index, header, trailer, fsync, rename, the directory's fsync */
 	double total_ms;
 	double dirty_pps; /* pages the guest made dirty a second while the snapshot ran (after its first sync) */
+	unsigned int throttle_permille; /* the lowest run share the throttle gave the vCPUs (1000: none) */
 };
 
 struct mig_snap_opts {
 	const char *prefix;	 /* files PREFIX-NNNNNN.snap (6 digits, the snapshot's number) */
 	double pause_ms;	 /* what the last pass aims at (0: 5 ms) */
 	unsigned int max_passes; /* passes with the guest running at most (0: 8): then the pause takes the rest */
+	/*
+	 * Without it, from the third pass on, a pass that finds at least half
+	 * of what the one before wrote written again halves every vCPU's run
+	 * share (down to 50 permille: the guest's set_run_share, where it has
+	 * one), so that a guest that writes faster than the disk takes pages
+	 * still gets a short pause; lifted after the pause, whatever happened.
+	 */
+	bool no_throttle;
 	/* tests: called with the vCPUs paused, every page and vCPU state taken, before they resume */
 	void (*paused)(void *ctx, const struct mig_snap_result *res);
 	void *paused_ctx;
