@@ -672,7 +672,7 @@ static int connect_again(void *ctx, char *err, size_t len)
 static int migrate_to(const struct args *a, struct testvm *tv)
 {
 	struct mig_send_opts o = a->send;
-	struct mig_result r;
+	struct mig_result r = { 0 }; /* read below also where mig_send() never ran (no connection) */
 	struct mig_guest g;
 	char err[512];
 	int fd, ret;
