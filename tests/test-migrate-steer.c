@@ -616,7 +616,7 @@ START_TEST(cancel_ends_a_wait_on_the_peer)
 	struct mig_status st;
 	struct mig_result res;
 	struct testvm *tv = running_source(&go, &g);
-	struct mig_ack *ack = (struct mig_ack *)pe.last;
+	struct mig_ack ack;
 	char err[512];
 	int sv[2], ret;
 
@@ -646,7 +646,9 @@ START_TEST(cancel_ends_a_wait_on_the_peer)
 	if (_i == 1) {
 		/* told to drop what it has: the source's last word was ABORT */
 		ck_assert_uint_ge(pe.got, sizeof(pe.last));
-		ck_assert_uint_eq(ack->kind, MIG_MSG_ABORT);
+		/* pe.last is bytes off the wire, aligned as bytes: copied out, never cast */
+		memcpy(&ack, pe.last, sizeof(ack));
+		ck_assert_uint_eq(ack.kind, MIG_MSG_ABORT);
 	}
 	expect_running(tv, go.vcpus);
 	mig_status_destroy(&st);
