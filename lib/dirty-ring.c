@@ -45,6 +45,8 @@
 #include <limits.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "barrier.h"
@@ -143,11 +145,18 @@ static uint32_t count_ghosts(const struct kd_ring *ring)
 	return k;
 }
 
+/* When a harvest looks for ghost entries at fetch (see the top). */
+enum ghosts {
+	GHOSTS_NEVER,	   /* a batch's harvest: every slot it passes is an entry it took */
+	GHOSTS_IF_SUSPECT, /* where KVM pushed past this ring before */
+	GHOSTS_ALWAYS,	   /* in a ring-full exit */
+};
+
 /*
  * Take DIRTY entries from fetch (and ghosts before them); returns how
  * many entries were stored in out, at most max.
  */
-static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_t max, bool ghosts,
+static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_t max, enum ghosts ghosts,
 			unsigned int *loss)
 {
 	/* slots: ring slots passed by this harvest, entries taken and ghosts marked alike */
@@ -188,7 +197,7 @@ static uint32_t harvest(struct kd_ring *ring, struct kd_ring_entry *out, uint32_
 			ring->suspect = true;
 			return n;
 		}
-		if ((!ring->suspect && !ghosts) || n == max)
+		if (ghosts == GHOSTS_NEVER || (!ring->suspect && ghosts == GHOSTS_IF_SUSPECT) || n == max)
 			return n;
 		k = count_ghosts(ring);
 		if (k > ring->size - slots)
@@ -283,7 +292,7 @@ int64_t kd_ring_collect(struct kd_ring *ring, struct kd_kvm *kvm, struct kd_ring
 
 	for (round = 0; round < 4; round++) {
 		before = n;
-		n += harvest(ring, out + n, cap - n, ring_full, loss);
+		n += harvest(ring, out + n, cap - n, ring_full ? GHOSTS_ALWAYS : GHOSTS_IF_SUSPECT, loss);
 		marked = ring->lapped ? mark_behind(ring) : 0;
 		if (ring_full && !round && !n && !marked) {
 			marked = mark_full_ghosts(ring);
@@ -339,4 +348,306 @@ int64_t kd_ring_collect(struct kd_ring *ring, struct kd_kvm *kvm, struct kd_ring
 		return c < 0 ? c : 0;
 	}
 	return n;
+}
+
+/* In a batch: nothing awaits a reset, and KVM never pushed past it. */
+static bool batchable(const struct kd_ring *ring)
+{
+	return !ring->suspect && !ring->lapped && !ring->reset_failed && ring->reset_pos == ring->fetch;
+}
+
+/* Less than a lap of a batchable ring, into out[0, max): the slots from reset_pos to fetch name each entry once. */
+static uint32_t take(struct kd_ring *ring, struct kd_ring_entry *out, uint32_t max, unsigned int *loss)
+{
+	uint32_t n;
+
+	if (max > ring->size - 1)
+		max = ring->size - 1;
+	n = harvest(ring, out, max, GHOSTS_NEVER, loss);
+	/* a lap less one taken and another DIRTY entry after them: KVM pushed past its soft limit, past the ring */
+	if (n == ring->size - 1 && flags_at(ring, ring->fetch) == KVM_DIRTY_GFN_F_DIRTY) {
+		*loss |= KD_RING_OVERFLOW;
+		ring->suspect = true;
+	}
+	return n;
+}
+
+/*
+ * One reset for rings[0 .. n), each holding less than a lap awaiting it
+ * from its reset_pos; then each ring's reset_pos is where KVM's reset got
+ * to in it.  0 or -errno of the reset (each ring with entries marked is
+ * then reset_failed).
+ *
+ * Where KVM's reset got to is read off each ring, with the count to
+ * settle what the ring cannot say.  KVM walked from its reset index
+ * (reset_pos) while entries read RESET, zeroing each, and nothing else
+ * writes 0: a slot that reads 0 was reset, and so was every slot before
+ * it (lo: up to the last such slot).  A slot that still reads RESET was
+ * not (hi: the first).  A slot that reads DIRTY in between holds a push a
+ * lap later than the entry taken there, made either after the reset
+ * freed the slot (the walk went past) or before it (the walk stopped
+ * there, KVM having pushed over an entry that awaited the reset): each
+ * ring's count lies in [lo, hi].  No ring can count more than it held
+ * (the slots from fetch on read 0 or DIRTY), so a total equal to what
+ * they held means every ring was reset whole; otherwise the total tells
+ * which end holds where all rings agree, or where one ring alone is
+ * unsure.  Where several are unsure and the total cannot tell, each is
+ * taken at hi and reported (unsure: the caller reports an overflow, so
+ * the tracker protects every page again): a reset_pos ahead of KVM's
+ * catches up once the harvest reaches the push that stopped the walk.
+ */
+static int reset_batch(struct kd_kvm *kvm, struct kd_ring *const *rings, uint32_t n, uint64_t *kernel_ns)
+{
+	uint64_t t0, want = 0, sum_lo = 0, sum_hi = 0;
+	uint32_t i, k, d, unsure = 0;
+	int64_t c;
+
+	for (i = 0; i < n; i++) {
+		rings[i]->unsure = false;
+		if (rings[i]->fetch == rings[i]->reset_pos)
+			continue;
+		want += rings[i]->fetch - rings[i]->reset_pos;
+		KD_HOOK_POINT(KD_HOOK_RING_HARVESTED, rings[i]);
+	}
+	if (!want)
+		return 0;
+	t0 = kd_now_ns();
+	c = reset(kvm);
+	*kernel_ns += kd_now_ns() - t0;
+	for (i = 0; i < n; i++)
+		rings[i]->reset_failed = c < 0 && rings[i]->fetch != rings[i]->reset_pos;
+	if (c < 0)
+		return (int)c;
+	for (i = 0; i < n; i++) {
+		struct kd_ring *ring = rings[i];
+		uint32_t f;
+
+		d = ring->fetch - ring->reset_pos;
+		ring->span_lo = 0;
+		for (k = 0; k < d && !((f = flags_at(ring, ring->reset_pos + k)) & KVM_DIRTY_GFN_F_RESET); k++)
+			if (!f)
+				ring->span_lo = k + 1;
+		ring->span_hi = (uint64_t)c == want ? d : k;
+		if ((uint64_t)c == want)
+			ring->span_lo = d;
+		sum_lo += ring->span_lo;
+		sum_hi += ring->span_hi;
+		unsure += ring->span_lo != ring->span_hi;
+	}
+	for (i = 0; i < n; i++) {
+		struct kd_ring *ring = rings[i];
+
+		if (ring->span_lo == ring->span_hi || (uint64_t)c == sum_lo)
+			k = ring->span_lo;
+		else if ((uint64_t)c == sum_hi)
+			k = ring->span_hi;
+		else if (unsure == 1 && (uint64_t)c > sum_lo && (uint64_t)c - sum_lo < ring->span_hi - ring->span_lo)
+			k = ring->span_lo + (uint32_t)((uint64_t)c - sum_lo);
+		else
+			k = ring->span_hi, ring->unsure = true;
+		ring->reset_pos += k;
+		if (k)
+			ring->gen++;
+	}
+	return 0;
+}
+
+int kd_rings_room(struct kd_ring_room *room, uint32_t ring_size, uint32_t nr_rings)
+{
+	/* a batch of a few full rings, or of many with a few entries each; a collect alone may go round twice */
+	uint32_t batch = ring_size * 4 > 16384 ? ring_size * 4 : 16384, cap = batch + 2 * ring_size;
+
+	if (room->buf_cap < cap) {
+		struct kd_ring_entry *buf = realloc(room->buf, (size_t)cap * sizeof(*buf));
+
+		if (!buf)
+			return -ENOMEM;
+		room->buf = buf;
+		room->batch_cap = batch;
+		room->buf_cap = cap;
+	}
+	if (room->segs_cap < nr_rings) {
+		uint32_t want = nr_rings < 64 ? 64 : nr_rings * 2;
+		struct kd_ring_seg *segs = realloc(room->segs, want * sizeof(*segs));
+		struct kd_ring **rings;
+
+		if (!segs)
+			return -ENOMEM;
+		room->segs = segs;
+		rings = realloc(room->seg_rings, want * sizeof(*rings));
+		if (!rings)
+			return -ENOMEM;
+		room->seg_rings = rings;
+		room->segs_cap = want;
+	}
+	return 0;
+}
+
+void kd_rings_room_free(struct kd_ring_room *room)
+{
+	free(room->buf);
+	free(room->segs);
+	free(room->seg_rings);
+	memset(room, 0, sizeof(*room));
+}
+
+static struct kd_ring_entry *alone_buf(const struct kd_ring_room *room)
+{
+	return room->buf + room->batch_cap;
+}
+
+int kd_rings_collect_one(struct kd_ring *ring, uint32_t i, struct kd_kvm *kvm, struct kd_ring_room *room,
+			 bool ring_full, const struct kd_ring_out *out, uint64_t *kernel_ns)
+{
+	unsigned int loss = 0;
+	int64_t n;
+
+	if (!ring->gfns)
+		return 0;
+	n = kd_ring_collect(ring, kvm, alone_buf(room), room->buf_cap - room->batch_cap, ring_full, &loss, kernel_ns);
+	if (loss)
+		out->lost(out->ctx, i, loss);
+	if (n > 0)
+		out->pages(out->ctx, i, alone_buf(room), (uint32_t)n);
+	return n < 0 ? (int)n : 0;
+}
+
+/*
+ * The batch so far: its reset, then each ring's entries published once
+ * its reset_pos reached fetch.  A ring KVM stopped short in is finished
+ * alone, and publishes its batch entries with the rest only if it
+ * settled.
+ */
+static int flush(struct kd_kvm *kvm, struct kd_ring_room *room, uint32_t *nseg, uint32_t *used,
+		 const struct kd_ring_out *out, uint64_t *kernel_ns)
+{
+	uint32_t i, n = *nseg;
+	int ret = reset_batch(kvm, room->seg_rings, n, kernel_ns);
+
+	*nseg = *used = 0;
+	for (i = 0; i < n; i++) {
+		struct kd_ring *ring = room->seg_rings[i];
+		struct kd_ring_seg *sg = &room->segs[i];
+		int64_t more = 0;
+
+		if (ret < 0 && ring->reset_pos != ring->fetch) {
+			/*
+			 * A reset failed: what awaits one is not re-protected, and
+			 * another reset now would count other rings' entries too.
+			 * Reported, never published (the tracker then protects
+			 * all); retried before anything else is collected.
+			 */
+			ring->reset_failed = true;
+			out->lost(out->ctx, sg->ring, sg->loss | KD_RING_UNPROTECTED);
+			continue;
+		}
+		if (ring->unsure || ring->reset_pos != ring->fetch) {
+			/* KVM pushed over entries that awaited the reset, or may have */
+			sg->loss |= KD_RING_OVERFLOW;
+			ring->suspect = true;
+		}
+		if (ring->reset_pos != ring->fetch) {
+			KD_HOOK_POINT(KD_HOOK_RING_BATCH_SHORT, ring);
+			more = kd_ring_collect(ring, kvm, alone_buf(room), room->buf_cap - room->batch_cap, false,
+					       &sg->loss, kernel_ns);
+			if (more < 0)
+				ret = (int)more;
+		}
+		if (sg->loss)
+			out->lost(out->ctx, sg->ring, sg->loss);
+		if (ring->reset_pos != ring->fetch)
+			continue;
+		if (sg->n)
+			out->pages(out->ctx, sg->ring, room->buf + sg->off, sg->n);
+		if (more > 0)
+			out->pages(out->ctx, sg->ring, alone_buf(room), (uint32_t)more);
+	}
+	return ret;
+}
+
+int kd_rings_collect(struct kd_ring *const *rings, uint32_t n, struct kd_kvm *kvm, struct kd_ring_room *room,
+		     const struct kd_ring_out *out, uint64_t *kernel_ns)
+{
+	uint32_t i, nseg = 0, used = 0, got;
+	int ret = 0;
+
+	for (i = 0; i < n && ret == 0; i++) {
+		struct kd_ring *ring = rings[i];
+
+		while (ring->gfns && ret == 0) {
+			unsigned int loss = 0;
+			uint32_t free = room->batch_cap - used;
+
+			if (!batchable(ring) || room->segs_cap < n) {
+				/* alone, with no other ring awaiting a reset */
+				ret = nseg ? flush(kvm, room, &nseg, &used, out, kernel_ns) : 0;
+				if (ret == 0)
+					ret = kd_rings_collect_one(ring, i, kvm, room, false, out, kernel_ns);
+				break;
+			}
+			got = take(ring, room->buf + used, free, &loss);
+			if (got || loss) {
+				room->segs[nseg] = (struct kd_ring_seg){ .ring = i, .off = used, .n = got, .loss = loss };
+				room->seg_rings[nseg++] = ring;
+				used += got;
+			}
+			if (got < free)
+				break;
+			/* the batch is full, and this ring may hold more: after a reset, the rest */
+			ret = flush(kvm, room, &nseg, &used, out, kernel_ns);
+		}
+	}
+	if (nseg) {
+		int r = flush(kvm, room, &nseg, &used, out, kernel_ns);
+
+		if (ret == 0)
+			ret = r;
+	}
+	return ret;
+}
+
+int kd_rings_retry_failed(struct kd_ring *const *rings, uint32_t n, struct kd_kvm *kvm, struct kd_ring_room *room,
+			  const struct kd_ring_out *out, uint64_t *kernel_ns)
+{
+	bool batch = room->segs_cap >= n;
+	uint32_t i, nf = 0;
+	int ret;
+
+	for (i = 0; i < n && batch; i++) {
+		const struct kd_ring *ring = rings[i];
+
+		if (!ring->reset_failed)
+			continue;
+		if (ring->lapped || ring->fetch - ring->reset_pos >= ring->size)
+			batch = false;
+		room->segs[nf].ring = i;
+		room->seg_rings[nf++] = rings[i];
+	}
+	if (batch) {
+		ret = reset_batch(kvm, room->seg_rings, nf, kernel_ns);
+		if (ret < 0)
+			return ret;
+		/* their entries were reported lost when the reset failed: a short ring is only finished, alone */
+		for (i = 0; i < nf; i++) {
+			if (room->seg_rings[i]->unsure)
+				out->lost(out->ctx, room->segs[i].ring, KD_RING_OVERFLOW);
+			if (room->seg_rings[i]->unsure || room->seg_rings[i]->reset_pos != room->seg_rings[i]->fetch)
+				room->seg_rings[i]->suspect = true;
+			if (room->seg_rings[i]->reset_pos == room->seg_rings[i]->fetch)
+				continue;
+			ret = kd_rings_collect_one(room->seg_rings[i], room->segs[i].ring, kvm, room, false, out,
+						   kernel_ns);
+			if (ret < 0)
+				return ret;
+		}
+		return 0;
+	}
+	for (i = 0; i < n; i++) {
+		if (!rings[i]->reset_failed)
+			continue;
+		ret = kd_rings_collect_one(rings[i], i, kvm, room, false, out, kernel_ns);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
 }

@@ -22,6 +22,8 @@ enum kd_hook_point {
 	KD_HOOK_RING_TAKEN,
 	/* ring recovery marked ghost entries RESET, before its reset; obj: the ring */
 	KD_HOOK_RING_GHOSTS,
+	/* a batch's reset stopped short of fetch in this ring, before it is collected alone; obj: the ring */
+	KD_HOOK_RING_BATCH_SHORT,
 	/* sync took the rings' pages and is about to fetch the regions'; obj: the tracker */
 	KD_HOOK_SYNC_FETCH,
 	/* a vCPU over its dirty limit is about to stay out of KVM_RUN; obj: the vCPU */

@@ -115,93 +115,133 @@ static void note_seen(struct kvmdirty_vcpu *v, const struct kd_ring_entry *e, ui
 			kd_pageset_add(&v->seen, e[i].slot, e[i].offset);
 }
 
-/* Collect one ring and publish what it held (the caller checked no other ring awaits a reset). */
-static int collect_one(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirty_vcpu *v, bool ring_full)
+/* Entries of v's ring, re-protected: counted, noted for counts, handed to the sink. */
+static void publish(struct kd_vcpus *vs, struct kvmdirty_vcpu *v, const struct kd_ring_entry *e, uint32_t n)
 {
-	const struct kd_ring_sink *sink = vs->sink;
-	unsigned int loss = 0;
-	int64_t n;
+	account(vs, v, n);
+	if (v && v->seen.keys)
+		note_seen(v, e, n);
+	if (vs->sink)
+		vs->sink->pages(vs->sink_ctx, v, e, n);
+}
 
-	n = kd_ring_collect(ring, vs->kvm, vs->buf, vs->buf_cap, ring_full, &loss, &vs->kernel_ns);
-	if (ring->reset_failed)
-		vs->any_failed = true;
-	if (loss)
-		vs->loss_seq++;
-	if (loss && sink)
-		sink->lost(vs->sink_ctx, v, loss);
-	if (n > 0) {
-		account(vs, v, (uint64_t)n);
-		if (v && v->seen.keys)
-			note_seen(v, vs->buf, (uint32_t)n);
-		if (sink)
-			sink->pages(vs->sink_ctx, v, vs->buf, (uint32_t)n);
+/* Whose ring a collect means: ring i of vs->rings, or the one vCPU of a collect alone. */
+struct whose {
+	struct kd_vcpus *vs;
+	struct kvmdirty_vcpu *one;
+	bool alone;
+};
+
+static struct kvmdirty_vcpu *whose_vcpu(const struct whose *w, uint32_t i)
+{
+	if (w->alone)
+		return w->one;
+	/* parked rings (freed vCPUs) come after the vCPUs' own */
+	return i < w->vs->n ? w->vs->v[i] : NULL;
+}
+
+static void out_pages(void *ctx, uint32_t i, const struct kd_ring_entry *e, uint32_t n)
+{
+	const struct whose *w = ctx;
+
+	publish(w->vs, whose_vcpu(w, i), e, n);
+}
+
+static void out_lost(void *ctx, uint32_t i, unsigned int loss)
+{
+	const struct whose *w = ctx;
+
+	w->vs->loss_seq++;
+	if (w->vs->sink)
+		w->vs->sink->lost(w->vs->sink_ctx, whose_vcpu(w, i), loss);
+}
+
+/* Every ring in vs->rings, in order (the vCPUs', then the parked ones); how many, or -ENOMEM. */
+static int64_t list_rings(struct kd_vcpus *vs)
+{
+	uint32_t i, n = vs->n + vs->nr_parked;
+
+	if (vs->rings_cap < n) {
+		uint32_t cap = n < 64 ? 64 : 2 * n;
+		struct kd_ring **r = realloc(vs->rings, cap * sizeof(*r));
+
+		if (!r)
+			return -ENOMEM;
+		vs->rings = r;
+		vs->rings_cap = cap;
 	}
-	return n < 0 ? (int)n : 0;
+	for (i = 0; i < vs->n; i++)
+		vs->rings[i] = &vs->v[i]->ring;
+	for (i = 0; i < vs->nr_parked; i++)
+		vs->rings[vs->n + i] = &vs->parked[i].ring;
+	return n;
 }
 
 /*
- * A reset that failed left that ring's entries marked: the next reset
- * would take them too and its count could not be told apart.  Retry it
- * first; -errno if it still fails, and no other ring may be collected.
+ * A reset that failed left some rings' entries marked: reset them again
+ * before any other ring is collected (dirty-ring.h).  -errno if that
+ * still fails.
  */
 static int retry_failed(struct kd_vcpus *vs)
 {
-	uint32_t i;
+	struct whose w = { .vs = vs };
+	const struct kd_ring_out out = { out_pages, out_lost, &w };
+	int64_t n;
 	int ret;
 
 	if (!vs->any_failed)
 		return 0;
-	for (i = 0; i < vs->n; i++) {
-		if (!vs->v[i]->ring.reset_failed)
-			continue;
-		ret = collect_one(vs, &vs->v[i]->ring, vs->v[i], false);
-		if (ret < 0)
-			return ret;
-	}
-	for (i = 0; i < vs->nr_parked; i++) {
-		if (!vs->parked[i].ring.reset_failed)
-			continue;
-		ret = collect_one(vs, &vs->parked[i].ring, NULL, false);
-		if (ret < 0)
-			return ret;
-	}
+	n = list_rings(vs);
+	if (n < 0)
+		return (int)n;
+	ret = kd_rings_retry_failed(vs->rings, (uint32_t)n, vs->kvm, &vs->room, &out, &vs->kernel_ns);
 	/* every ring's reset went through: none is left to retry until another fails */
-	vs->any_failed = false;
-	return 0;
+	if (ret == 0)
+		vs->any_failed = false;
+	return ret;
 }
 
 /*
- * Collect a ring (harvest and reset until settled, see dirty-ring.c) and
- * only then publish its pages: they are re-protected by now.  Callers
+ * Collect one ring (harvest and reset until settled, see dirty-ring.c)
+ * and only then publish its pages: they are re-protected by now.  Callers
  * hold the lock.
  */
 static int collect(struct kd_vcpus *vs, struct kd_ring *ring, struct kvmdirty_vcpu *v, bool ring_full)
 {
+	struct whose w = { .vs = vs, .one = v, .alone = true };
+	const struct kd_ring_out out = { out_pages, out_lost, &w };
 	int ret;
 
 	if (!ring->gfns)
 		return 0;
 	ret = retry_failed(vs);
+	if (ret == 0)
+		ret = kd_rings_collect_one(ring, 0, vs->kvm, &vs->room, ring_full, &out, &vs->kernel_ns);
 	if (ret < 0)
-		return ret;
-	return collect_one(vs, ring, v, ring_full);
+		vs->any_failed = true;
+	return ret;
 }
 
 int kd_vcpus_harvest(struct kd_vcpus *vs, uint64_t *ret_kernel_ns)
 {
-	uint32_t i;
-	int ret = 0, r;
+	struct whose w = { .vs = vs };
+	const struct kd_ring_out out = { out_pages, out_lost, &w };
+	int64_t n;
+	int ret;
 
 	pthread_mutex_lock(&vs->lock);
 	vs->kernel_ns = 0;
-	for (i = 0; i < vs->n && !ret; i++)
-		ret = collect(vs, &vs->v[i]->ring, vs->v[i], false);
-	/* freed vCPUs live on in KVM: what their rings hold is still guest writes */
-	for (i = 0; i < vs->nr_parked && !ret; i++) {
-		r = collect(vs, &vs->parked[i].ring, NULL, false);
-		if (r < 0)
-			ret = r;
+	ret = retry_failed(vs);
+	n = ret < 0 ? ret : list_rings(vs);
+	if (n >= 0 && vs->room.buf) {
+		/* room for a batch of them all, or each is collected alone */
+		kd_rings_room(&vs->room, vs->kvm->ring_entries, (uint32_t)n);
+		ret = kd_rings_collect(vs->rings, (uint32_t)n, vs->kvm, &vs->room, &out, &vs->kernel_ns);
+	} else if (n < 0 && ret == 0) {
+		ret = (int)n;
 	}
+	if (ret < 0)
+		vs->any_failed = true;
 	if (ret_kernel_ns)
 		*ret_kernel_ns = vs->kernel_ns;
 	pthread_mutex_unlock(&vs->lock);
@@ -238,14 +278,12 @@ static int vcpu_register(struct kd_vcpus *vs, struct kvmdirty_vcpu *v)
 			goto out;
 		}
 	}
-	if (v->ring.gfns && !vs->buf) {
-		/* a collect may go round more than once: room for two rings */
-		vs->buf_cap = 2 * v->ring.size;
-		vs->buf = calloc(vs->buf_cap, sizeof(*vs->buf));
-		if (!vs->buf) {
-			ret = -ENOMEM;
+	if (v->ring.gfns) {
+		/* room to collect its ring (the first vCPU's makes it), and a batch with the others' */
+		ret = kd_rings_room(&vs->room, v->ring.size, vs->n + vs->nr_parked + 1);
+		if (ret < 0 && !vs->room.buf)
 			goto out;
-		}
+		ret = 0;
 	}
 	if (vs->n == vs->cap) {
 		uint32_t cap = vs->cap ? vs->cap * 2 : 8;
@@ -464,7 +502,8 @@ void kd_vcpus_fini(struct kd_vcpus *vs)
 		kd_ring_unmap(&vs->parked[i].ring);
 	free(vs->parked);
 	free(vs->v);
-	free(vs->buf);
+	kd_rings_room_free(&vs->room);
+	free(vs->rings);
 	pthread_mutex_destroy(&vs->lock);
 	memset(vs, 0, sizeof(*vs));
 }

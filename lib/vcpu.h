@@ -121,9 +121,11 @@ struct kd_vcpus {
 	uint32_t nr_parked, parked_cap;
 	const struct kd_ring_sink *sink;
 	void *sink_ctx;
-	/* one ring's entries between its harvest and its publishing */
-	struct kd_ring_entry *buf;
-	uint32_t buf_cap;
+	/* entries between their harvest and their publishing (dirty-ring.h) */
+	struct kd_ring_room room;
+	/* every ring, for a harvest: the vCPUs' in order, then the parked ones */
+	struct kd_ring **rings;
+	uint32_t rings_cap;
 	uint64_t kernel_ns; /* in KVM_RESET_DIRTY_RINGS, for kd_vcpus_harvest() */
 	uint64_t win_start; /* the rate window's start, CLOCK_MONOTONIC ns */
 	uint64_t loss_seq;  /* ring losses seen, any ring (under the lock) */
@@ -149,9 +151,12 @@ uint32_t kd_vcpus_count(struct kd_vcpus *vs);
 void kd_vcpus_set_sink(struct kd_vcpus *vs, const struct kd_ring_sink *sink, void *ctx);
 
 /*
- * Harvest every ring, reset, publish.  Returns 0 or -errno of the reset
- * (the entries are then reported as KD_RING_UNPROTECTED, not published);
- * *ret_kernel_ns gets the time spent in the reset ioctl.
+ * Harvest every ring, reset, publish: the rings in batches, each with one
+ * KVM_RESET_DIRTY_RINGS (O(vCPUs) in KVM for all of them, not for each),
+ * a ring with a history of KVM pushing past it alone.  Returns 0 or
+ * -errno of a reset (the entries are then reported as
+ * KD_RING_UNPROTECTED, not published); *ret_kernel_ns gets the time spent
+ * in the reset ioctl.
  */
 int kd_vcpus_harvest(struct kd_vcpus *vs, uint64_t *ret_kernel_ns);
 

@@ -25,6 +25,7 @@
  * Pure: never skips.
  */
 #include <check.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@
 #include "test-util.h"
 
 #define MAX_PUSHES (1u << 20)
+#define MAX_RINGS 8
 
 static struct model {
 	struct kvm_dirty_gfn *gfns;
@@ -52,7 +54,11 @@ static struct model {
 	bool in_handler;	    /* the vCPU is stopped in its ring-full exit: it pushes nothing */
 	bool overwrite_taken;	    /* at KD_HOOK_RING_TAKEN, once: push over the entry being taken */
 	uint64_t rng;
-} m;
+} ms[MAX_RINGS];
+
+/* The model KVM: a ring a vCPU, nr_models of them; m is the one being worked on (hooks set it from the ring). */
+static unsigned int cur, nr_models = 1;
+#define m (ms[cur])
 
 static void model_push(void)
 {
@@ -69,7 +75,7 @@ static void model_push(void)
 	m.pushes++;
 }
 
-static int model_reset(void)
+static int model_reset_one(void)
 {
 	int n = 0;
 
@@ -87,22 +93,58 @@ static int model_reset(void)
 	return n;
 }
 
+/* KVM_RESET_DIRTY_RINGS: every vCPU's ring, as KVM walks them. */
+static int model_reset(void)
+{
+	unsigned int k, was = cur;
+	int n = 0;
+
+	for (k = 0; k < nr_models; k++) {
+		cur = k;
+		n += model_reset_one();
+	}
+	cur = was;
+	return n;
+}
+
 static bool model_full(void)
 {
 	return m.di - m.ri >= m.soft;
 }
+
+static int fail_resets; /* the next resets that fail (-EIO), before KVM sees them */
 
 static int hook_ioctl(int fd, unsigned long req, void *arg)
 {
 	(void)fd;
 	(void)arg;
 	expect(req == KVM_RESET_DIRTY_RINGS, "ioctl 0x%lx", req);
+	if (fail_resets > 0) {
+		fail_resets--;
+		return -EIO;
+	}
 	return model_reset();
 }
 
+static void hook_point_ring(enum kd_hook_point p, struct kd_ring *ring);
+
+/* The hooks act on the model of the ring they name. */
 static void hook_point(enum kd_hook_point p, void *obj)
 {
 	struct kd_ring *ring = obj;
+	unsigned int k, was = cur;
+
+	for (k = 0; k < nr_models && ms[k].gfns != ring->gfns; k++)
+		;
+	if (k == nr_models)
+		return;
+	cur = k;
+	hook_point_ring(p, ring);
+	cur = was;
+}
+
+static void hook_point_ring(enum kd_hook_point p, struct kd_ring *ring)
+{
 	uint32_t i;
 
 	if (p == KD_HOOK_RING_TAKEN && m.overwrite_taken) {
@@ -149,6 +191,8 @@ static struct kd_ring model_ring(uint32_t size, uint64_t seed)
 {
 	struct kd_ring ring = { 0 };
 
+	nr_models = 1;
+	cur = 0;
 	model_init(size, seed);
 	loss_seen = 0;
 	buf = realloc(buf, 2 * size * sizeof(*buf));
@@ -449,6 +493,320 @@ START_TEST(outside_reset_is_noticed)
 }
 END_TEST
 
+/* ---- many rings at once: kd_rings_collect(), kd_rings_collect_one(), kd_rings_retry_failed() ---- */
+
+static struct {
+	struct kd_ring ring[MAX_RINGS];
+	struct kd_ring *rings[MAX_RINGS];
+	struct kd_ring_room room;
+	unsigned int loss[MAX_RINGS]; /* what the collect under way reported for each ring */
+	unsigned int seen[MAX_RINGS]; /* ... and every collect so far */
+	bool failed;		      /* a reset failed: retry before anything else is collected */
+	uint64_t collects, resets_failed, shorts;
+} b;
+
+static void b_pages(void *ctx, uint32_t i, const struct kd_ring_entry *e, uint32_t n)
+{
+	unsigned int was = cur;
+	uint32_t k;
+
+	(void)ctx;
+	expect(i < nr_models, "pages for ring %u of %u", i, nr_models);
+	cur = i;
+	for (k = 0; k < n; k++) {
+		uint64_t pos = e[k].offset;
+
+		expect(pos < m.di, "ring %u: push %" PRIu64 " handed back, only %u were made", i, pos, m.di);
+		/* protected again before it was handed back, or a loss reported for its ring first */
+		expect(m.reprotected[pos] || (b.loss[i] & (KD_RING_OVERFLOW | KD_RING_UNPROTECTED)),
+		       "ring %u: push %" PRIu64 " handed back before its reset, no loss reported (reset_index %u)", i,
+		       pos, m.ri);
+		m.delivered[pos] = 1;
+	}
+	cur = was;
+}
+
+static void b_lost(void *ctx, uint32_t i, unsigned int loss)
+{
+	(void)ctx;
+	expect(i < nr_models, "loss for ring %u of %u", i, nr_models);
+	b.loss[i] |= loss;
+	b.seen[i] |= loss;
+	/* entries taken but not protected again are not handed back: the tracker protects all, all pending */
+	if (loss & KD_RING_UNPROTECTED)
+		ms[i].excused_below = ms[i].di;
+}
+
+static const struct kd_ring_out b_out = { b_pages, b_lost, NULL };
+
+static void b_init(unsigned int n, uint32_t size, uint64_t seed)
+{
+	unsigned int k;
+
+	kd_rings_room_free(&b.room);
+	memset(&b, 0, sizeof(b));
+	nr_models = n;
+	for (k = 0; k < n; k++) {
+		cur = k;
+		model_init(size, seed + k);
+		b.ring[k] = (struct kd_ring){ .gfns = m.gfns, .size = size };
+		b.rings[k] = &b.ring[k];
+	}
+	cur = 0;
+	fail_resets = 0;
+	ck_assert_int_eq(kd_rings_room(&b.room, size, n), 0);
+}
+
+/* A harvest of every ring (a sync or the reaper), after the retry a failed reset owes. */
+static void b_collect_all(void)
+{
+	uint64_t ns = 0;
+	int ret = 0;
+
+	memset(b.loss, 0, sizeof(b.loss));
+	b.collects++;
+	if (b.failed)
+		ret = kd_rings_retry_failed(b.rings, nr_models, &kvm, &b.room, &b_out, &ns);
+	if (ret == 0) {
+		b.failed = false;
+		ret = kd_rings_collect(b.rings, nr_models, &kvm, &b.room, &b_out, &ns);
+	}
+	if (ret < 0) {
+		expect(ret == -EIO, "collect: %d", ret);
+		b.failed = true;
+		b.resets_failed++;
+	}
+}
+
+/* Ring k's vCPU in its ring-full exit: that ring alone, as the vCPU's thread does. */
+static void b_ring_full(unsigned int k)
+{
+	uint64_t ns = 0;
+	int ret = 0;
+
+	memset(b.loss, 0, sizeof(b.loss));
+	if (b.failed)
+		ret = kd_rings_retry_failed(b.rings, nr_models, &kvm, &b.room, &b_out, &ns);
+	if (ret == 0) {
+		b.failed = false;
+		cur = k;
+		m.full_exits++;
+		m.in_handler = true;
+		ret = kd_rings_collect_one(b.rings[k], k, &kvm, &b.room, true, &b_out, &ns);
+		m.in_handler = false;
+	}
+	if (ret < 0) {
+		expect(ret == -EIO, "collect of ring %u: %d", k, ret);
+		b.failed = true;
+		b.resets_failed++;
+	}
+}
+
+static void b_check_all_back(uint64_t seed, const char *when)
+{
+	unsigned int k;
+	uint64_t p;
+
+	for (k = 0; k < nr_models; k++) {
+		cur = k;
+		for (p = 0; p < m.di; p++)
+			expect(m.delivered[p] || m.lost[p] || p < m.excused_below,
+			       "seed %" PRIu64 " %s: ring %u push %" PRIu64 " never handed back (KVM reset %u, write %u; "
+			       "library fetch %u, reset %u, suspect %d)",
+			       seed, when, k, p, m.ri, m.di, b.ring[k].fetch, b.ring[k].reset_pos, b.ring[k].suspect);
+		for (p = 0; p < m.di; p++)
+			if (m.lost[p] && !m.delivered[p] && !(b.seen[k] & (KD_RING_OVERFLOW | KD_RING_UNPROTECTED)))
+				ck_abort_msg("seed %" PRIu64 " %s: ring %u push %" PRIu64 " lost without a loss report",
+					     seed, when, k, p);
+	}
+}
+
+/*
+ * n vCPUs, a ring each, collected together: pushes while a batch holds
+ * entries marked (some over entries awaiting the batch's reset, so that
+ * the reset stops short in that ring), overshoots, ring-full exits handled
+ * alone, and now and then a reset that fails.  What holds for one ring
+ * (above) must hold for each; the batch must reset only once where no
+ * ring needs more.  Then quiet: every ring back to KVM's count.
+ */
+static void batch_stress(unsigned int n, uint32_t size, uint64_t seed, uint32_t max_over, bool failures)
+{
+	uint64_t rng = seed | 1, p;
+	unsigned int round, k;
+	uint32_t progress;
+
+	b_init(n, size, seed);
+	for (round = 0; round < 1500; round++) {
+		uint64_t r = xorshift64(&rng);
+
+		for (k = 0; k < n; k++) {
+			uint64_t rk = xorshift64(&rng);
+			uint32_t over = (rk % 5 == 0) ? (uint32_t)(rk >> 8) % (max_over + 1) : 0;
+
+			cur = k;
+			if (m.di >= MAX_PUSHES / 2)
+				continue;
+			/* now and then a vCPU runs on while a batch holds its entries */
+			m.push_at_harvested = (rk >> 20) % 7 == 0 ? (uint32_t)(rk >> 24) % size : 0;
+			if (vcpu_run((uint32_t)(rk >> 40) % (size / 2), over, &progress) && (rk >> 60) % 2)
+				b_ring_full(k);
+		}
+		if (failures && r % 29 == 0)
+			fail_resets = 1;
+		if ((r >> 32) % 3)
+			b_collect_all();
+		if (round % 50 == 49) {
+			/* the vCPUs stop: one harvest brings back everything pushed */
+			for (k = 0; k < n; k++)
+				ms[k].push_at_harvested = 0;
+			fail_resets = 0;
+			b_collect_all();
+			if (b.failed)
+				b_collect_all();
+			b_check_all_back(seed, "after the vCPUs stopped");
+		}
+	}
+	/*
+	 * Quiet: no overshoot, no push while marked, no failure; each ring to
+	 * a ring-full exit and back, until every ring agrees with KVM (a ring
+	 * KVM pushed more than a lap past comes back by a bounded number of
+	 * ghosts an exit).
+	 */
+	fail_resets = 0;
+	for (k = 0; k < n; k++)
+		ms[k].push_at_harvested = 0;
+	b_collect_all();
+	for (round = 0; round < 64; round++) {
+		bool agree = true;
+
+		for (k = 0; k < n; k++) {
+			cur = k;
+			while (!vcpu_run(size, 0, &progress))
+				;
+			b_ring_full(k);
+		}
+		b_collect_all();
+		for (k = 0; k < n; k++)
+			agree = agree && ms[k].ri == ms[k].di && b.ring[k].fetch == ms[k].di;
+		if (agree)
+			break;
+	}
+	for (k = 0; k < n; k++) {
+		cur = k;
+		ck_assert_msg(m.ri == m.di && b.ring[k].fetch == m.di && b.ring[k].reset_pos == m.ri,
+			      "seed %" PRIu64 ": ring %u did not come back: KVM reset %u, write %u; library fetch %u, "
+			      "reset %u",
+			      seed, k, m.ri, m.di, b.ring[k].fetch, b.ring[k].reset_pos);
+	}
+	b_check_all_back(seed, "at the end");
+	for (k = 0, p = 0; k < n; k++)
+		p += ms[k].pushes;
+	printf("ring model: %u rings of %u, seed %" PRIu64 ", overshoot <= %u%s: %" PRIu64 " pushes, %" PRIu64
+	       " harvests of all, %" PRIu64 " failed resets\n",
+	       n, size, seed, max_over, failures ? ", failing resets" : "", p, b.collects, b.resets_failed);
+}
+
+/* Quiet rings: one reset for all of them at each harvest, and every push back once. */
+START_TEST(batch_resets_once)
+{
+	unsigned int k, round, before;
+	uint32_t progress;
+	uint64_t p;
+
+	b_init(MAX_RINGS, 256, 11);
+	for (round = 0; round < 200; round++) {
+		for (k = 0; k < MAX_RINGS; k++) {
+			cur = k;
+			vcpu_run(1 + (round * 7 + k * 13) % 150, 0, &progress);
+		}
+		before = ms[0].ri;
+		b_collect_all();
+		(void)before;
+	}
+	for (k = 0; k < MAX_RINGS; k++) {
+		cur = k;
+		ck_assert_uint_eq(m.ri, m.di);
+		ck_assert_uint_eq(b.seen[k], 0);
+		for (p = 0; p < m.di; p++)
+			expect(m.delivered[p], "ring %u push %" PRIu64 " never handed back", k, p);
+	}
+}
+END_TEST
+
+/*
+ * A batch whose reset stops short in one ring: while its entries await
+ * the reset, ring 3's vCPU pushes a lap over them.  Ring 3 is reported,
+ * finished alone, and the other rings' entries are handed back protected.
+ */
+START_TEST(batch_short_ring)
+{
+	unsigned int k;
+	uint32_t progress;
+
+	b_init(6, 256, 12);
+	for (k = 0; k < 6; k++) {
+		cur = k;
+		vcpu_run(100, 0, &progress);
+	}
+	ms[3].push_at_harvested = 256;
+	ms[3].push_once = true;
+	b_collect_all();
+	ck_assert_msg(b.loss[3] & (KD_RING_OVERFLOW | KD_RING_UNPROTECTED),
+		      "ring 3: entries overwritten while they awaited the batch's reset, loss 0x%x", b.loss[3]);
+	for (k = 0; k < 6; k++)
+		if (k != 3)
+			ck_assert_msg(!b.loss[k], "ring %u: loss 0x%x", k, b.loss[k]);
+	b_collect_all();
+	cur = 3;
+	while (!vcpu_run(256, 0, &progress))
+		;
+	b_ring_full(3);
+	b_collect_all();
+	b_check_all_back(12, "after a short ring");
+	for (k = 0; k < 6; k++)
+		ck_assert_msg(ms[k].ri == ms[k].di && b.ring[k].reset_pos == ms[k].ri, "ring %u: KVM reset %u, write %u, "
+			      "library reset %u", k, ms[k].ri, ms[k].di, b.ring[k].reset_pos);
+}
+END_TEST
+
+/* A batch's reset fails: every ring's entries reported unprotected; the retry resets them all, once. */
+START_TEST(batch_reset_fails)
+{
+	unsigned int k;
+	uint32_t progress;
+
+	b_init(5, 256, 13);
+	for (k = 0; k < 5; k++) {
+		cur = k;
+		vcpu_run(50, 0, &progress);
+	}
+	fail_resets = 1;
+	b_collect_all();
+	ck_assert(b.failed);
+	for (k = 0; k < 5; k++) {
+		ck_assert_msg(b.loss[k] & KD_RING_UNPROTECTED, "ring %u: loss 0x%x after a failed reset", k, b.loss[k]);
+		ck_assert_msg(b.ring[k].reset_failed, "ring %u not marked for a retry", k);
+	}
+	b_collect_all();
+	ck_assert(!b.failed);
+	for (k = 0; k < 5; k++) {
+		cur = k;
+		vcpu_run(30, 0, &progress);
+	}
+	b_collect_all();
+	b_check_all_back(13, "after a failed reset");
+	for (k = 0; k < 5; k++)
+		ck_assert_msg(ms[k].ri == ms[k].di && b.ring[k].reset_pos == ms[k].ri, "ring %u: KVM reset %u, write %u, "
+			      "library reset %u", k, ms[k].ri, ms[k].di, b.ring[k].reset_pos);
+}
+END_TEST
+
+START_TEST(batch_stress_overshoot)
+{
+	batch_stress(_i % 2 ? MAX_RINGS : 3, 256, 0x51ed270b27ull + (uint64_t)_i * 7919, 512, _i >= 2);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("ring-model");
@@ -462,6 +820,10 @@ int main(void)
 	tcase_add_loop_test(tc, stress_overshoot, 0, 6);
 	tcase_add_loop_test(tc, stress_pushes_while_marked, 0, 6);
 	tcase_add_test(tc, outside_reset_is_noticed);
+	tcase_add_test(tc, batch_resets_once);
+	tcase_add_test(tc, batch_short_ring);
+	tcase_add_test(tc, batch_reset_fails);
+	tcase_add_loop_test(tc, batch_stress_overshoot, 0, 4);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -465,6 +465,59 @@ START_TEST(tracker_freed_while_vcpu_runs)
 }
 END_TEST
 
+/* ---- one_reset_for_many_rings ---- */
+
+static int resets;
+
+static int count_resets(int fd, unsigned long req, void *arg)
+{
+	(void)fd;
+	(void)arg;
+	if (req == KVM_RESET_DIRTY_RINGS)
+		__atomic_add_fetch(&resets, 1, __ATOMIC_RELAXED);
+	return KD_HOOK_PASS;
+}
+
+/*
+ * KVM's reset walks every vCPU of the VM and makes a request of each: a
+ * sync that reset each vCPU's ring on its own cost vCPUs^2 (1,024 vCPUs
+ * with a page or two each took seconds a sync, and a migration never
+ * ended).  128 vCPUs write 4 pages each, one after another; one sync
+ * must take all 512 pages (and the mailboxes) with one reset, and hand out
+ * each page's latest contents.
+ */
+START_TEST(one_reset_for_many_rings)
+{
+	const unsigned int vcpus = 128, pages = 4;
+	struct rig g = ring_rig(vcpus, 4096, 0, 0);
+	struct kvmdirty_region *r;
+	unsigned int i;
+	void *mem;
+
+	ck_assert_ok(testvm_add_memory(g.tv, 4 * GIB, vcpus * pages * PAGE, 0, &mem, &r));
+	rig_add_copy(&g, g.tv->sys_region, true, false);
+	rig_add_copy(&g, r, false, false);
+	for (i = 0; i < vcpus; i++)
+		rig_work(g.tv, i, 4 * GIB + i * pages * PAGE, pages, GUEST_SEQUENTIAL, GUEST_F_EXIT_EVERY_PASS);
+	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
+	rig_consume(&g);
+	for (i = 0; i < vcpus; i++)
+		rig_run_pass(g.tv, i);
+	resets = 0;
+	kd_test_hooks_set(count_resets, NULL, false);
+	rig_sync_consume(&g);
+	hooks_off();
+	printf("%u vCPUs, %u pages each: %d reset(s) in one sync, %" PRIu64 " entries harvested\n", vcpus, pages,
+	       resets, stats(g.t).ring_harvested);
+	ck_assert_msg(resets == 1, "%d KVM_RESET_DIRTY_RINGS for one sync of %u rings", resets, vcpus);
+	ck_assert_uint_ge(stats(g.t).ring_harvested, vcpus * pages);
+	rig_expect_fresh(&g, "one reset for many rings");
+	testvm_free(g.tv);
+	testvm_unmap(mem, vcpus * pages * PAGE);
+	rig_free(&g);
+}
+END_TEST
+
 /*
  * test-ring: the cases any KVM with a dirty ring runs.  test-ring overflow:
  * those that need entries lost to an overflow (RING_OVERFLOW_QUIRK), which
@@ -491,6 +544,7 @@ int main(int argc, char **argv)
 		tcase_add_test(tc, sync_between_ring_full_and_handler);
 		tcase_add_loop_test(tc, pages_published_after_reset, 0, 3);
 		tcase_add_loop_test(tc, tracker_freed_while_vcpu_runs, 0, 2);
+		tcase_add_test(tc, one_reset_for_many_rings);
 	}
 	suite_add_tcase(s, tc);
 	return run_suite(s);
