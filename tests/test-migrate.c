@@ -218,6 +218,47 @@ START_TEST(many_vcpus)
 }
 END_TEST
 
+/*
+ * An idle vCPU of the test guest sleeps as a guest's vCPU does on HLT:
+ * its thread is woken at most every 100 ms (each wake is one pass of the
+ * guest's idle loop), never spins.  Spinning, 1,024 idle vCPUs left the
+ * migration's threads of a 2-CPU host a 500th of a CPU and the migration
+ * never ended.  Judged by the passes the idle loop made (one a wake)
+ * against the time it ran: at most one every 10 ms, ten times the design.
+ */
+START_TEST(idle_vcpus_sleep)
+{
+	struct mig_testvm_opts o = { .mib = 16, .vcpus = 4, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 0 };
+	uint64_t pass0[4], ms;
+	struct timespec t0, t1, ts = { 0, 300000000 };
+	struct mig_guest g;
+	struct testvm *tv;
+	unsigned int i;
+
+	o.work[0] = (struct mig_vcpu_work){ .kind = MIG_WORK_DIRTY, .mib = 1, .rate = 1000 };
+	for (i = 1; i < o.vcpus; i++)
+		o.work[i] = (struct mig_vcpu_work){ .kind = i == 1 ? MIG_WORK_IDLE : MIG_WORK_SHARE };
+	tv = running_source(&o, &g);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (i = 0; i < o.vcpus; i++)
+		pass0[i] = testvm_mailbox(tv, i)->pass;
+	nanosleep(&ts, NULL);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	ms = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000 + (t1.tv_nsec - t0.tv_nsec) / 1000000);
+	for (i = 1; i < o.vcpus; i++) {
+		uint64_t passes = testvm_mailbox(tv, i)->pass - pass0[i];
+
+		printf("idle vCPU %u: %" PRIu64 " wakes in %" PRIu64 " ms\n", i, passes, ms);
+		ck_assert_msg(passes <= ms / 10 + 2, "idle vCPU %u: %" PRIu64 " passes of its idle loop in %" PRIu64
+			      " ms: it spins", i, passes, ms);
+	}
+	/* the working vCPU works on, and the idle ones stop when told */
+	ck_assert_uint_gt(testvm_mailbox(tv, 0)->writes, 0);
+	mig_guest_release(&g);
+	mig_testvm_free(tv);
+}
+END_TEST
+
 /* ---- streams recorded, and fed back ---- */
 
 struct recording {
@@ -1960,6 +2001,7 @@ int main(void)
 	tcase_set_tags(tc, "scale");
 	tcase_set_timeout(tc, 1800);
 	tcase_add_loop_test(tc, many_vcpus, 0, 2);
+	tcase_add_test(tc, idle_vcpus_sleep);
 	suite_add_tcase(s, tc);
 	/* CK_RUN_CASE=regions runs these alone */
 	tc = tcase_create("regions");

@@ -32,6 +32,7 @@
 #define GUEST_PORT_DONE 0xe1  /* the workload finished; value = last pass */
 #define GUEST_PORT_ERROR 0xe2 /* the self-check failed; details in the mailbox */
 #define GUEST_PORT_TICK 0xe3  /* GUEST_EXIT_LOOP: one exit per iteration */
+#define GUEST_PORT_IDLE 0xe4  /* GUEST_IDLE: nothing to do until stop; the host may sleep, as on HLT */
 
 enum guest_pattern {
 	GUEST_SEQUENTIAL = 0, /* pages 0, 1, 2, ... */
@@ -39,6 +40,14 @@ enum guest_pattern {
 	GUEST_STRIDED = 2,    /* 0, s, 2s, ..., then 1, 1+s, ...: every page once a pass */
 	GUEST_EXIT_LOOP = 3,  /* no writes: out to GUEST_PORT_TICK in a tight loop */
 	GUEST_COMPUTE = 4,    /* no writes: pages units of arithmetic a pass, counted in writes */
+	/*
+	 * No writes but the mailbox's pass: an out to GUEST_PORT_IDLE a pass,
+	 * the guest's HLT (a CPL-3 guest has none).  An idle vCPU that spun
+	 * instead would take a host CPU from everything else: a guest of
+	 * 1,024 such vCPUs on 2 host CPUs left its VMM's threads about a
+	 * 500th of a CPU.
+	 */
+	GUEST_IDLE = 5,
 };
 
 /* xorshift rounds in one GUEST_COMPUTE unit (about a microsecond natively) */

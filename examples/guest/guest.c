@@ -133,6 +133,11 @@ void guest_main(struct guest_vcpu *v)
 			outl(GUEST_PORT_TICK, 0);
 			v->writes++;
 		}
+	} else if (v->pattern == GUEST_IDLE) {
+		while (!v->stop) {
+			v->pass = ++pass;
+			outl(GUEST_PORT_IDLE, (uint32_t)pass);
+		}
 	} else {
 		while (!v->stop && (!v->until_pass || pass < v->until_pass)) {
 			if (!run_pass(v, pass + 1, &rng, &due))

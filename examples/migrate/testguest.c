@@ -215,6 +215,11 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 			mb->pattern = GUEST_COMPUTE;
 			mb->tsc_per_page = 0;
 			mb->flags = 0;
+		} else if (!pages[i]) {
+			/* nothing to write: idle as a guest's vCPU does, not spinning on a host CPU */
+			mb->pattern = GUEST_IDLE;
+			mb->tsc_per_page = 0;
+			mb->flags = 0;
 		}
 		at += pages[i];
 	}

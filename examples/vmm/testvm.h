@@ -38,10 +38,17 @@ struct testvm {
 	pthread_t threads[GUEST_MAX_VCPUS];
 	struct testvm_run_arg *args;
 	unsigned int nr_threads;
-	/* testvm_pause_all(): threads still running, and how many are parked */
+	/*
+	 * testvm_pause_all(): threads still running, and how many are parked;
+	 * parked threads wait on cond for the resume, the pauser on park_cond
+	 * for the last of them (one wake a pause, not one a vCPU for each
+	 * vCPU: with 1,024 vCPUs that was half a million wake-ups).
+	 */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
-	pthread_cond_t sit_cond; /* CLOCK_MONOTONIC: a vCPU sitting out its run share waits here */
+	pthread_cond_t park_cond;
+	/* CLOCK_MONOTONIC: a vCPU sitting out its run share, or idle (TESTVM_IDLE), waits here */
+	pthread_cond_t sit_cond;
 	bool pause_req, halt_req;
 	unsigned int alive, parked;
 	/*
@@ -73,6 +80,7 @@ enum testvm_event {
 	TESTVM_DONE,	 /* the workload finished */
 	TESTVM_ERROR,	 /* the guest's self-check failed: see the mailbox */
 	TESTVM_TICK,	 /* GUEST_EXIT_LOOP */
+	TESTVM_IDLE,	 /* GUEST_IDLE: the guest has nothing to do (testvm_spawn()'s threads sleep) */
 	TESTVM_MMIO,	 /* the guest touched a gpa with no region */
 	TESTVM_SHUTDOWN, /* triple fault */
 	TESTVM_OTHER,	 /* any other exit; see run->exit_reason */
