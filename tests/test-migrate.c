@@ -733,17 +733,23 @@ START_TEST(damaged_pages)
 }
 END_TEST
 
-/* A peer that sends part of a stream and then nothing: refused once the wait times out, naming what it awaited. */
+/*
+ * A peer that sends part of a stream and then nothing: refused once the
+ * wait times out, naming what it awaited and how long it waited: -T and
+ * what the guest's size adds (mig_guest_wait_ms()).
+ */
 START_TEST(silent_peers)
 {
 	const char *awaited[4] = { "awaiting the header:", "awaiting record 3:", " (DATA) pages:", "awaiting record " };
 	size_t cuts[4], data;
 	struct mig_ack ack;
-	char err[256];
+	char err[256], waited[64];
 	unsigned int i;
 	int ret;
 
 	record_stream(true);
+	ck_assert_uint_gt(mig_guest_wait_ms(&dst_g, 300), 300);
+	snprintf(waited, sizeof(waited), "for %" PRIu64 " ms", mig_guest_wait_ms(&dst_g, 300));
 	data = nth_record(MIG_DATA, 0);
 	cuts[0] = 20;		       /* half a header */
 	cuts[1] = rec.recs[3].off + 12; /* half a record header */
@@ -752,8 +758,8 @@ START_TEST(silent_peers)
 	for (i = 0; i < 4; i++) {
 		ret = feed_stream_to(rec.buf, cuts[i], true, 300, err, sizeof(err), &ack);
 		ck_assert_msg(ret == -ETIMEDOUT, "cut at %zu: %d (%s), expected a timeout", cuts[i], ret, err);
-		ck_assert_msg(strstr(err, awaited[i]) && strstr(err, "300 ms"), "cut at %zu: '%s' should name '%s'",
-			      cuts[i], err, awaited[i]);
+		ck_assert_msg(strstr(err, awaited[i]) && strstr(err, waited), "cut at %zu: '%s' should name '%s' and '%s'",
+			      cuts[i], err, awaited[i], waited);
 		/* the peer is told too */
 		ck_assert_msg(ack.status == -ETIMEDOUT && strstr(ack.message, awaited[i]),
 			      "cut at %zu: the peer heard %d '%.124s'", cuts[i], ack.status, ack.message);

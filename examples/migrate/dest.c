@@ -687,7 +687,7 @@ static int handoff(const struct mig_guest *g, const struct mig_recv_opts *o, str
 		   const struct mig_vcpu_state *fresh, struct mig_recv_result *res, char *err, size_t len)
 {
 	struct mig_status own;
-	struct mig_handoff h = { .ch = s->chan[0], .fd = s->fd[0], .timeout_ms = o->timeout_ms,
+	struct mig_handoff h = { .ch = s->chan[0], .fd = s->fd[0], .timeout_ms = mig_guest_wait_ms(g, o->timeout_ms),
 				 .st = o->status ? o->status : &own,
 				 .unknown = o->unknown, .ctx = o->unknown_ctx, .wait = o->status != NULL };
 	char why[256];
@@ -748,8 +748,11 @@ int mig_recv_session(const struct mig_guest *g, struct mig_session *s, const str
 	}
 	if (o->status)
 		mig_status_reset(o->status);
-	for (i = 0; i < s->conns; i++)
+	/* the stream's waits, now that the session is made: -T, and what the guest's size adds */
+	for (i = 0; i < s->conns; i++) {
+		mig_conn_set_timeout(s->conn[i], mig_guest_wait_ms(g, o->timeout_ms));
 		rd[i] = mig_chan_reader(s->chan[i]);
+	}
 	ret = recv_lanes(g, rd, s->conns, o->inline_hash, fresh, s->fd[0], s->chan[0], cancel_session, s, res, err,
 			 len);
 	res->outcome = MIG_OUTCOME_THERE;

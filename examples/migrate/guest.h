@@ -85,6 +85,28 @@ struct mig_guest {
 int mig_guest_set_regions(struct mig_guest *g, const struct kvmdirty_vm *vm);
 
 /*
+ * How long either end of a migration of g waits for its peer without
+ * progress: timeout_ms (the -T of the tools; 0: as long as it takes), and
+ * on top of it what the peer may spend in steps that grow with the guest
+ * and say nothing meanwhile: turning logging on for its regions, a sync,
+ * pausing and saving or loading its vCPUs, checking its pages at END.
+ * 1 ms a vCPU, 1 ms a region, 50 ms a GiB of memory: about ten times what
+ * these steps were seen to take on a nested host (1,024 vCPUs paused,
+ * saved and synced in about 115 ms).
+ */
+static inline uint64_t mig_guest_wait_ms(const struct mig_guest *g, uint64_t timeout_ms)
+{
+	uint64_t bytes = 0;
+	unsigned int i;
+
+	if (!timeout_ms)
+		return 0;
+	for (i = 0; i < g->nr_regions; i++)
+		bytes += g->regions[i].size;
+	return timeout_ms + g->nr_vcpus + g->nr_regions + 50 * (bytes >> 30);
+}
+
+/*
  * Destination: g's memory is all zero now (fresh anonymous memory,
  * faulted in or not, as a VMM has it before a stream): keep a bitmap a
  * region of the pages the streams write (see mig_guest_region.written),

@@ -211,11 +211,11 @@ int src_drain(struct source *s, uint64_t max_pages)
  */
 static int settle(struct source *s)
 {
-	double t0 = now_ms();
+	double t0 = now_ms(), wait = (double)mig_guest_wait_ms(s->g, s->o->peer_timeout_ms);
 	int ret;
 
 	while (mig_session_unacked(&s->sess)) {
-		if (s->o->peer_timeout_ms && now_ms() - t0 > (double)s->o->peer_timeout_ms)
+		if (wait > 0 && now_ms() - t0 > wait)
 			return -ETIMEDOUT;
 		usleep(200);
 		ret = src_tick(s);

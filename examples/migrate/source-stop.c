@@ -68,7 +68,7 @@ static int send_rest(struct source *s, char *err, size_t len)
  */
 static int handoff(struct source *s, struct mig_result *res, char *err, size_t len)
 {
-	struct mig_handoff h = { .ch = s->lane[0].ch, .fd = s->sess.fd[0], .timeout_ms = s->o->peer_timeout_ms,
+	struct mig_handoff h = { .ch = s->lane[0].ch, .fd = s->sess.fd[0], .timeout_ms = mig_guest_wait_ms(s->g, s->o->peer_timeout_ms),
 				 .st = s->st, .unknown = src_unknown,
 				 .ctx = s, .wait = s->o->status != NULL };
 	struct mig_handoff_times t;

@@ -58,6 +58,9 @@ static int session(struct source *s, int fd, char *err, size_t len)
 		ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s->sess, err, len);
 	if (ret == 0)
 		ret = src_lanes_new(s, err, len);
+	/* the stream's waits, now that the session is made: -T, and what the guest's size adds */
+	for (unsigned int i = 0; ret == 0 && i < s->sess.conns; i++)
+		mig_conn_set_timeout(s->sess.conn[i], mig_guest_wait_ms(s->g, o->peer_timeout_ms));
 	/* while the stream goes: a cancel cuts it, the destination drops it */
 	if (ret == 0)
 		mig_status_cancel_fds(s->st, s->sess.fd, s->sess.conns, SHUT_WR);
