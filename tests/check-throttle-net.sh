@@ -36,9 +36,9 @@ run() {
 
 for mode in clear-log dirty-ring; do
 	run "$mode" "$mode"
-	echo "$out" | grep -q "^source exit 0$" || fail "$mode: the throttled migration did not complete"
+	grep -q "^source exit 0$" <<<"$out" || fail "$mode: the throttled migration did not complete"
 	rig_migrated "$mode"
-	echo "$out" | grep -q "^destination exit 0$" || fail "$mode: the destination failed"
+	grep -q "^destination exit 0$" <<<"$out" || fail "$mode: the destination failed"
 	python3 - "$stats" "$mode" <<'PY' || fail "$mode: stats: see above"
 import json, sys
 path, mode = sys.argv[1], sys.argv[2]
@@ -67,7 +67,7 @@ done
 second=dirty:128
 for mode in clear-log dirty-ring; do
 	run "$mode" "$mode-two"
-	echo "$out" | grep -q "^source exit 0$" || fail "$mode, two dirtiers: the throttled migration did not complete"
+	grep -q "^source exit 0$" <<<"$out" || fail "$mode, two dirtiers: the throttled migration did not complete"
 	rig_migrated "$mode, two dirtiers"
 	python3 - "$stats" <<'PY' || fail "$mode, two dirtiers: stats: see above"
 import json, sys
@@ -80,11 +80,11 @@ second=
 
 for mode in clear-log dirty-ring; do
 	run "$mode" "$mode-off" --no-throttle
-	echo "$out" | grep -q "^source exit 1$" || fail "$mode --no-throttle: the source did not report a failed migration"
-	echo "$out" | grep -q "pre-copy did not converge (pass_limit)" || fail "$mode --no-throttle: no line saying pre-copy did not converge"
-	echo "$out" | grep -q "^source: guest ran on here .* self-check ok$" || fail "$mode --no-throttle: the source's guest did not run on"
-	echo "$out" | grep -q "^destination exit 1$" || fail "$mode --no-throttle: the destination did not refuse the cut stream"
-	echo "$out" | grep -q "resuming the guest" && fail "$mode --no-throttle: the destination started a guest"
+	grep -q "^source exit 1$" <<<"$out" || fail "$mode --no-throttle: the source did not report a failed migration"
+	grep -q "pre-copy did not converge (pass_limit)" <<<"$out" || fail "$mode --no-throttle: no line saying pre-copy did not converge"
+	grep -q "^source: guest ran on here .* self-check ok$" <<<"$out" || fail "$mode --no-throttle: the source's guest did not run on"
+	grep -q "^destination exit 1$" <<<"$out" || fail "$mode --no-throttle: the destination did not refuse the cut stream"
+	grep -q "resuming the guest" <<<"$out" && fail "$mode --no-throttle: the destination started a guest"
 	python3 - "$stats" <<'PY' || fail "$mode --no-throttle: stats: see above"
 import json, sys
 end = [json.loads(l) for l in open(sys.argv[1])][-1]

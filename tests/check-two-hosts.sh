@@ -32,8 +32,8 @@ out=$("$rig" --rate 400mbit --burst 128kb --limit 2mb \
 status=$?
 echo "$out"
 [ "$status" = 0 ] || fail "a run over the rig exited with $status"
-echo "$out" | grep -q "received 67108864 bytes" || fail "the destination did not get 64 MiB"
-echo "$out" | grep -q "qdisc tbf .* rate 400Mbit burst 131050b" || fail "no tbf at 400mbit with a 128 KiB burst on the source's veth"
+grep -q "received 67108864 bytes" <<<"$out" || fail "the destination did not get 64 MiB"
+grep -q "qdisc tbf .* rate 400Mbit burst 131050b" <<<"$out" || fail "no tbf at 400mbit with a 128 KiB burst on the source's veth"
 [ "$(new_netns)" = 0 ] || fail "namespaces left after a run: $(ip netns list)"
 
 # the source's status is the rig's; a failing destination fails the run
@@ -41,7 +41,7 @@ echo "$out" | grep -q "qdisc tbf .* rate 400Mbit burst 131050b" || fail "no tbf 
 [ $? = 1 ] || fail "a failing source did not fail the run"
 out=$("$rig" --dst false --src true 2>&1)
 [ $? = 1 ] || fail "a failing destination did not fail the run"
-echo "$out" | grep -q "destination command exited with 1" || fail "a failing destination not reported: $out"
+grep -q "destination command exited with 1" <<<"$out" || fail "a failing destination not reported: $out"
 
 # interrupted (Ctrl-C, or killed) while both sides run: torn down all the same
 for sig in INT TERM; do
@@ -78,7 +78,7 @@ if tc qdisc add dev lo root netem delay 1ms 2>/dev/null; then
 	tc qdisc del dev lo root
 	[ "$status" = 0 ] || fail "--delay 5 with netem present: status $status"
 else
-	[ "$status" = 2 ] && echo "$out" | grep -q "no netem" || fail "--delay without netem: status $status: $out"
+	[ "$status" = 2 ] && grep -q "no netem" <<<"$out" || fail "--delay without netem: status $status: $out"
 fi
 [ "$(new_netns)" = 0 ] || fail "namespaces left: $(ip netns list)"
 echo "check-two-hosts: shaped link, teardown after runs and interrupts, bad command lines: ok"
