@@ -72,7 +72,7 @@ static inline struct copy *rig_add_copy(struct rig *g, struct kvmdirty_region *r
 
 static inline void rig_pause_us(unsigned int us)
 {
-	struct timespec ts = { 0, (long)us * 1000 };
+	struct timespec ts = { (time_t)(us / 1000000), (long)(us % 1000000) * 1000 };
 
 	if (us)
 		nanosleep(&ts, NULL);

@@ -559,8 +559,23 @@ static void ko_point(enum kd_hook_point p, void *obj)
 /*
  * The common part: the rig, the vCPU at three times its limit, its thread
  * (blocking SIGUSR1, and SIGUSR2 and SIGRTMIN with also_usr2) started,
- * 200 ms of it.
+ * 1,500 pages of it.
+ *
+ * What follows needs the first sync to find the vCPU in KVM_RUN and in
+ * debt, however the host schedules it.  It was 200 ms of a guest at three
+ * times a limit set before its thread started: where the thread's first
+ * KVM_RUN came late (ThreadSanitizer on a loaded host with KVM), the sync
+ * charged less than the time that passed, found no debt, sent no kick,
+ * and "the kick never ended KVM_RUN".  Now the limit is set once the
+ * guest wrote KO_CHARGE pages: the sync charges them all (1.5 s at the
+ * limit) against the moments since.  The working set stays under the
+ * ring's soft limit, so that no ring-full exit charges the vCPU and holds
+ * it first, however late the sync (a page written again before a harvest
+ * pushes no entry; a held vCPU is out of KVM_RUN and not kicked).
  */
+#define KO_CHARGE 1500
+#define KO_WS 2048
+
 static struct rig ko_setup(bool also_usr2)
 {
 	const uint64_t limit = 1000;
@@ -577,7 +592,7 @@ static struct rig ko_setup(bool also_usr2)
 	ck_assert_ok(testvm_add_memory(g.tv, L_GPA, 4096 * PAGE, 0, &ma, &ra));
 	rig_add_copy(&g, ra, false, false);
 	rig_add_copy(&g, g.tv->sys_region, true, false);
-	rig_work(g.tv, 0, L_GPA, 4096, GUEST_SEQUENTIAL, 0);
+	rig_work(g.tv, 0, L_GPA, KO_WS, GUEST_SEQUENTIAL, 0);
 	mb0 = testvm_mailbox(g.tv, 0);
 	mb0->tsc_per_page = testvm_tsc_per_page(g.tv, 3 * limit);
 	ck_assert_uint_gt(mb0->tsc_per_page, 0);
@@ -590,10 +605,11 @@ static struct rig ko_setup(bool also_usr2)
 		sigaddset(&ko.set, SIGUSR2);
 		sigaddset(&ko.set, SIGRTMIN);
 	}
-	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(ko.v, limit));
 	ck_assert_int_eq(pthread_create(&ko.th, NULL, ko_vcpu, NULL), 0);
-	/* 200 ms at three times the limit: 400 ms owed at the charge */
-	rig_pause_us(200000);
+	wait_writes(g.tv, 0, KO_CHARGE);
+	ck_assert_msg(mb0->writes >= KO_CHARGE, "the guest wrote %" PRIu64 " pages in 5 s", mb0->writes);
+	/* from nothing saved and nothing owed: the next sync charges KO_CHARGE pages or more, 1.5 s at the limit */
+	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(ko.v, limit));
 	return g;
 }
 
