@@ -220,8 +220,8 @@ static int sync_fail(int64_t n, char *err, size_t len)
 /*
  * The throttle: each vCPU kept in KVM_RUN for half the share it had (at
  * least 50 permille), through the VMM's run share (the guest's
- * set_run_share; none: no throttle).  Lifted by unthrottle() once the
- * pause is over, whatever happened.
+ * set_run_share; none: no throttle).  Lifted by unthrottle() before the
+ * vCPUs resume from the pause, and after a failure that never paused.
  */
 static void throttle_step(struct mig_snap *s, struct mig_snap_result *res)
 {
@@ -277,6 +277,8 @@ static int passes(struct mig_snap *s, struct mig_snap_result *res, double *ret_t
 			return ret;
 		last = pages;
 		res->passes++;
+		if (s->o.pass_done)
+			s->o.pass_done(s->o.pass_done_ctx, res);
 	}
 	*ret_redirty = redirty;
 	return 0;
@@ -311,6 +313,8 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 			mig_errf(err, len, ret, "saving vCPU %u's state: %s", i, strerror(-ret));
 	}
 	res->pause_vcpu_ms = now_ms() - t;
+	/* every vCPU at its whole share again before it runs: none sits out a throttle's period after the pause */
+	unthrottle(s);
 	if (ret == 0) {
 		snap_writer_vcpus(s->w, s->vs);
 		res->pause_pages = pages;
@@ -352,7 +356,7 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 	t_last = now_ms();
 	if (ret == 0)
 		ret = pause_and_take(s, res, err, len);
-	/* the guest at full speed again, whatever happened */
+	/* the guest at full speed again, whatever happened (after the pause: lifted before it ended) */
 	unthrottle(s);
 	res->pages = s->pages;
 	res->bytes = s->bytes;

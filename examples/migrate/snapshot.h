@@ -69,12 +69,24 @@ struct mig_snap_opts {
 	 * of what the one before wrote written again halves every vCPU's run
 	 * share (down to 50 permille: the guest's set_run_share, where it has
 	 * one), so that a guest that writes faster than the disk takes pages
-	 * still gets a short pause; lifted after the pause, whatever happened.
+	 * still gets a short pause; lifted before the vCPUs resume from the
+	 * pause, whatever happened.
 	 */
 	bool no_throttle;
-	/* tests: called with the vCPUs paused, every page and vCPU state taken, before they resume */
+	/*
+	 * Called with the vCPUs paused, every page and vCPU state taken and
+	 * the throttle lifted, before they resume (tests: memory as the file
+	 * holds it).
+	 */
 	void (*paused)(void *ctx, const struct mig_snap_result *res);
 	void *paused_ctx;
+	/*
+	 * Called after each pass with the guest running, before the next
+	 * sync: res->passes passes done, res->throttle_permille the lowest
+	 * share so far (progress; tests: what the guest wrote meanwhile).
+	 */
+	void (*pass_done)(void *ctx, const struct mig_snap_result *res);
+	void *pass_done_ctx;
 };
 
 /*
