@@ -44,6 +44,8 @@ enum kd_hook_point {
 	KD_HOOK_MARK_TOUCH,
 	/* start made a region's state and has not taken the regions lock yet; obj: the region */
 	KD_HOOK_START_INSTALL,
+	/* KVM_RUN returned -1 on the vCPU's thread (a signal handler may run here); obj: the vCPU */
+	KD_HOOK_RUN_FAILED,
 };
 
 /* Returned by the ioctl hook to let the real ioctl run. */

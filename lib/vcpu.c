@@ -644,15 +644,18 @@ static int run_loop(struct kvmdirty_vcpu *v)
 				return ret;
 		}
 		if (ioctl(v->fd, KVM_RUN, NULL) < 0) {
+			/* KVM_RUN's, before a signal handler that does not keep errno runs */
+			int err = errno;
 			uint64_t seq;
 
+			KD_HOOK_POINT(KD_HOOK_RUN_FAILED, v);
 			/*
 			 * An EINTR without immediate_exit after a kick of the
 			 * library's is taken as that kick's (its signal may have
 			 * waited, blocked, for KVM_RUN to unblock it): be held, go
 			 * on.  The VMM's kicks set immediate_exit and are returned.
 			 */
-			if (errno == EINTR && !LOAD(v->run->immediate_exit) &&
+			if (err == EINTR && !LOAD(v->run->immediate_exit) &&
 			    (seq = __atomic_load_n(&v->kick_seq, __ATOMIC_SEQ_CST)) != v->kick_seen) {
 				v->kick_seen = seq;
 				/*
@@ -666,7 +669,7 @@ static int run_loop(struct kvmdirty_vcpu *v)
 				eat_kick(v);
 				continue;
 			}
-			return -errno;
+			return -err;
 		}
 		/* the one check the library adds to every exit */
 		if (v->run->exit_reason != KVM_EXIT_DIRTY_RING_FULL)

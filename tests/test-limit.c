@@ -744,6 +744,37 @@ START_TEST(kick_signal_off_is_off)
 }
 END_TEST
 
+/*
+ * What kvmdirty_vcpu_run() returns is KVM_RUN's errno, whatever runs
+ * between the call and the library's look at it: here a signal handler
+ * of the VMM's that does not keep errno (the test build's hook at the
+ * point, on the vCPU's thread) sets it to EAGAIN as KVM_RUN fails with
+ * EINTR (immediate_exit set).  Read after such a handler, the VMM would
+ * be told -EAGAIN.
+ */
+static void clobber_errno(enum kd_hook_point p, void *obj)
+{
+	(void)obj;
+	if (p == KD_HOOK_RUN_FAILED)
+		errno = EAGAIN;
+}
+
+START_TEST(run_keeps_kvm_errno)
+{
+	struct rig g = ring_rig(1, 256, 0, 0);
+	struct kvm_run *run = kvmdirty_vcpu_kvm_run(g.tv->vcpu[0]);
+	int ret;
+
+	__atomic_store_n(&run->immediate_exit, 1, __ATOMIC_RELAXED);
+	kd_test_hooks_set(NULL, clobber_errno, false);
+	ret = kvmdirty_vcpu_run(g.tv->vcpu[0]);
+	hooks_off();
+	ck_assert_msg(ret == -EINTR, "kvmdirty_vcpu_run() with immediate_exit set: %d (%s), not -EINTR", ret,
+		      strerror(-ret));
+	testvm_free(g.tv);
+}
+END_TEST
+
 START_TEST(errors)
 {
 	struct testvm_opts o = { .nr_vcpus = 1, .track = true,
@@ -800,6 +831,7 @@ int main(void)
 	tc = tcase_create("limit");
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, errors);
+	tcase_add_test(tc, run_keeps_kvm_errno);
 	tcase_add_test(tc, over_limit_held);
 	tcase_add_test(tc, under_limit_not_held);
 	tcase_add_test(tc, limit_zero_frees_held);
