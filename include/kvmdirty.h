@@ -311,23 +311,30 @@ void kvmdirty_tracker_free(struct kvmdirty_tracker *tracker);
 enum kvmdirty_mode kvmdirty_tracker_mode(const struct kvmdirty_tracker *tracker);
 
 /*
- * Start tracking one region (or every region, with region NULL): turns
- * KVM's dirty logging on for it and marks every page of it pending, so
- * that the first pass after start reports all of memory.  Starting a
- * tracked region again is a no-op.  Regions added later are not tracked
- * until started.  Sync, next and marks walk tracked regions only: a VM
- * with many memslots pays for the ones it tracks.  Errors: -EINVAL;
- * -ENOMEM; errno of the memslot update (with NULL, regions already started
- * stay started).
+ * Start tracking one region (or every region, with region NULL) for the
+ * tracker's own user: where no one tracked it, turns KVM's dirty logging
+ * on for it and marks every page of it pending for every consumer, so
+ * that the first pass after start reports all of memory; where a
+ * consumer already started it (kvmdirty_consumer_start()), only claims it
+ * too (nothing becomes pending again).  Starting a region this user
+ * started is a no-op.  Regions added later are not tracked until started.
+ * Sync, next and marks walk tracked regions only: a VM with many memslots
+ * pays for the ones it tracks.  Errors: -EINVAL; -ENOMEM; errno of the
+ * memslot update (with NULL, regions already started stay started).
  */
 int kvmdirty_tracker_start(struct kvmdirty_tracker *tracker, struct kvmdirty_region *region);
 
 /*
- * Stop tracking one region (or all): dirty logging off, its pending pages
- * dropped.  If KVM refuses the memslot update the region stays tracked,
- * pending pages and all, and the errno is returned; with NULL the others
- * are still stopped and the first error returned.  Stopping an untracked
- * region is a no-op.  Removing a tracked region stops its tracking too.
+ * Give up the tracker's own user's claim on one region (or on all it
+ * started).  The last claim on a region (no consumer started it either)
+ * stops tracking it: dirty logging off, its pending pages dropped for
+ * every consumer.  A region some consumer still claims stays tracked,
+ * logging on and every consumer's pages theirs: one reader's stop never
+ * drops another's writes.  If KVM refuses the memslot update the region
+ * stays tracked, pending pages and all, and the errno is returned; with
+ * NULL the others are still stopped and the first error returned.
+ * Stopping a region this user never started is a no-op.  Removing a
+ * tracked region stops its tracking, every claim with it.
  */
 int kvmdirty_tracker_stop(struct kvmdirty_tracker *tracker, struct kvmdirty_region *region);
 
@@ -498,7 +505,8 @@ int kvmdirty_consumer_new(struct kvmdirty_tracker *tracker, uint32_t flags,
 
 /*
  * End a consumer: its pending and owed pages are dropped (nothing owed
- * survives it; the other consumers keep theirs).  Call it when no call of
+ * survives it; the other consumers keep theirs), and its claims on
+ * regions given up (kvmdirty_consumer_start()).  Call it when no call of
  * this consumer runs; other consumers may.  kvmdirty_tracker_free() frees
  * the consumers still there.  NULL and the tracker's default consumer: no-op.
  */
@@ -506,6 +514,26 @@ void kvmdirty_consumer_free(struct kvmdirty_consumer *consumer);
 
 /* The consumer the tracker's own sync, next and pending act on; NULL for NULL. */
 struct kvmdirty_consumer *kvmdirty_tracker_consumer(const struct kvmdirty_tracker *tracker);
+
+/*
+ * Since 0.5.  Tracking as this consumer's own need: logging stays on for
+ * a region while any consumer (the tracker's own user included, through
+ * kvmdirty_tracker_start()) claims it, and goes off when the last claim
+ * goes.  kvmdirty_consumer_start() is kvmdirty_tracker_start() for this
+ * consumer: the region (NULL: every region) tracked where it was not,
+ * every page pending for every consumer then, and a claim of this
+ * consumer's either way.  kvmdirty_consumer_stop() gives the claim up as
+ * kvmdirty_tracker_stop() does the tracker's own.  kvmdirty_consumer_free()
+ * gives up every claim of the consumer, so a reader that ends (a
+ * migration done, a snapshot series over) never turns logging off under
+ * another; if KVM refuses that memslot update, the claim passes to the
+ * tracker's own user (its kvmdirty_tracker_stop() tries again).  Errors:
+ * as kvmdirty_tracker_start() and _stop(); -EINVAL for NULL.  Threads:
+ * changes, as kvmdirty_tracker_start() and _stop() (not concurrently with
+ * each other on the same VM).
+ */
+int kvmdirty_consumer_start(struct kvmdirty_consumer *consumer, struct kvmdirty_region *region);
+int kvmdirty_consumer_stop(struct kvmdirty_consumer *consumer, struct kvmdirty_region *region);
 
 /*
  * kvmdirty_tracker_sync() for every consumer at once: fetches from KVM and

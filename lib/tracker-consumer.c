@@ -33,7 +33,23 @@ KD_EXPORT void kvmdirty_consumer_free(struct kvmdirty_consumer *c)
 	/* the tracker's own lives and dies with it */
 	if (!c || c == c->t->dflt)
 		return;
+	/* its claims go: logging off where it was the last to need it */
+	kd_track_stop(c->t, c, NULL, true);
 	kd_cons_free(c);
+}
+
+KD_EXPORT int kvmdirty_consumer_start(struct kvmdirty_consumer *c, struct kvmdirty_region *r)
+{
+	if (!c)
+		return -EINVAL;
+	return kd_track_start(c->t, c, r);
+}
+
+KD_EXPORT int kvmdirty_consumer_stop(struct kvmdirty_consumer *c, struct kvmdirty_region *r)
+{
+	if (!c)
+		return -EINVAL;
+	return kd_track_stop(c->t, c, r, false);
 }
 
 KD_EXPORT struct kvmdirty_consumer *kvmdirty_tracker_consumer(const struct kvmdirty_tracker *t)

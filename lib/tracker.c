@@ -152,7 +152,9 @@ void kd_tracker_free(struct kvmdirty_tracker *t)
 	kd_track_reaper_stop(t);
 	/* from here on vCPUs harvest and reset their rings, and drop what they held */
 	kd_vcpus_set_sink(t->vcpus, NULL, NULL);
-	kvmdirty_tracker_stop(t, NULL);
+	/* every consumer's claims: logging off wherever the library turned it on */
+	for (uint32_t i = 0; i < t->nr_consumers; i++)
+		kd_track_stop(t, t->consumers[i], NULL, false);
 	kd_regions_wrlock(t->regions);
 	while (t->nr_tracked) /* regions whose logging could not be switched off */
 		kd_track_drop(t, t->tracked[t->nr_tracked - 1]);
@@ -177,7 +179,16 @@ KD_EXPORT enum kvmdirty_mode kvmdirty_tracker_mode(const struct kvmdirty_tracker
 	return t ? t->mode : KVMDIRTY_MODE_AUTO;
 }
 
-static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
+/* c's claim on a tracked slot, counted (under the regions lock for writing). */
+static void claim(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, uint32_t slot)
+{
+	if (c->slots[slot].claims)
+		return;
+	c->slots[slot].claims = true;
+	t->slots[slot].claims++;
+}
+
+static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struct kvmdirty_region *r)
 {
 	struct kd_track_region n;
 	bool was_on;
@@ -185,6 +196,14 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 
 	if (!kd_region_valid(t->regions, r))
 		return -EINVAL;
+	kd_regions_wrlock(t->regions);
+	if (kd_region_valid(t->regions, r) && t->slots[r->slot].tracking) {
+		/* tracked already, for another consumer or for this one: a claim of c's too, nothing else */
+		claim(t, c, r->slot);
+		kd_regions_unlock(t->regions);
+		return 0;
+	}
+	kd_regions_unlock(t->regions);
 	ret = kd_track_state_new(t, r->size / t->page_size, &n);
 	if (ret < 0)
 		return ret;
@@ -202,6 +221,7 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 		goto out;
 	}
 	if (t->slots[r->slot].tracking) {
+		claim(t, c, r->slot);
 		ret = 0;
 		goto out;
 	}
@@ -220,6 +240,7 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 		if (ret < 0 && !was_on)
 			kd_region_set_logging_locked(t->regions, r, false);
 		if (ret == 0) {
+			claim(t, c, r->slot);
 			kd_regions_unlock(t->regions);
 			return 0; /* the state is the slot's now */
 		}
@@ -230,54 +251,90 @@ out:
 	return ret;
 }
 
-KD_EXPORT int kvmdirty_tracker_start(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
+int kd_track_start(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struct kvmdirty_region *r)
 {
 	int ret;
 
-	if (!t)
-		return -EINVAL;
 	if (r)
-		return start_one(t, r);
+		return start_one(t, c, r);
 	for (r = kd_region_next(t->regions, NULL); r; r = kd_region_next(t->regions, r)) {
-		ret = start_one(t, r);
+		ret = start_one(t, c, r);
 		if (ret < 0)
 			return ret;
 	}
 	return 0;
 }
 
-/* Logging off, then the state goes; if KVM refuses, the region stays tracked. */
-static int stop_one(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
+KD_EXPORT int kvmdirty_tracker_start(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
 {
+	if (!t)
+		return -EINVAL;
+	return kd_track_start(t, t->dflt, r);
+}
+
+/*
+ * c's claim on the region given up; the last claim turns logging off,
+ * then the state goes.  If KVM refuses, the region stays tracked and the
+ * claim c's (for_good: a consumer leaving hands it to the tracker's own
+ * consumer instead, whose stop then retries).
+ */
+static int stop_one(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struct kvmdirty_region *r,
+		    bool for_good)
+{
+	uint32_t slot = r->slot;
 	int ret;
 
-	if (!t->slots[r->slot].tracking)
-		return 0;
-	ret = kd_region_set_logging(t->regions, r, false);
-	if (ret < 0)
-		return ret;
 	kd_regions_wrlock(t->regions);
-	kd_track_drop(t, r->slot);
+	if (!t->slots[slot].tracking || !c->slots[slot].claims) {
+		kd_regions_unlock(t->regions);
+		return 0;
+	}
+	if (t->slots[slot].claims > 1) {
+		/* others still need the log: it stays on, their pages theirs */
+		c->slots[slot].claims = false;
+		t->slots[slot].claims--;
+		kd_regions_unlock(t->regions);
+		return 0;
+	}
+	kd_regions_unlock(t->regions);
+	ret = kd_region_set_logging(t->regions, r, false);
+	if (ret < 0) {
+		if (for_good && c != t->dflt) {
+			kd_regions_wrlock(t->regions);
+			c->slots[slot].claims = false;
+			t->slots[slot].claims--;
+			claim(t, t->dflt, slot);
+			kd_regions_unlock(t->regions);
+		}
+		return ret;
+	}
+	kd_regions_wrlock(t->regions);
+	kd_track_drop(t, slot);
 	kd_regions_unlock(t->regions);
 	return 0;
 }
 
-KD_EXPORT int kvmdirty_tracker_stop(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
+int kd_track_stop(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struct kvmdirty_region *r, bool for_good)
 {
 	struct kvmdirty_region *next;
 	int ret, first = 0;
 
-	if (!t)
-		return -EINVAL;
 	if (r)
-		return kd_region_valid(t->regions, r) ? stop_one(t, r) : -EINVAL;
+		return kd_region_valid(t->regions, r) ? stop_one(t, c, r, for_good) : -EINVAL;
 	for (r = kd_region_next(t->regions, NULL); r; r = next) {
 		next = kd_region_next(t->regions, r);
-		ret = stop_one(t, r);
+		ret = stop_one(t, c, r, for_good);
 		if (ret < 0 && !first)
 			first = ret;
 	}
 	return first;
+}
+
+KD_EXPORT int kvmdirty_tracker_stop(struct kvmdirty_tracker *t, struct kvmdirty_region *r)
+{
+	if (!t)
+		return -EINVAL;
+	return kd_track_stop(t, t->dflt, r, false);
 }
 
 KD_EXPORT uint64_t kvmdirty_tracker_pending(const struct kvmdirty_tracker *t)

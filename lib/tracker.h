@@ -63,6 +63,12 @@ struct kd_track_region {
 	bool log_off_ours;
 	/* GET said ENOENT (logging off behind the library): all pending when it works again */
 	bool log_lost;
+	/*
+	 * Consumers that started the region and have not stopped it (the
+	 * default one for kvmdirty_tracker_start()): logging stays on until
+	 * the last one stops or leaves.  Under the regions lock for writing.
+	 */
+	uint32_t claims;
 };
 
 /* One consumer's state in one tracked region. */
@@ -73,6 +79,7 @@ struct kd_cons_slot {
 	uint64_t owed_count;
 	uint64_t owed_lo, owed_hi; /* owed's words outside [lo, hi) are zero */
 	bool listed;		   /* in the consumer's owed list */
+	bool claims;		   /* the consumer started the region (counted in its claims) */
 };
 
 struct kvmdirty_consumer {
@@ -152,6 +159,15 @@ struct kvmdirty_tracker {
 int kd_tracker_new(struct kd_kvm *kvm, struct kd_regions *regions, struct kd_vcpus *vcpus,
 		   const struct kvmdirty_tracker_opts *opts, void *owner, struct kvmdirty_tracker **ret_tracker);
 void kd_tracker_free(struct kvmdirty_tracker *t);
+/*
+ * c's claims (kvmdirty_consumer_start/_stop, the tracker's own through
+ * its default consumer): start tracks the region where no one did and
+ * claims it for c; stop gives c's claim up, and the last one turns
+ * logging off.  for_good: c is leaving (a failed switch hands its claim
+ * to the default consumer).
+ */
+int kd_track_start(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struct kvmdirty_region *r);
+int kd_track_stop(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struct kvmdirty_region *r, bool for_good);
 
 /* tracker-state.c */
 int kd_track_state_new(struct kvmdirty_tracker *t, uint64_t npages, struct kd_track_region *ret);

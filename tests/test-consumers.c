@@ -1050,6 +1050,127 @@ START_TEST(count_fails_partway)
 }
 END_TEST
 
+/*
+ * Claims: logging stays on for a region while any of the tracker's own
+ * user (D, kvmdirty_tracker_start/_stop) and two consumers (A, B,
+ * kvmdirty_consumer_start, then kvmdirty_consumer_free for A and
+ * kvmdirty_consumer_stop for B) still needs it.  For every order of the
+ * three starts and every choice of the one that ends last: after the
+ * other two ended, a guest pass must reach that one whole, each page
+ * once (a write logging-off hid would be missing); when it ends too,
+ * logging is off and nothing is tracked.
+ */
+enum { CL_D, CL_A, CL_B };
+
+static struct kvmdirty_consumer *cl_cons(struct lockstep *l, struct kvmdirty_consumer **ab, int who)
+{
+	return who == CL_D ? kvmdirty_tracker_consumer(l->tv->tracker) : ab[who - 1];
+}
+
+static void cl_start(struct lockstep *l, struct kvmdirty_consumer **ab, int who)
+{
+	if (who == CL_D)
+		ck_assert_ok(kvmdirty_tracker_start(l->tv->tracker, l->r));
+	else
+		ck_assert_ok(kvmdirty_consumer_start(ab[who - 1], l->r));
+}
+
+static void cl_end(struct lockstep *l, struct kvmdirty_consumer **ab, int who)
+{
+	if (who == CL_D) {
+		ck_assert_ok(kvmdirty_tracker_stop(l->tv->tracker, NULL));
+	} else if (who == CL_A) {
+		kvmdirty_consumer_free(ab[0]);
+		ab[0] = NULL;
+	} else {
+		ck_assert_ok(kvmdirty_consumer_stop(ab[1], l->r));
+	}
+}
+
+START_TEST(claims_keep_logging)
+{
+	static const int perms[6][3] = { { 0, 1, 2 }, { 0, 2, 1 }, { 1, 0, 2 }, { 1, 2, 0 }, { 2, 0, 1 }, { 2, 1, 0 } };
+	static const char *const who_name[] = { "the tracker's user", "consumer A (freed)", "consumer B (stopped)" };
+	enum kvmdirty_mode mode = modes[_i];
+	unsigned int p, last, k, runs = 0;
+	uint8_t *seen;
+
+	for (p = 0; p < 6; p++) {
+		for (last = 0; last < 3; last++) {
+			struct kvmdirty_consumer *ab[2], *surv;
+			struct kvmdirty_consumer_info in;
+			struct lockstep l;
+			uint64_t got, q;
+
+			lockstep_new(&l, mode, 1 << 20);
+			/* lockstep_new() started the region for the tracker's user: not here, the order decides */
+			ck_assert_ok(kvmdirty_tracker_stop(l.tv->tracker, NULL));
+			ck_assert_ok(kvmdirty_consumer_new(l.tv->tracker, 0, &ab[0]));
+			ck_assert_ok(kvmdirty_consumer_new(l.tv->tracker, 0, &ab[1]));
+			seen = calloc(l.pages, 1);
+			ck_assert_ptr_nonnull(seen);
+			for (k = 0; k < 3; k++)
+				cl_start(&l, ab, perms[p][k]);
+			ck_assert(kvmdirty_region_flags(l.r) & KVMDIRTY_REGION_LOG_DIRTY);
+			/* the two that end first, in the order they started */
+			for (k = 0; k < 3; k++)
+				if (perms[p][k] != (int)last)
+					cl_end(&l, ab, perms[p][k]);
+			surv = cl_cons(&l, ab, (int)last);
+			ck_assert_msg(kvmdirty_region_flags(l.r) & KVMDIRTY_REGION_LOG_DIRTY,
+				      "%s, starts %d%d%d: logging off while %s still needs it", mode_name(mode), perms[p][0],
+				      perms[p][1], perms[p][2], who_name[last]);
+			/* what the survivor had pending, gone; then one pass of the guest must reach it whole */
+			ck_assert_int_ge(kvmdirty_consumer_sync(surv), 0);
+			take(surv, UINT64_MAX, seen);
+			kvmdirty_consumer_commit(surv);
+			memset(seen, 0, l.pages);
+			rig_run_pass(l.tv, 0);
+			ck_assert_int_ge(kvmdirty_consumer_sync(surv), 0);
+			got = take(surv, UINT64_MAX, seen);
+			kvmdirty_consumer_commit(surv);
+			for (q = 0; q < l.pages; q++)
+				ck_assert_msg(seen[q] == 1, "%s, starts %d%d%d, %s last: page %" PRIu64 " of the pass "
+					      "handed out %u times (%" PRIu64 " pages in all)",
+					      mode_name(mode), perms[p][0], perms[p][1], perms[p][2], who_name[last], q,
+					      seen[q], got);
+			/* the last one ends: logging off, nothing tracked */
+			cl_end(&l, ab, (int)last);
+			ck_assert_msg(!(kvmdirty_region_flags(l.r) & KVMDIRTY_REGION_LOG_DIRTY),
+				      "%s: logging on once every claim went", mode_name(mode));
+			ck_assert_ok(kvmdirty_consumer_info(kvmdirty_tracker_consumer(l.tv->tracker), &in, sizeof(in)));
+			ck_assert_uint_eq(in.tracked_pages, 0);
+			if (ab[0])
+				kvmdirty_consumer_free(ab[0]);
+			kvmdirty_consumer_free(ab[1]);
+			free(seen);
+			lockstep_free(&l);
+			runs++;
+		}
+	}
+	printf("claims, %s: %u orders, each pass whole for the last claimant, logging off after it\n", mode_name(mode),
+	       runs);
+	/* every region at once: a consumer's claims on all of them go with it */
+	{
+		struct kvmdirty_consumer *c;
+		struct lockstep l;
+
+		lockstep_new(&l, mode, 1 << 20);
+		ck_assert_ok(kvmdirty_tracker_stop(l.tv->tracker, NULL));
+		ck_assert_ok(kvmdirty_consumer_new(l.tv->tracker, 0, &c));
+		ck_assert_ok(kvmdirty_consumer_start(c, NULL));
+		ck_assert(kvmdirty_region_flags(l.r) & KVMDIRTY_REGION_LOG_DIRTY);
+		ck_assert(kvmdirty_region_flags(l.tv->sys_region) & KVMDIRTY_REGION_LOG_DIRTY);
+		ck_assert_ok(kvmdirty_tracker_start(l.tv->tracker, l.tv->sys_region));
+		kvmdirty_consumer_free(c);
+		ck_assert(!(kvmdirty_region_flags(l.r) & KVMDIRTY_REGION_LOG_DIRTY));
+		/* the tracker's user still needs the system region */
+		ck_assert(kvmdirty_region_flags(l.tv->sys_region) & KVMDIRTY_REGION_LOG_DIRTY);
+		lockstep_free(&l);
+	}
+}
+END_TEST
+
 START_TEST(bad_calls)
 {
 	struct kvmdirty_consumer *c;
@@ -1070,6 +1191,8 @@ START_TEST(bad_calls)
 	ck_assert_errno(kvmdirty_consumer_abort(NULL), EINVAL);
 	ck_assert_errno(kvmdirty_consumer_info(NULL, &in, sizeof(in)), EINVAL);
 	ck_assert_errno(kvmdirty_consumer_count(NULL, &k, sizeof(k)), EINVAL);
+	ck_assert_errno(kvmdirty_consumer_start(NULL, NULL), EINVAL);
+	ck_assert_errno(kvmdirty_consumer_stop(NULL, NULL), EINVAL);
 	ck_assert_uint_eq(kvmdirty_consumer_pending(NULL), 0);
 	ck_assert_ptr_null(kvmdirty_tracker_consumer(NULL));
 	ck_assert_ok(kvmdirty_consumer_new(l.tv->tracker, 0, &c));
@@ -1111,6 +1234,7 @@ int main(void)
 	tcase_add_loop_test(tc, slot_reused_cursor, 0, MODES);
 	tcase_add_test(tc, count_fails_partway);
 	tcase_add_test(tc, bad_calls);
+	tcase_add_loop_test(tc, claims_keep_logging, 0, MODES);
 	suite_add_tcase(s, tc);
 	/* its own case, to be run alone (CK_RUN_CASE=touch) */
 	tc = tcase_create("touch");
