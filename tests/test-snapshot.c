@@ -25,8 +25,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include "dest.h"
 #include "kvm-skip.h"
 #include "snapshot.h"
+#include "source.h"
+#include "status.h"
 #include "test-util.h"
 #include "testguest.h"
 
@@ -371,6 +377,170 @@ START_TEST(throttled_then_lifted)
 }
 END_TEST
 
+/* ---- snapshots_and_migration: a snapshot series and a migration of one guest, in every order ---- */
+
+/*
+ * The migration (M): mig_send() on a thread of its own, to a destination
+ * guest in this process on another thread, at 4 MiB/s so that it lasts;
+ * either cancelled (the guest runs on here) or let go to its end (the
+ * guest moves: the source checks its memory against every page it sent).
+ */
+struct mig_run {
+	struct mig_guest *src;
+	struct mig_status st;
+	int s_done; /* S has ended: M may switch over */
+	pthread_t th, dth;
+	int sv[2];
+	int ret, dret;
+	struct mig_result res;
+	char err[512], derr[512];
+	struct testvm *dtv;
+	struct mig_guest dg;
+};
+
+/* M's events, on its thread: it switches over (pauses the guest) only once S has ended (60 s at most) */
+static void mig_run_event(void *ctx, const char *line)
+{
+	struct mig_run *m = ctx;
+	unsigned int i;
+
+	for (i = 0; strstr(line, "\"event\":\"switchover\"") && i < 60000 && !__atomic_load_n(&m->s_done, __ATOMIC_ACQUIRE);
+	     i++)
+		sleep_ms(1);
+}
+
+static void *mig_run_src(void *p)
+{
+	struct mig_run *m = p;
+	struct mig_send_opts o = { .downtime_ms = 20, .max_passes = 6, .timeout_ms = 60000, .peer_timeout_ms = 60000,
+				   .verify = true, .force_switchover = true, .max_bandwidth = 4, .status = &m->st,
+				   .event = mig_run_event, .event_ctx = m };
+
+	m->ret = mig_send(m->src, m->sv[0], &o, &m->res, m->err, sizeof(m->err));
+	shutdown(m->sv[0], SHUT_RDWR);
+	return NULL;
+}
+
+static void *mig_run_dst(void *p)
+{
+	struct mig_run *m = p;
+	struct mig_recv_opts o = { .timeout_ms = 60000 };
+	struct mig_recv_result res;
+
+	m->dret = mig_recv(&m->dg, m->sv[1], &o, &res, m->derr, sizeof(m->derr));
+	return NULL;
+}
+
+/* M begun: once its tracking is on (the state past setup) */
+static void mig_run_start(struct mig_run *m, struct rig *r)
+{
+	struct mig_testvm_opts o = { .mib = 16, .vcpus = 2, .lazy = true };
+	char q[16384], err[256];
+	unsigned int i;
+
+	memset(m, 0, sizeof(*m));
+	m->src = &r->g;
+	mig_status_init(&m->st, false);
+	ck_assert_msg(mig_testvm_new(&o, false, &m->dtv, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_int_eq(mig_testvm_guest(m->dtv, &m->dg), 0);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, m->sv), 0);
+	ck_assert_int_eq(pthread_create(&m->dth, NULL, mig_run_dst, m), 0);
+	ck_assert_int_eq(pthread_create(&m->th, NULL, mig_run_src, m), 0);
+	for (i = 0; i < 10000 && (mig_status_query(&m->st, q, sizeof(q)) || !strstr(q, "\"state\":\"precopy\"")); i++)
+		sleep_ms(1);
+	ck_assert_msg(strstr(q, "\"state\":\"precopy\""), "the migration never reached pre-copy: %s", q);
+}
+
+/* M ended: cancelled (the guest runs on here), or to its end (the guest moved, every page checked) */
+static void mig_run_end(struct mig_run *m, bool cancel, const char *order)
+{
+	char err[256];
+
+	if (cancel)
+		ck_assert_msg(mig_status_cancel(&m->st, err, sizeof(err)) == 0, "%s: cancel: %s", order, err);
+	pthread_join(m->th, NULL);
+	pthread_join(m->dth, NULL);
+	close(m->sv[0]);
+	close(m->sv[1]);
+	if (cancel) {
+		ck_assert_msg(m->ret == -ECANCELED && m->res.outcome == MIG_OUTCOME_HERE, "%s: cancelled: %d (%s)", order,
+			      m->ret, m->err);
+	} else {
+		uint64_t total = 0;
+		unsigned int i;
+
+		for (i = 0; i < m->src->nr_regions; i++)
+			total += m->src->regions[i].size / 4096;
+		ck_assert_msg(m->ret == 0 && m->res.outcome == MIG_OUTCOME_THERE, "%s: migration: %d (%s); destination: %d "
+			      "(%s)", order, m->ret, m->err, m->dret, m->derr);
+		ck_assert_msg(m->res.lost_pages == 0 && m->res.verified_pages == total,
+			      "%s: the migration lost %" PRIu64 " pages (%" PRIu64 " of %" PRIu64 " verified)", order,
+			      m->res.lost_pages, m->res.verified_pages, total);
+	}
+	mig_guest_release(&m->dg);
+	mig_testvm_free(m->dtv);
+	mig_status_destroy(&m->st);
+}
+
+/*
+ * The series (S) and the migration (M) of one guest, each begun and ended
+ * in every order: S M M S, M S M S, S M S M, M S S M.  Whichever begins
+ * first turns logging on; whichever ends first must not turn it off under
+ * the other.  S's chain is then compared page for page with memory at
+ * each of its pauses (and run, where the guest stayed here); M, where it
+ * ends last, moves the guest and checks every page it sent.  M ends by a
+ * cancel where S goes on after it (the guest must stay here to be
+ * snapshotted), and is held at its switchover until S ended where S
+ * ends first.  Each order in each mode.
+ */
+START_TEST(snapshots_and_migration)
+{
+	enum kvmdirty_mode mode = modes[_i % MODES];
+	unsigned int order = _i / MODES, k;
+	const bool m_first = order == 1 || order == 3, s_last = order < 2;
+	static const char *const names[] = { "S M M S", "M S M S", "S M S M", "M S S M" };
+	char what[64];
+	struct mig_snap *s = NULL;
+	struct mig_run m;
+	struct rig r;
+
+	snprintf(what, sizeof(what), "%s, %s", names[order], mode_name(mode));
+	rig_new(&r, mode, false);
+	if (m_first)
+		mig_run_start(&m, &r);
+	s = snap_new(&r, 0);
+	if (!m_first)
+		mig_run_start(&m, &r);
+	take(s, 0, what);
+	sleep_ms(100);
+	take(s, 1, what);
+	if (s_last) {
+		/* M ends first, and S goes on */
+		mig_run_end(&m, true, what);
+		for (k = 2; k < 4; k++) {
+			sleep_ms(100);
+			take(s, k, what);
+		}
+		end_and_compare(&r, s, what);
+	} else {
+		/* S ends first, and M goes on to its end */
+		for (k = 2; k < 4; k++) {
+			sleep_ms(100);
+			take(s, k, what);
+		}
+		mig_snap_free(s);
+		__atomic_store_n(&m.s_done, 1, __ATOMIC_RELEASE);
+		mig_run_end(&m, false, what);
+		testvm_halt_all(r.tv);
+		ck_assert_int_eq(testvm_join(r.tv, NULL, NULL), 0);
+		for (k = 0; k < 4; k++)
+			restore_and_compare(&r, k, false, what);
+		rig_free(&r);
+	}
+	printf("snapshots and a migration, %s: every file matches memory at its pause\n", what);
+}
+END_TEST
+
 int main(void)
 {
 	int skip = require_kvm("test-snapshot");
@@ -385,6 +555,7 @@ int main(void)
 	tcase_add_loop_test(tc, chain_matches_memory, 0, MODES);
 	tcase_add_loop_test(tc, failed_snapshots_retaken, 0, MODES);
 	tcase_add_test(tc, throttled_then_lifted);
+	tcase_add_loop_test(tc, snapshots_and_migration, 0, 4 * MODES);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -18,7 +18,7 @@
 struct mig_rate {
 	struct kvmdirty_tracker *t;
 	struct kvmdirty_consumer *cons;
-	bool own_tracking, by_ring;
+	bool by_ring;
 	unsigned int n;
 	struct kvmdirty_vcpu *const *vcpus;
 	uint64_t t0_ns, last_ns;
@@ -66,7 +66,6 @@ static uint64_t vcpu_rate(struct mig_rate *r, unsigned int i, uint64_t ns)
 int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus, unsigned int n,
 		 struct mig_rate **ret_r, char *err, size_t len)
 {
-	struct kvmdirty_consumer_info ci;
 	struct kvmdirty_count k;
 	struct mig_rate *r;
 	unsigned int i;
@@ -86,17 +85,11 @@ int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus,
 	r->n = n;
 	r->vcpus = vcpus;
 	r->by_ring = kvmdirty_tracker_mode(t) == KVMDIRTY_MODE_DIRTY_RING;
-	/* tracking on where it was off; a migration that starts later keeps it on (and leaves it so) */
-	r->own_tracking =
-		kvmdirty_consumer_info(kvmdirty_tracker_consumer(t), &ci, sizeof(ci)) < 0 || !ci.tracked_pages;
-	ret = kvmdirty_tracker_start(t, NULL);
-	if (ret < 0) {
-		r->own_tracking = false;
-		mig_rate_free(r);
-		return mig_errf(err, len, ret, "rate: starting dirty tracking: %s", strerror(-ret));
-	}
 	ret = kvmdirty_consumer_new(t, KVMDIRTY_CONSUMER_COUNT | KVMDIRTY_CONSUMER_EMPTY, &r->cons);
-	/* the first count takes what was pending when it joined: the intervals start after it */
+	/* its claim on every region: logging on where it was off, and on while the sampler lives */
+	if (ret == 0)
+		ret = kvmdirty_consumer_start(r->cons, NULL);
+	/* the first count takes what was pending when it joined or started: the intervals start after it */
 	if (ret == 0)
 		ret = kvmdirty_consumer_count(r->cons, &k, sizeof(k));
 	if (ret < 0) {
@@ -196,9 +189,8 @@ void mig_rate_free(struct mig_rate *r)
 	/* each vCPU's set of pages goes: nobody asks any more */
 	for (i = 0; r->by_ring && i < r->n; i++)
 		kvmdirty_vcpu_count(r->vcpus[i], NULL, 0);
+	/* its claim goes with it: logging off where no one else needs it */
 	kvmdirty_consumer_free(r->cons);
-	if (r->own_tracking)
-		kvmdirty_tracker_stop(r->t, NULL);
 	free(r->prev);
 	free(r->rates);
 	free(r);

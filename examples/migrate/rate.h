@@ -37,9 +37,10 @@ struct mig_rate_sample {
 };
 
 /*
- * Watch the guest of tracker t, its vCPUs vcpus[0..n): tracking on where
- * it was off (mig_rate_free() turns it off again then), and a counting
- * consumer that joins with nothing pending.  0, or -errno with one line
+ * Watch the guest of tracker t, its vCPUs vcpus[0..n): a counting
+ * consumer that joins with nothing pending and claims every region
+ * (kvmdirty_consumer_start(): logging on where it was off, and on while
+ * the sampler lives).  0, or -errno with one line
  * in err.
  */
 int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus, unsigned int n,
@@ -57,7 +58,7 @@ int mig_rate_sample(struct mig_rate *r, struct mig_rate_sample *ret_s);
  * vCPU always do).
  */
 void mig_rate_format(const struct mig_rate_sample *s, bool json, char *buf, size_t len);
-/* The consumer freed, tracking off where mig_rate_new() turned it on; NULL: no-op. */
+/* The consumer freed, its claim with it (logging off where no one else needs it); NULL: no-op. */
 void mig_rate_free(struct mig_rate *r);
 
 #endif

@@ -101,16 +101,17 @@ int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struc
 	if (mig_hostmem_private_anon_n(hva, s->size, g->nr_regions, s->anon) == 0)
 		s->pagemap = mig_pagemap_open();
 	free(hva);
-	ret = kvmdirty_tracker_start(g->tracker, NULL);
-	if (ret < 0) {
-		mig_snap_free(s);
-		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
-	}
 	/* every page pending: the first snapshot is full */
 	ret = kvmdirty_consumer_new(g->tracker, 0, &s->cons);
 	if (ret < 0) {
 		mig_snap_free(s);
 		return mig_errf(err, len, ret, "a consumer of the dirty log for the snapshots: %s", strerror(-ret));
+	}
+	/* the series' claim on every region: logging on while it lasts, whoever else comes and goes */
+	ret = kvmdirty_consumer_start(s->cons, NULL);
+	if (ret < 0) {
+		mig_snap_free(s);
+		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
 	}
 	*ret_s = s;
 	return 0;
@@ -120,7 +121,7 @@ void mig_snap_free(struct mig_snap *s)
 {
 	if (!s)
 		return;
-	/* tracking stays on: a consumer that came later (a migration) may need it; the VMM turns it off */
+	/* its claim goes with it: logging stays on where another consumer (a migration, the VMM) needs it */
 	if (s->cons)
 		kvmdirty_consumer_free(s->cons);
 	if (s->pagemap >= 0)

@@ -90,8 +90,9 @@ struct mig_snap_opts {
 };
 
 /*
- * Begin: tracking on for g's tracker (where it was off), a consumer with
- * every page pending (the first snapshot is full).  Every region of g must
+ * Begin: a consumer of g's tracker with every page pending (the first
+ * snapshot is full), which claims every region: logging on where it was
+ * off, and on as long as the series lasts, whoever else comes and goes.  Every region of g must
  * be the library's (its region set).  The prefix's directory must exist.  0, or -errno with err saying why.
  */
 int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struct mig_snap **ret_s, char *err,
@@ -116,10 +117,10 @@ int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, 
 		     char *err, size_t len);
 
 /*
- * The consumer freed.  Tracking stays on, even where mig_snap_new()
- * turned it on: another consumer that joined since (a migration) may rely
- * on it; the VMM calls kvmdirty_tracker_stop() once no one does.  NULL is
- * ignored.
+ * The consumer freed, and its claim on the regions with it
+ * (kvmdirty_consumer_start()): logging goes off where no other consumer
+ * (a migration) and not the VMM's own kvmdirty_tracker_start() still
+ * needs it.  NULL is ignored.
  */
 void mig_snap_free(struct mig_snap *s);
 

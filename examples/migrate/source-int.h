@@ -133,9 +133,8 @@ struct source {
 	int sync_err; /* a tick's sync failed: -errno */
 	uint64_t applied_limit[MIG_THROTTLE_MAX_VCPUS];
 	unsigned int applied_share[MIG_THROTTLE_MAX_VCPUS];
-	/* the migration's own consumer of the tracker; whether it turned tracking on (and so turns it off) */
+	/* the migration's own consumer of the tracker, which claims every region while it lives */
 	struct kvmdirty_consumer *cons;
-	bool own_tracking;
 	/* the parameters as last taken from the status (each sample), and what they make */
 	struct mig_params par;
 	uint64_t cap_bps;  /* bytes/s on the wire (0: none); read by the lanes' workers, atomically */

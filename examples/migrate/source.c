@@ -113,25 +113,22 @@ static int header(struct source *s, char *err, size_t len)
 }
 
 /*
- * Tracking on (where it was off: another consumer of the tracker may have
- * it on already, and keeps it after), and the migration's own consumer,
- * with every page pending: its first pass is all of memory.
+ * The migration's own consumer, every page pending (its first pass is
+ * all of memory), and its claim on every region: logging on where it was
+ * off, and on until the consumer goes (and no one else needs it).
  */
 static int track(struct source *s, char *err, size_t len)
 {
 	struct kvmdirty_tracker *t = s->g->tracker;
-	struct kvmdirty_consumer_info ci;
 	int ret;
 
-	s->own_tracking = kvmdirty_consumer_info(kvmdirty_tracker_consumer(t), &ci, sizeof(ci)) < 0 ||
-			  !ci.tracked_pages;
-	ret = kvmdirty_tracker_start(t, NULL);
-	if (ret < 0)
-		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
-	s->started = true;
 	ret = kvmdirty_consumer_new(t, 0, &s->cons);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "a consumer of the dirty log for the migration: %s", strerror(-ret));
+	ret = kvmdirty_consumer_start(s->cons, NULL);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "starting dirty tracking: %s", strerror(-ret));
+	s->started = true;
 	return 0;
 }
 
@@ -223,8 +220,9 @@ static void results(struct source *s, struct mig_result *res, int ret)
 /*
  * The guest as mig_send() leaves it: unthrottled; the migration's pages
  * done with (moved) or owed no more (stays here: its consumer aborts,
- * which touches no other consumer's); untracked where mig_send() turned
- * tracking on; running here unless it moved.
+ * which touches no other consumer's); its consumer gone, and with it its
+ * claim on the regions (logging off where no one else needs it); running
+ * here unless it moved.
  */
 static void release(struct source *s, enum mig_outcome o)
 {
@@ -239,8 +237,6 @@ static void release(struct source *s, enum mig_outcome o)
 		kvmdirty_consumer_free(s->cons);
 		s->cons = NULL;
 	}
-	if (s->started && s->own_tracking)
-		kvmdirty_tracker_stop(s->g->tracker, NULL);
 	/* where the guest stays here, it runs on where it was; where its fate is unknown, it stays paused */
 	if (o == MIG_OUTCOME_HERE && s->paused)
 		s->g->ops->resume(s->g->ctx);
