@@ -46,6 +46,8 @@ enum kd_hook_point {
 	KD_HOOK_START_INSTALL,
 	/* KVM_RUN returned -1 on the vCPU's thread (a signal handler may run here); obj: the vCPU */
 	KD_HOOK_RUN_FAILED,
+	/* a move made move_seq odd and has not edited the gpa index yet; obj: the region */
+	KD_HOOK_MOVE_EDIT,
 };
 
 /* Returned by the ioctl hook to let the real ioctl run. */

@@ -16,6 +16,15 @@
  * chains of any length, and removal must never allocate or fail.
  * Tombstones go when the table is rebuilt from the range array.
  */
+/*
+ * The gpa index is edited by a region move while marks read it (regions.h:
+ * the move's sequence count makes them retry): every word a lookup reads
+ * and an insert or remove writes goes through these, relaxed (plain moves
+ * on x86).
+ */
+#define LD(x) __atomic_load_n(&(x), __ATOMIC_RELAXED)
+#define ST(x, v) __atomic_store_n(&(x), (v), __ATOMIC_RELAXED)
+
 static inline uint32_t ent_make(uint32_t id, uint32_t tag)
 {
 	return ((id + 1) << 16) | tag;
@@ -49,35 +58,48 @@ void kd_index_init(struct kd_index *ix)
 	memset(ix, 0, sizeof(*ix));
 }
 
+void kd_index_reclaim(struct kd_index *ix)
+{
+	struct kd_index_tab *t = ix->retired, *next;
+
+	for (; t; t = next) {
+		next = t->retired;
+		free(t);
+	}
+	ix->retired = NULL;
+	ix->nr_retired = 0;
+}
+
 void kd_index_fini(struct kd_index *ix)
 {
+	kd_index_reclaim(ix);
 	free(ix->tab);
 	free(ix->ranges);
 	kd_index_init(ix);
 }
 
-static void tab_put(uint32_t *tab, uint32_t bits, uint32_t id, uint64_t block, unsigned int level)
+static void tab_put(struct kd_index_tab *tab, uint32_t id, uint64_t block, unsigned int level)
 {
 	uint64_t h = hash_key(block, level);
-	uint32_t mask = (1u << bits) - 1, pos = hash_pos(h, bits);
+	uint32_t bits = tab->bits, mask = (1u << bits) - 1, pos = hash_pos(h, bits);
 
-	while (tab[pos])
+	while (tab->e[pos])
 		pos = (pos + 1) & mask;
-	tab[pos] = ent_make(id, hash_tag(h, bits));
+	ST(tab->e[pos], ent_make(id, hash_tag(h, bits)));
 }
 
-static void tab_del(uint32_t *tab, uint32_t bits, uint32_t id, uint64_t block, unsigned int level)
+static void tab_del(struct kd_index_tab *tab, uint32_t id, uint64_t block, unsigned int level)
 {
 	uint64_t h = hash_key(block, level);
-	uint32_t mask = (1u << bits) - 1, pos = hash_pos(h, bits), tag = hash_tag(h, bits), e;
+	uint32_t bits = tab->bits, mask = (1u << bits) - 1, pos = hash_pos(h, bits), tag = hash_tag(h, bits), e;
 
 	/*
 	 * Several blocks of one range may share a tag and a chain; deleting
 	 * any of them first is fine since all of them are deleted together.
 	 */
-	for (; (e = tab[pos]) != 0; pos = (pos + 1) & mask) {
+	for (; (e = tab->e[pos]) != 0; pos = (pos + 1) & mask) {
 		if (ent_live(e) && ent_id(e) == id && ent_tag(e) == tag) {
-			tab[pos] = TOMB;
+			ST(tab->e[pos], TOMB);
 			return;
 		}
 	}
@@ -95,40 +117,45 @@ static uint32_t range_blocks(const struct kd_index_range *r)
 	return (uint32_t)(((r->end - 1) >> level) - (r->start >> level) + 1);
 }
 
-static void range_put(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r)
+static void range_put(struct kd_index_tab *tab, uint32_t id, const struct kd_index_range *r)
 {
 	unsigned int level = range_level(r);
 	uint64_t b = r->start >> level;
 	uint32_t i, n = range_blocks(r);
 
 	for (i = 0; i < n; i++)
-		tab_put(tab, bits, id, b + i, level);
+		tab_put(tab, id, b + i, level);
 }
 
-static void range_del(uint32_t *tab, uint32_t bits, uint32_t id, const struct kd_index_range *r)
+static void range_del(struct kd_index_tab *tab, uint32_t id, const struct kd_index_range *r)
 {
 	unsigned int level = range_level(r);
 	uint64_t b = r->start >> level;
 	uint32_t i, n = range_blocks(r);
 
 	for (i = 0; i < n; i++)
-		tab_del(tab, bits, id, b + i, level);
+		tab_del(tab, id, b + i, level);
 }
 
-/* Rebuild the table from the used ranges, without tombstones. */
+/* Rebuild the table from the used ranges, without tombstones; the old one is retired (see index.h). */
 static int rebuild(struct kd_index *ix, uint32_t bits)
 {
-	uint32_t *tab = calloc((size_t)1 << bits, sizeof(*tab));
+	struct kd_index_tab *tab = calloc(1, sizeof(*tab) + ((size_t)1 << bits) * sizeof(tab->e[0]));
 	uint32_t id;
 
 	if (!tab)
 		return -ENOMEM;
+	tab->bits = bits;
 	for (id = 0; id < ix->ranges_cap; id++)
 		if (ix->ranges[id].end)
-			range_put(tab, bits, id, &ix->ranges[id]);
-	free(ix->tab);
-	ix->tab = tab;
-	ix->tab_bits = bits;
+			range_put(tab, id, &ix->ranges[id]);
+	if (ix->tab) {
+		ix->tab->retired = ix->retired;
+		ix->retired = ix->tab;
+		ix->nr_retired++;
+	}
+	/* whole before it is seen */
+	__atomic_store_n(&ix->tab, tab, __ATOMIC_RELEASE);
 	ix->nr_tombs = 0;
 	return 0;
 }
@@ -142,7 +169,7 @@ int kd_index_reserve(struct kd_index *ix, uint32_t extra)
 	 * Live entries and tombstones fill at most half the table: misses
 	 * probe to an empty entry, and at 3/4 they cost twice as much.
 	 */
-	if (ix->tab && used * 2 <= 1ull << ix->tab_bits)
+	if (ix->tab && used * 2 <= 1ull << ix->tab->bits)
 		return 0;
 	while (((uint64_t)ix->nr_entries + extra) * 2 > (1ull << bits))
 		bits++;
@@ -159,11 +186,11 @@ static void update_order(struct kd_index *ix)
 		if (!ix->level_count[l])
 			continue;
 		for (i = n; i > 0 && ix->level_count[ix->order[i - 1]] < ix->level_count[l]; i--)
-			ix->order[i] = ix->order[i - 1];
-		ix->order[i] = (uint8_t)l;
+			ST(ix->order[i], ix->order[i - 1]);
+		ST(ix->order[i], (uint8_t)l);
 		n++;
 	}
-	ix->nr_levels = (uint8_t)n;
+	ST(ix->nr_levels, (uint8_t)n);
 }
 
 static int grow_ranges(struct kd_index *ix, uint32_t id)
@@ -214,8 +241,9 @@ int kd_index_insert(struct kd_index *ix, uint32_t id, uint64_t start, uint64_t l
 	if (ret)
 		return ret;
 	r = &ix->ranges[id];
-	*r = (struct kd_index_range){ .start = start, .end = start + len };
-	range_put(ix->tab, ix->tab_bits, id, r);
+	ST(r->start, start);
+	ST(r->end, start + len);
+	range_put(ix->tab, id, r);
 	ix->nr_entries += range_blocks(r);
 	ix->nr_ranges++;
 	ix->level_count[range_level(r)]++;
@@ -230,33 +258,37 @@ int kd_index_remove(struct kd_index *ix, uint32_t id)
 	if (id >= ix->ranges_cap || !ix->ranges[id].end)
 		return -ENOENT;
 	r = &ix->ranges[id];
-	range_del(ix->tab, ix->tab_bits, id, r);
+	range_del(ix->tab, id, r);
 	ix->nr_entries -= range_blocks(r);
 	ix->nr_tombs += range_blocks(r);
 	ix->nr_ranges--;
 	ix->level_count[range_level(r)]--;
-	r->end = 0;
+	ST(r->end, 0);
 	update_order(ix);
 	return 0;
 }
 
 uint32_t kd_index_lookup(const struct kd_index *ix, uint64_t addr)
 {
-	uint32_t bits = ix->tab_bits, mask = (1u << bits) - 1;
-	unsigned int i;
+	const struct kd_index_tab *tab = __atomic_load_n(&ix->tab, __ATOMIC_ACQUIRE);
+	uint32_t bits = tab ? tab->bits : 0, mask = (1u << bits) - 1;
+	unsigned int i, n = tab ? LD(ix->nr_levels) : 0;
 
-	for (i = 0; i < ix->nr_levels; i++) {
-		unsigned int level = ix->order[i];
+	for (i = 0; i < n && i < 64; i++) {
+		unsigned int level = LD(ix->order[i]);
 		uint64_t h = hash_key(addr >> level, level);
 		uint32_t pos = hash_pos(h, bits), tag = hash_tag(h, bits), e;
 
-		for (; (e = ix->tab[pos]) != 0; pos = (pos + 1) & mask) {
+		for (; (e = LD(tab->e[pos])) != 0; pos = (pos + 1) & mask) {
 			const struct kd_index_range *r;
+			uint64_t start, end;
 
 			if (!ent_live(e) || ent_tag(e) != tag)
 				continue;
 			r = &ix->ranges[ent_id(e)];
-			if (addr - r->start < r->end - r->start)
+			start = LD(r->start);
+			end = LD(r->end);
+			if (addr - start < end - start)
 				return ent_id(e);
 		}
 	}
@@ -270,7 +302,8 @@ static bool range_overlaps(const struct kd_index_range *r, uint64_t first, uint6
 
 bool kd_index_overlaps(const struct kd_index *ix, uint64_t start, uint64_t len, uint32_t skip_id)
 {
-	uint32_t bits = ix->tab_bits, mask = (1u << bits) - 1, id;
+	const struct kd_index_tab *tab = ix->tab;
+	uint32_t bits = tab ? tab->bits : 0, mask = (1u << bits) - 1, id;
 	uint64_t first = start, last = start + len - 1, probes = 0;
 	unsigned int i;
 
@@ -302,7 +335,7 @@ bool kd_index_overlaps(const struct kd_index *ix, uint64_t start, uint64_t len, 
 			uint64_t h = hash_key(b, level);
 			uint32_t pos = hash_pos(h, bits), tag = hash_tag(h, bits), e;
 
-			for (; (e = ix->tab[pos]) != 0; pos = (pos + 1) & mask)
+			for (; (e = tab->e[pos]) != 0; pos = (pos + 1) & mask)
 				if (ent_live(e) && ent_tag(e) == tag && ent_id(e) != skip_id &&
 				    range_overlaps(&ix->ranges[ent_id(e)], first, last))
 					return true;
@@ -316,16 +349,17 @@ bool kd_index_overlaps(const struct kd_index *ix, uint64_t start, uint64_t len, 
 int kd_index_for_each_at(const struct kd_index *ix, uint64_t addr,
 			 int (*fn)(uint32_t id, void *ctx), void *ctx)
 {
-	uint32_t bits = ix->tab_bits, mask = (1u << bits) - 1;
+	const struct kd_index_tab *tab = ix->tab;
+	uint32_t bits = tab ? tab->bits : 0, mask = (1u << bits) - 1;
 	unsigned int i;
 	int ret;
 
-	for (i = 0; i < ix->nr_levels; i++) {
+	for (i = 0; tab && i < ix->nr_levels; i++) {
 		unsigned int level = ix->order[i];
 		uint64_t h = hash_key(addr >> level, level);
 		uint32_t home = hash_pos(h, bits), tag = hash_tag(h, bits), pos, p, e;
 
-		for (pos = home; (e = ix->tab[pos]) != 0; pos = (pos + 1) & mask) {
+		for (pos = home; (e = tab->e[pos]) != 0; pos = (pos + 1) & mask) {
 			const struct kd_index_range *r;
 			bool seen = false;
 
@@ -336,8 +370,8 @@ int kd_index_for_each_at(const struct kd_index *ix, uint64_t addr,
 				continue;
 			/* another block of the same range may share this chain and tag */
 			for (p = home; p != pos && !seen; p = (p + 1) & mask)
-				seen = ent_live(ix->tab[p]) && ent_id(ix->tab[p]) == ent_id(e) &&
-				       ent_tag(ix->tab[p]) == tag;
+				seen = ent_live(tab->e[p]) && ent_id(tab->e[p]) == ent_id(e) &&
+				       ent_tag(tab->e[p]) == tag;
 			if (seen)
 				continue;
 			ret = fn(ent_id(e), ctx);

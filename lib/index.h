@@ -40,9 +40,24 @@ struct kd_index_range {
 	uint64_t end; /* exclusive */
 };
 
+/*
+ * The hash table, with its size: one pointer that a growth or a clean-up
+ * replaces whole, so that a reader that loaded it reads a table and its
+ * size that agree.  A replaced table is retired, not freed: a reader that
+ * takes no lock (a mark during a region move, regions.h) may still be in
+ * it; its owner frees retired tables with kd_index_reclaim() once no
+ * reader can be.
+ */
+struct kd_index_tab {
+	struct kd_index_tab *retired; /* the next older retired table */
+	uint32_t bits;
+	uint32_t e[];
+};
+
 struct kd_index {
-	uint32_t *tab;
-	uint32_t tab_bits;
+	struct kd_index_tab *tab;
+	struct kd_index_tab *retired;
+	uint32_t nr_retired;
 	uint32_t nr_entries; /* live */
 	uint32_t nr_tombs;
 	uint32_t nr_ranges;
@@ -74,6 +89,8 @@ int kd_index_remove(struct kd_index *ix, uint32_t id);
  * -ENOMEM (index unchanged).
  */
 int kd_index_reserve(struct kd_index *ix, uint32_t extra);
+/* Free the tables growth and clean-ups retired: when no reader that takes no lock can be in them. */
+void kd_index_reclaim(struct kd_index *ix);
 uint32_t kd_index_blocks(uint64_t start, uint64_t len);
 
 /* Id of a range containing addr, or KD_INDEX_NO_ID. */

@@ -7,12 +7,14 @@
  */
 #define _GNU_SOURCE /* pthread_rwlockattr_setkind_np */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "export.h"
 #include "kvm-uapi.h"
+#include "hooks.h"
 #include "regions.h"
 
 /* KVM_MEM_MAX_NR_PAGES: the kernel indexes a slot's dirty bitmap with an int */
@@ -218,6 +220,9 @@ err_hva:
 err_gpa:
 	kd_index_remove(&rs->gpa_index, r->slot);
 out:
+	/* no mark is inside: the tables this (or a move) replaced can go */
+	kd_index_reclaim(&rs->gpa_index);
+	kd_index_reclaim(&rs->hva_index);
 	pthread_rwlock_unlock(&rs->mark_lock);
 	pthread_rwlock_unlock(&rs->lock);
 	return ret;
@@ -243,11 +248,28 @@ int kd_region_remove(struct kd_regions *rs, struct kvmdirty_region *r)
 	kd_index_remove(&rs->hva_index, r->slot);
 	slot_set(rs, r->slot, false);
 	rs->nr_regions--;
+	kd_index_reclaim(&rs->gpa_index);
+	kd_index_reclaim(&rs->hva_index);
 	pthread_rwlock_unlock(&rs->mark_lock);
 	ret = 0;
 out:
 	pthread_rwlock_unlock(&rs->lock);
 	return ret;
+}
+
+uint32_t kd_regions_move_wait(const struct kd_regions *rs)
+{
+	uint32_t s;
+	int i;
+
+	/* a move holds it odd for an edit of the index: spin a little, then let the mover have the CPU */
+	for (i = 0; (s = __atomic_load_n(&rs->move_seq, __ATOMIC_ACQUIRE)) & 1; i++) {
+		if (i < 128)
+			__asm__ volatile("pause" ::: "memory");
+		else
+			sched_yield();
+	}
+	return s;
 }
 
 int kd_region_move(struct kd_regions *rs, struct kvmdirty_region *r, uint64_t new_gpa)
@@ -269,26 +291,38 @@ int kd_region_move(struct kd_regions *rs, struct kvmdirty_region *r, uint64_t ne
 		goto out;
 	}
 	/*
-	 * Room for the move and for its undo, so that neither can fail.  The
-	 * slot moves in KVM with marks held off: a mark resolves a guest
-	 * address where KVM has the region, never where a failed move would
-	 * have put it.
+	 * Room for the move and for its undo, so that neither can fail nor
+	 * replace the table.  A table the reserve replaces is retired, not
+	 * freed: a mark may still be reading it (regions.h: move_seq).
 	 */
-	pthread_rwlock_wrlock(&rs->mark_lock);
 	blocks = kd_index_blocks(r->gpa, r->size) + kd_index_blocks(new_gpa, r->size);
 	ret = kd_index_reserve(&rs->gpa_index, 2 * blocks);
-	if (ret == 0) {
-		kd_index_remove(&rs->gpa_index, r->slot);
-		kd_index_insert(&rs->gpa_index, r->slot, new_gpa, r->size);
-		ret = set_slot(rs, r->slot, r->flags, new_gpa, r->size, r->hva);
-		if (ret < 0) {
-			kd_index_remove(&rs->gpa_index, r->slot);
-			kd_index_insert(&rs->gpa_index, r->slot, r->gpa, r->size);
-		} else {
-			r->gpa = new_gpa;
+	if (ret < 0)
+		goto out;
+	/*
+	 * KVM first, then the index inside the count (a microsecond, not the
+	 * ioctl): while KVM moves the slot, a mark still resolves the old
+	 * address to the slot, whose pages it marks, and nothing of a move
+	 * KVM refuses ever reaches the index.
+	 */
+	ret = set_slot(rs, r->slot, r->flags, new_gpa, r->size, r->hva);
+	if (ret < 0)
+		goto out;
+	__atomic_store_n(&rs->move_seq, rs->move_seq + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	KD_HOOK_POINT(KD_HOOK_MOVE_EDIT, r);
+	kd_index_remove(&rs->gpa_index, r->slot);
+	kd_index_insert(&rs->gpa_index, r->slot, new_gpa, r->size);
+	__atomic_store_n(&r->gpa, new_gpa, __ATOMIC_RELAXED);
+	__atomic_store_n(&rs->move_seq, rs->move_seq + 1, __ATOMIC_RELEASE);
+	/* tables retired by moves: freed once no mark is inside (at once if none is now, or after a few) */
+	if (rs->gpa_index.retired) {
+		if (rs->gpa_index.nr_retired < 64 ? pthread_rwlock_trywrlock(&rs->mark_lock) == 0
+						  : pthread_rwlock_wrlock(&rs->mark_lock) == 0) {
+			kd_index_reclaim(&rs->gpa_index);
+			pthread_rwlock_unlock(&rs->mark_lock);
 		}
 	}
-	pthread_rwlock_unlock(&rs->mark_lock);
 out:
 	pthread_rwlock_unlock(&rs->lock);
 	return ret;

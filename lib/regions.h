@@ -16,10 +16,20 @@
  *              abort, which may take a while over large bitmaps);
  *   mark_lock  for reading by marks and ring publishing, which are short;
  *              for writing, inside lock, by the part of a change that
- *              alters what they see: the indexes, a region's gpa, the set
- *              of tracked slots.  So a mark never waits behind a walk of
- *              memory: a change first waits out the walkers holding only
- *              lock, then takes mark_lock for the moment it edits.
+ *              alters what they see or frees what they read: the
+ *              indexes, the set of tracked slots.  So a mark never waits
+ *              behind a walk of memory: a change first waits out the
+ *              walkers holding only lock, then takes mark_lock for the
+ *              moment it edits.
+ * A move is the one change that never waits for marks (a mark preempted
+ * inside its read section, one of eight marking threads on two CPUs, held
+ * a move up to 20 ms): it frees nothing (the gpa index has room reserved
+ * first, under mark_lock only where the table must grow) and edits the
+ * gpa index and the region's gpa under move_seq, odd while it edits
+ * (after KVM moved the slot: a failed move never reaches the index).  A
+ * mark by guest address reads inside the count: it waits while it is odd
+ * and reads again if it changed, before it sets a bit, so that it
+ * resolves the address as before the move or as after it, never half way.
  * Plain lookups (from_gpa and friends) take no lock: the caller keeps
  * them apart from changes.
  *
@@ -65,6 +75,7 @@ struct kd_regions {
 	struct kd_index hva_index;
 	pthread_rwlock_t lock;
 	pthread_rwlock_t mark_lock;
+	uint32_t move_seq; /* odd while a move edits what marks read (above) */
 	const struct kd_region_sink *sink;
 	void *sink_ctx;
 };
@@ -117,6 +128,29 @@ static inline void kd_regions_unlock(struct kd_regions *rs)
 static inline void kd_regions_mark_rdlock(struct kd_regions *rs)
 {
 	pthread_rwlock_rdlock(&rs->mark_lock);
+}
+
+/* Until no move is under way (regions.c): its count, even. */
+uint32_t kd_regions_move_wait(const struct kd_regions *rs);
+
+/* A mark's reading of what a move edits: begin (waits out a move under way) and whether to read again. */
+static inline uint32_t kd_regions_move_read_begin(const struct kd_regions *rs)
+{
+	uint32_t s = __atomic_load_n(&rs->move_seq, __ATOMIC_ACQUIRE);
+
+	return s & 1 ? kd_regions_move_wait(rs) : s;
+}
+
+static inline bool kd_regions_move_read_retry(const struct kd_regions *rs, uint32_t s)
+{
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	return __atomic_load_n(&rs->move_seq, __ATOMIC_RELAXED) != s;
+}
+
+/* A region's gpa, which a move may change under a mark (move_seq). */
+static inline uint64_t kd_region_gpa_now(const struct kvmdirty_region *r)
+{
+	return __atomic_load_n(&r->gpa, __ATOMIC_RELAXED);
 }
 
 /* What marks see changes: with lock held for writing. */
