@@ -387,11 +387,11 @@ static uint32_t take(struct kd_ring *ring, struct kd_ring_entry *out, uint32_t m
  * lap later than the entry taken there, made either after the reset
  * freed the slot (the walk went past) or before it (the walk stopped
  * there, KVM having pushed over an entry that awaited the reset): each
- * ring's count lies in [lo, hi].  No ring can count more than it held
- * (the slots from fetch on read 0 or DIRTY), so a total equal to what
- * they held means every ring was reset whole; otherwise the total tells
- * which end holds where all rings agree, or where one ring alone is
- * unsure.  Where several are unsure and the total cannot tell, each is
+ * ring's count lies in [lo, hi] (none can count more than it held: the
+ * slots from fetch on read 0 or DIRTY).  The total tells which end holds
+ * where all rings agree, or where one ring alone is unsure.  (A total
+ * equal to what they held is not enough alone: a ring outside the batch
+ * with entries marked would add to it.)  Where several are unsure and the total cannot tell, each is
  * taken at hi and reported (unsure: the caller reports an overflow, so
  * the tracker protects every page again): a reset_pos ahead of KVM's
  * catches up once the harvest reaches the push that stopped the walk.
@@ -400,6 +400,7 @@ static int reset_batch(struct kd_kvm *kvm, struct kd_ring *const *rings, uint32_
 {
 	uint64_t t0, want = 0, sum_lo = 0, sum_hi = 0;
 	uint32_t i, k, d, unsure = 0;
+	bool bad;
 	int64_t c;
 
 	for (i = 0; i < n; i++) {
@@ -427,21 +428,28 @@ static int reset_batch(struct kd_kvm *kvm, struct kd_ring *const *rings, uint32_
 		for (k = 0; k < d && !((f = flags_at(ring, ring->reset_pos + k)) & KVM_DIRTY_GFN_F_RESET); k++)
 			if (!f)
 				ring->span_lo = k + 1;
-		ring->span_hi = (uint64_t)c == want ? d : k;
-		if ((uint64_t)c == want)
-			ring->span_lo = d;
+		ring->span_hi = k;
 		sum_lo += ring->span_lo;
 		sum_hi += ring->span_hi;
 		unsure += ring->span_lo != ring->span_hi;
 	}
+	/*
+	 * A count outside [sum_lo, sum_hi] means the reset took entries of a
+	 * ring not in the batch (its own mirror is then wrong, and these
+	 * rings' counts cannot be told): every ring is taken at hi and
+	 * reported.  Callers list every ring that may hold marked entries.
+	 */
+	bad = (uint64_t)c < sum_lo || (uint64_t)c > sum_hi;
 	for (i = 0; i < n; i++) {
 		struct kd_ring *ring = rings[i];
 
-		if (ring->span_lo == ring->span_hi || (uint64_t)c == sum_lo)
+		if (bad)
+			k = ring->span_hi, ring->unsure = ring->fetch != ring->reset_pos;
+		else if (ring->span_lo == ring->span_hi || (uint64_t)c == sum_lo)
 			k = ring->span_lo;
 		else if ((uint64_t)c == sum_hi)
 			k = ring->span_hi;
-		else if (unsure == 1 && (uint64_t)c > sum_lo && (uint64_t)c - sum_lo < ring->span_hi - ring->span_lo)
+		else if (unsure == 1)
 			k = ring->span_lo + (uint32_t)((uint64_t)c - sum_lo);
 		else
 			k = ring->span_hi, ring->unsure = true;

@@ -233,8 +233,12 @@ static int start_one(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, st
 	 * before tracking: switch it off and on, which protects the slot.
 	 */
 	ret = t->mode == KVMDIRTY_MODE_DIRTY_RING && was_on ? kd_region_set_logging_locked(t->regions, r, false) : 0;
-	if (ret == 0)
+	if (ret == 0) {
 		ret = kd_region_set_logging_locked(t->regions, r, true);
+		/* logging back as the VMM had it: a failed start changes nothing it set (once more, best effort) */
+		if (ret < 0 && t->mode == KVMDIRTY_MODE_DIRTY_RING && was_on)
+			kd_region_set_logging_locked(t->regions, r, true);
+	}
 	if (ret == 0) {
 		ret = kd_track_install(t, r->slot, &n);
 		if (ret < 0 && !was_on)
@@ -274,43 +278,36 @@ KD_EXPORT int kvmdirty_tracker_start(struct kvmdirty_tracker *t, struct kvmdirty
 
 /*
  * c's claim on the region given up; the last claim turns logging off,
- * then the state goes.  If KVM refuses, the region stays tracked and the
- * claim c's (for_good: a consumer leaving hands it to the tracker's own
- * consumer instead, whose stop then retries).
+ * then the state goes, all under one hold of the regions lock for
+ * writing, so that no start or change falls between the decision and the
+ * drop.  If KVM refuses, the region stays tracked and the claim c's
+ * (for_good: a consumer leaving hands it to the tracker's own consumer
+ * instead, whose stop then retries).
  */
-static int stop_one(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struct kvmdirty_region *r,
-		    bool for_good)
+static int stop_locked(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struct kvmdirty_region *r,
+		       bool for_good)
 {
 	uint32_t slot = r->slot;
 	int ret;
 
-	kd_regions_wrlock(t->regions);
-	if (!t->slots[slot].tracking || !c->slots[slot].claims) {
-		kd_regions_unlock(t->regions);
+	if (!t->slots[slot].tracking || !c->slots[slot].claims)
 		return 0;
-	}
 	if (t->slots[slot].claims > 1) {
 		/* others still need the log: it stays on, their pages theirs */
 		c->slots[slot].claims = false;
 		t->slots[slot].claims--;
-		kd_regions_unlock(t->regions);
 		return 0;
 	}
-	kd_regions_unlock(t->regions);
-	ret = kd_region_set_logging(t->regions, r, false);
+	ret = kd_region_set_logging_locked(t->regions, r, false);
 	if (ret < 0) {
 		if (for_good && c != t->dflt) {
-			kd_regions_wrlock(t->regions);
 			c->slots[slot].claims = false;
 			t->slots[slot].claims--;
 			claim(t, t->dflt, slot);
-			kd_regions_unlock(t->regions);
 		}
 		return ret;
 	}
-	kd_regions_wrlock(t->regions);
 	kd_track_drop(t, slot);
-	kd_regions_unlock(t->regions);
 	return 0;
 }
 
@@ -319,14 +316,19 @@ int kd_track_stop(struct kvmdirty_tracker *t, struct kvmdirty_consumer *c, struc
 	struct kvmdirty_region *next;
 	int ret, first = 0;
 
-	if (r)
-		return kd_region_valid(t->regions, r) ? stop_one(t, c, r, for_good) : -EINVAL;
-	for (r = kd_region_next(t->regions, NULL); r; r = next) {
-		next = kd_region_next(t->regions, r);
-		ret = stop_one(t, c, r, for_good);
-		if (ret < 0 && !first)
-			first = ret;
+	/* the walk too: a consumer leaves while the VMM may add and remove regions */
+	kd_regions_wrlock(t->regions);
+	if (r) {
+		first = kd_region_valid(t->regions, r) ? stop_locked(t, c, r, for_good) : -EINVAL;
+	} else {
+		for (r = kd_region_next(t->regions, NULL); r; r = next) {
+			next = kd_region_next(t->regions, r);
+			ret = stop_locked(t, c, r, for_good);
+			if (ret < 0 && !first)
+				first = ret;
+		}
 	}
+	kd_regions_unlock(t->regions);
 	return first;
 }
 

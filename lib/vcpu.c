@@ -475,14 +475,19 @@ KD_EXPORT void kvmdirty_vcpu_free(struct kvmdirty_vcpu *v)
 		return;
 	vs = v->owner;
 	pthread_mutex_lock(&vs->lock);
+	/*
+	 * What the ring holds is harvested, reset and published like any
+	 * harvest, v still listed (a retry of a failed reset must count its
+	 * marked entries with the others'); then it leaves, and its ring is
+	 * kept.
+	 */
+	collect(vs, &v->ring, v, false);
 	for (i = 0; i < vs->n; i++) {
 		if (vs->v[i] == v) {
 			vs->v[i] = vs->v[--vs->n];
 			break;
 		}
 	}
-	/* what the ring holds is harvested, reset and published like any harvest; then it is kept */
-	collect(vs, &v->ring, v, false);
 	park(vs, v);
 	pthread_mutex_unlock(&vs->lock);
 	vcpu_unmap(v);
