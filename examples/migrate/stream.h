@@ -190,6 +190,12 @@ _Static_assert(sizeof(struct mig_ack) == 128, "stream layout");
  */
 uint64_t mig_page_hash(const void *page);
 uint64_t mig_page_hash_portable(const void *page);
+/*
+ * mig_page_hash(page), and the page copied to dst (MIG_PAGE_SIZE bytes,
+ * not overlapping) as it is read: what dst holds is what was hashed,
+ * whatever writes the page meanwhile, and the page is read once.
+ */
+uint64_t mig_page_hash_copy(void *dst, const void *page);
 /* The hash of a page of zeroes. */
 uint64_t mig_zero_page_hash(void);
 
