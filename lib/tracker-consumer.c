@@ -75,6 +75,12 @@ KD_EXPORT uint64_t kvmdirty_consumer_pending(const struct kvmdirty_consumer *c)
 	return c ? __atomic_load_n(&c->pending_total, __ATOMIC_RELAXED) : 0;
 }
 
+/* Here, not in tracker.c: the tracker's own consumer is a consumer (and tracker.c calls nothing of this file). */
+KD_EXPORT uint64_t kvmdirty_tracker_pending(const struct kvmdirty_tracker *t)
+{
+	return t ? kvmdirty_consumer_pending(t->dflt) : 0;
+}
+
 /* Owed pages of one region back to pending (abort) or forgotten (commit); returns how many were owed. */
 static uint64_t settle_slot(struct kvmdirty_consumer *c, uint32_t slot, bool back)
 {

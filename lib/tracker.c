@@ -339,11 +339,6 @@ KD_EXPORT int kvmdirty_tracker_stop(struct kvmdirty_tracker *t, struct kvmdirty_
 	return kd_track_stop(t, t->dflt, r, false);
 }
 
-KD_EXPORT uint64_t kvmdirty_tracker_pending(const struct kvmdirty_tracker *t)
-{
-	return t ? kvmdirty_consumer_pending(t->dflt) : 0;
-}
-
 KD_EXPORT int kvmdirty_tracker_stats(const struct kvmdirty_tracker *t, struct kvmdirty_stats *ret_stats,
 				     size_t size)
 {
