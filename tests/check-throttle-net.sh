@@ -14,6 +14,10 @@
 #  - --no-throttle: does not converge; the source abandons the migration
 #    (exit 1, "pre-copy did not converge"), its guest runs on and passes
 #    its self-check, and the destination (--once) never starts one.
+#    This case runs on a 200mbit link with 4 passes: at 800mbit, a vCPU
+#    that takes a write fault a page (this host's KVM, bitmap modes)
+#    and shares 2 CPUs with the rest of a CI run dirtied its 128 MiB
+#    more slowly than the link carried them, and converged unthrottled.
 #
 # Behaviour only: no figure of time is judged here (bench/migrate-net.sh
 # measures).  Skips (77) only where namespaces cannot be made.
@@ -26,7 +30,7 @@ run() {
 	local mode=$1 name=$2
 	shift 2
 	stats=$tmp/$name.json
-	out=$("$rig" --rate 800mbit \
+	out=$("$rig" --rate "${rate:-800mbit}" \
 		--dst "$migrate listen tcp:\$DST_ADDR:4444 $guest --run-ms 300 -T 30000 --once; echo destination exit \$?" \
 		--src "$wait_dst;
 		       $migrate send tcp:\$DST_ADDR:4444 $guest -M $mode --vcpu 0=dirty:128 --vcpu 1=${second:-compute} -p 8 \
@@ -78,8 +82,9 @@ PY
 done
 second=
 
+rate=200mbit
 for mode in clear-log dirty-ring; do
-	run "$mode" "$mode-off" --no-throttle
+	run "$mode" "$mode-off" --no-throttle -p 4
 	grep -q "^source exit 1$" <<<"$out" || fail "$mode --no-throttle: the source did not report a failed migration"
 	grep -q "pre-copy did not converge (pass_limit)" <<<"$out" || fail "$mode --no-throttle: no line saying pre-copy did not converge"
 	grep -q "^source: guest ran on here .* self-check ok$" <<<"$out" || fail "$mode --no-throttle: the source's guest did not run on"
@@ -93,5 +98,6 @@ assert not end["throttle"] and not end["throttled"], end
 assert all(v.get("held_ms", 0) == 0 for v in end["vcpu"]), end["vcpu"]
 PY
 done
+rate=
 rig_done
 echo "check-throttle-net: the rig in both modes: throttled migrations converge with only the dirtier slowed; unthrottled ones are abandoned and the guest runs on: ok"
