@@ -873,6 +873,61 @@ START_TEST(sender_records_sized)
 }
 END_TEST
 
+/*
+ * 6 MiB in records of nearly the largest size and of an odd one, over a
+ * connection that holds many of them: the receiver reads records ahead
+ * into its buffer, opens them where they landed and moves a record's
+ * part to the front when the buffer's end is near (several times here,
+ * with a record across the end each time: neither size divides the
+ * buffer).  Read back in pieces of 1 byte to 300 KiB, each byte as sent.
+ */
+START_TEST(records_read_ahead_across_the_buffer)
+{
+	static const uint32_t records[] = { MIG_SEAL_MAX - 5, 65521 };
+	const bool encrypt = _i % 2;
+	const size_t len = 6u << 20;
+	uint8_t *buf = malloc(len), *got = malloc(len), past;
+	struct mig_chan_keys k = keys_of(false, encrypt);
+	uint64_t seed = 0x7eadu + (uint64_t)_i;
+	struct wire w;
+	struct feed f;
+	struct end b;
+	pthread_t th;
+	size_t pos = 0;
+	int sv[2];
+
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_ptr_nonnull(got);
+	fill(buf, len, 11);
+	w = seal_chunks(&k, buf, len, len, records[_i / 2]);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, sv), 0);
+	end_open(&b, sv[1], true, encrypt, 0, 0);
+	f = (struct feed){ .fd = sv[0], .buf = w.buf, .len = w.len };
+	ck_assert_int_eq(pthread_create(&th, NULL, feed_run, &f), 0);
+	while (pos < len) {
+		uint64_t r = xorshift64(&seed);
+		size_t n = r % 8 ? 1 + (r >> 8) % (300u << 10) : 1 + (r >> 8) % 64;
+		int ret;
+
+		if (n > len - pos)
+			n = len - pos;
+		ret = mig_chan_read(b.ch, got + pos, n);
+		ck_assert_msg(ret == (int)n, "reading %zu bytes at %zu: %d", n, pos, ret);
+		pos += n;
+	}
+	ck_assert_msg(!memcmp(got, buf, len), "the bytes read are not the bytes sent");
+	pthread_join(th, NULL);
+	shutdown(sv[0], SHUT_WR);
+	ck_assert_int_eq(mig_chan_read(b.ch, &past, 1), 0);
+	ck_assert_uint_eq(mig_chan_buffered(b.ch), 0);
+	end_close(&b);
+	close(sv[0]);
+	free(w.buf);
+	free(buf);
+	free(got);
+}
+END_TEST
+
 /* Empty entries (a NULL base) among a writev's, inside a record and at its ends: the bytes arrive as they were. */
 START_TEST(empty_entries_sealed)
 {
@@ -1317,6 +1372,7 @@ int main(void)
 	tcase_add_test(tc, keys_as_documented);
 	tcase_add_loop_test(tc, records_in_pieces_whole, 0, 2);
 	tcase_add_loop_test(tc, sender_records_sized, 0, 2);
+	tcase_add_loop_test(tc, records_read_ahead_across_the_buffer, 0, 4);
 	tcase_add_loop_test(tc, empty_entries_sealed, 0, 2);
 	tcase_add_loop_test(tc, timeout_after_header_reads_on, 0, 2);
 	tcase_add_loop_test(tc, flipped_byte_anywhere_refused, 0, 2);

@@ -96,7 +96,10 @@ int mig_chan_writev(struct mig_chan *ch, struct iovec *iov, int n);
  * whose length cannot be (a failure of authentication: the bytes are not
  * the peer's), -EPIPE for a connection that ended without MIG_SEAL_LAST,
  * -EPROTO for bytes after it.  A read that gives up (a timeout) after it
- * took bytes loses them: mig_chan_torn().
+ * handed on bytes loses them: mig_chan_torn().  Sealed, the bytes of a
+ * record not yet whole are kept across a read that gives up, and the
+ * next read goes on with them (plain: the transport's, which loses what
+ * a read that gave up took).
  */
 int mig_chan_read(struct mig_chan *ch, void *buf, size_t len);
 /*
