@@ -117,7 +117,16 @@ struct relay {
 	const struct hcase *c;
 	pthread_t th[2];
 	int cut;
+	uint64_t ready_ns; /* when the destination's first message (READY) reached the relay; 0: never */
 };
+
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
 
 struct dir {
 	struct relay *r;
@@ -178,6 +187,8 @@ static void *relay_dir(void *p)
 		enum step s = !d->to_source ? COMMIT : nth == 0 ? READY : ACK;
 		bool hit = s == c->step && nth < 2;
 
+		if (d->to_source && nth == 0)
+			__atomic_store_n(&d->r->ready_ns, now_ns(), __ATOMIC_RELEASE);
 		nth++;
 		if (!hit || c->fault == PASS) {
 			write_all(d->to, buf, n);
@@ -311,14 +322,22 @@ static bool finished(struct side *s)
 	return o == MIG_OUTCOME_HERE || o == MIG_OUTCOME_THERE;
 }
 
-START_TEST(handoff_fault)
+/*
+ * One run of case c.  The case's premise is that READY leaves the
+ * destination within the source's -T of its wait; on a loaded host (a
+ * sanitizer build beside other tests on 2 CPUs) it once took longer, and
+ * the source rightly gave up on READY first ("awaiting READY: no progress
+ * with the peer for 300 ms"), which is another case.  Such a run is told,
+ * undone and false (unless it is the last try); otherwise checked, true.
+ */
+static bool handoff_once(const struct hcase *c, bool last_try)
 {
-	const struct hcase *c = &cases[_i];
 	struct relay r = { .c = c };
 	struct dir ds, dd;
 	struct side src, dst;
 	int a[2], b[2], k;
 	char err[160];
+	uint64_t src_ns, ready_ns;
 
 	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, a), 0);
 	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM, 0, b), 0);
@@ -332,6 +351,7 @@ START_TEST(handoff_fault)
 	ck_assert_int_eq(mig_status_resolve(&src.st, true, err, sizeof(err)), -EINVAL);
 	ck_assert_int_eq(pthread_create(&r.th[0], NULL, relay_dir, &ds), 0);
 	ck_assert_int_eq(pthread_create(&r.th[1], NULL, relay_dir, &dd), 0);
+	src_ns = now_ns();
 	ck_assert_int_eq(pthread_create(&src.th, NULL, side_main, &src), 0);
 	/* as after END: the source waits for READY while the destination still checks and loads */
 	sleep_ms(T_MS / 2);
@@ -340,6 +360,23 @@ START_TEST(handoff_fault)
 	for (k = 0; k < 400 && !(finished(&src) && finished(&dst)); k++)
 		sleep_ms(10);
 	sleep_ms(LATE_MS + 3 * T_MS);
+	ready_ns = __atomic_load_n(&r.ready_ns, __ATOMIC_ACQUIRE);
+	if (!last_try && (!ready_ns || ready_ns - src_ns > (T_MS - 50) * 1000000ull)) {
+		printf("%-22s READY reached the relay %s %.0f ms into the source's wait of %d: the host was too slow for "
+		       "the case; again\n",
+		       c->name, ready_ns ? "only" : "never,", ready_ns ? (double)(ready_ns - src_ns) / 1e6 : 0.0, T_MS);
+		resolve_unknowns(&src, &dst);
+		pthread_join(src.th, NULL);
+		pthread_join(dst.th, NULL);
+		cut_all(&r);
+		pthread_join(r.th[0], NULL);
+		pthread_join(r.th[1], NULL);
+		side_close(&src);
+		side_close(&dst);
+		close(a[1]);
+		close(b[1]);
+		return false;
+	}
 	/* at most one side runs the guest before anyone resolved anything */
 	expect(!(mig_status_outcome(&src.st) == MIG_OUTCOME_HERE && mig_status_outcome(&dst.st) == MIG_OUTCOME_HERE),
 	       "%s: both sides run the guest (source: %s, destination: %s)", c->name, src.err, dst.err);
@@ -376,6 +413,15 @@ START_TEST(handoff_fault)
 	side_close(&dst);
 	close(a[1]);
 	close(b[1]);
+	return true;
+}
+
+START_TEST(handoff_fault)
+{
+	int tries = 0;
+
+	while (!handoff_once(&cases[_i], ++tries == 5))
+		;
 }
 END_TEST
 
