@@ -21,7 +21,7 @@
  *     its bytes in the reader's buffer; through the destination's decoder,
  *     none of the page bytes it or a later record carried in guest memory;
  *   - records trickled a few bytes at a time come through whole (the
- *     receiver reads a record with the next one's header when it can);
+ *     receiver reads as many records as the socket holds, up to 256 KiB);
  *     a sender cuts its records at MIG_SEAL_RECORD;
  *   - the destination (mig_recv()) ends each of its directions with its
  *     last record, and answers a stream it refuses for its deadline.
@@ -700,7 +700,7 @@ static void flip_refused(const struct wire *w, unsigned int r, size_t pos, uint8
  * Every byte of a record (header, payload, tag) flipped, one at a time,
  * in a record between two others, in the first and in the last one: the
  * record refused and none of its bytes handed on, over a socket (where
- * the channel reads a record and the next one's header at once) and from
+ * the channel reads several records at once) and from
  * memory.
  */
 START_TEST(flipped_byte_anywhere_refused)

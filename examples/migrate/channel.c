@@ -11,9 +11,10 @@
  * straight into the send buffer; MAC only, the bytes are copied into it
  * and the tag taken over the copy while it is in cache, so what was
  * sealed is what is sent even while a guest writes the memory it came
- * from.  Receiving, a record is read whole into the receive buffer
- * (with the next record's header, when the socket already holds it: one
- * system call a record) and opened there, in place; only once its tag
+ * from; the records of one write go to the socket together, 256 KiB at a
+ * time.  Receiving, records are read into the receive buffer as many as
+ * the socket holds (up to 256 KiB: one system call for several) and each
+ * opened there, in place; only once its tag
  * matched are its bytes copied out, to the reader (guest memory): no
  * byte of a record reaches guest memory before its tag is checked.
  *
@@ -190,6 +191,11 @@ void mig_chan_free(struct mig_chan *ch)
 	/* the key schedules: libcrypto wipes them as it frees them */
 	EVP_CIPHER_CTX_free(ch->tx.ctx);
 	EVP_CIPHER_CTX_free(ch->rx.ctx);
+	/* plaintext of guest memory: wiped, as the keys are */
+	if (ch->wbuf)
+		OPENSSL_cleanse(ch->wbuf, WBUF_SIZE);
+	if (ch->rbuf)
+		OPENSSL_cleanse(ch->rbuf, RBUF_SIZE);
 	free(ch->wbuf);
 	free(ch->rbuf);
 	free(ch);
@@ -313,6 +319,7 @@ static int seal_one(struct mig_chan *ch, struct iov_at *at, uint32_t len, uint32
 		return ch->tx_err;
 	if (ch->closed)
 		return -EPIPE;
+	/* defensive: mig_chan_writev() sends at WBUF_BATCH, so a record of any size fits behind the rest */
 	if (WBUF_SIZE - ch->wlen < HDR + (size_t)len + MIG_SEAL_TAG && (ret = flush(ch)) < 0)
 		return ret;
 	if (rekey_due(ch, &ch->tx, h.len) && (ret = rekey(&ch->tx)) < 0)

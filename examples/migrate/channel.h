@@ -41,8 +41,9 @@
 #define MIG_SEAL_MAX (256u << 10) /* payload bytes of one sealed record, at most */
 /*
  * Payload bytes a sender puts in a record, at most: sized for the cipher
- * and the socket together (the record sealed and sent while it is in
- * cache; 64 KiB measured faster than 32, 128 or 256 KiB, doc/benchmarks.md).
+ * and the socket together (records sealed into a buffer that goes to the
+ * socket 256 KiB at a time, while it is in cache; 64 KiB records measured
+ * faster than 32, 128 or 256 KiB, doc/benchmarks.md).
  * A receiver takes any length up to MIG_SEAL_MAX.
  */
 #define MIG_SEAL_RECORD (64u << 10)
