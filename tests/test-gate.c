@@ -16,6 +16,7 @@
  * test checks what the taken session carries, a record from the source
  * that got in.
  */
+#include <inttypes.h>
 #include <poll.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -527,6 +528,90 @@ START_TEST(many_addresses_wait_their_turn)
 }
 END_TEST
 
+/*
+ * Refusals flooding the log: one address opening and closing 600
+ * connections without a word, and 30 others once each; the counts told
+ * once the interval is over, with nothing else happening; then a real
+ * source.  Every refusal is in a line of its own or in a count ("N more
+ * refusals from A", "N more refusals from M other addresses"), and the
+ * lines stay few: at most MIG_GATE_LOG_ALL refusal lines and
+ * MIG_GATE_LOG_SUMMARIES + 1 counts an interval begun.  A line each
+ * was 631 lines here.
+ */
+struct tally {
+	pthread_mutex_t lock;
+	unsigned int lines, refusals, counts, from_churner;
+	uint64_t counted;
+};
+
+static void tally_log(void *ctx, const char *line)
+{
+	struct tally *t = ctx;
+	unsigned long long n;
+	unsigned int m;
+	char from[64];
+
+	pthread_mutex_lock(&t->lock);
+	t->lines++;
+	if (!strncmp(line, "from ", 5)) {
+		t->refusals++;
+		t->from_churner += !strncmp(line, "from 127.0.0.2:", 15);
+	} else if (sscanf(line, "%llu more refusals from %u other addresses in the last", &n, &m) == 2 ||
+		   sscanf(line, "%llu more refusals from %63s in the last", &n, from) == 2) {
+		t->counts++;
+		t->counted += n;
+	}
+	pthread_mutex_unlock(&t->lock);
+}
+
+START_TEST(refusals_rate_limited)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 15000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 490 };
+	struct tally ty = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct taker t = { 0 };
+	struct timespec t0, t1;
+	unsigned int i, intervals;
+	uint16_t port;
+	pthread_t th;
+	int lfd = tcp_listener(&port);
+	char from[32];
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	pthread_mutex_init(&t.lock, NULL);
+	o.log = tally_log;
+	o.log_ctx = &ty;
+	ck_assert_ok(mig_gate_new(lfd, &o, &t.gate));
+	ck_assert_int_eq(pthread_create(&th, NULL, taker_run, &t), 0);
+	for (i = 0; i < 600; i++)
+		close(tcp_dial("127.0.0.2", port));
+	for (i = 0; i < 30; i++) {
+		snprintf(from, sizeof(from), "127.0.2.%u", i + 1);
+		close(tcp_dial(from, port));
+	}
+	/* nothing more comes: the counts are told once the interval is over all the same */
+	for (i = 0; i < 400 && !__atomic_load_n(&ty.counts, __ATOMIC_ACQUIRE); i++)
+		sleep_ms(50);
+	ck_assert_msg(__atomic_load_n(&ty.counts, __ATOMIC_ACQUIRE), "no count told %u ms after the interval",
+		      20000 - MIG_GATE_LOG_INTERVAL_MS);
+	src.fd = tcp_dial("127.0.0.1", port);
+	source_run(&src);
+	ck_assert_msg(src.ret == 0, "source: %s", src.err);
+	taker_check(&t, th, 1, 490); /* frees the gate: the counts since are told */
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	intervals = (unsigned int)((t1.tv_sec - t0.tv_sec) * 1000 / MIG_GATE_LOG_INTERVAL_MS) + 1;
+	printf("refusals: %u lines for 630 refused connections in %u interval(s): %u refusal lines (%u from the "
+	       "churner), %u counts of %" PRIu64 " more\n",
+	       ty.lines, intervals, ty.refusals, ty.from_churner, ty.counts, ty.counted);
+	ck_assert_msg(ty.refusals + ty.counted == 630, "%u refusals logged and %" PRIu64 " counted, of 630", ty.refusals,
+		      ty.counted);
+	ck_assert_uint_le(ty.refusals, MIG_GATE_LOG_ALL * intervals);
+	ck_assert_uint_le(ty.counts, (MIG_GATE_LOG_SUMMARIES + 1) * intervals);
+	ck_assert_uint_ge(ty.from_churner, 1);
+	close(lfd);
+}
+END_TEST
+
 /* A source with key, to completion or refusal, on this thread. */
 static int try_key(const struct mig_psk *key, char *err, size_t len)
 {
@@ -801,6 +886,7 @@ int main(void)
 	tcase_add_test(tc, late_arrival_cuts_when_full);
 	tcase_add_test(tc, one_peer_cuts_its_own);
 	tcase_add_test(tc, many_addresses_wait_their_turn);
+	tcase_add_test(tc, refusals_rate_limited);
 	tcase_add_test(tc, wrong_proofs_slowed_down);
 	tcase_add_test(tc, other_user_cannot_hold_back);
 	tcase_add_test(tc, wrong_proofs_by_whole_address);

@@ -43,6 +43,32 @@ struct peer {
 	uint64_t last_ms; /* the last wrong proof, or the last look */
 };
 
+/*
+ * An address's refusals of one kind in the interval (gate.h): lines
+ * logged, and how many more were only counted.  The kind: the reason's
+ * text up to its first digit, so that one kind flooding leaves the first
+ * lines of another (a bogus join beside empty connections) to be seen.
+ */
+#define LOG_KIND 48
+struct log_addr {
+	uint8_t key[PEER_KEY];
+	char kind[LOG_KIND];
+	char name[INET6_ADDRSTRLEN + 8]; /* the address without its port */
+	bool used, told;
+	unsigned int lines;
+	uint64_t quiet, last_ms;
+};
+
+struct log_limit {
+	pthread_mutex_t lock; /* also keeps o->log's lines whole and in order */
+	uint64_t since_ms;    /* the interval's start */
+	unsigned int lines;   /* refusal lines logged in it */
+	uint64_t quiet;	      /* refusals only counted in it, in all */
+	uint64_t other_quiet; /* ... of addresses no longer in a[] */
+	unsigned int other_addrs;
+	struct log_addr a[MIG_GATE_LOG_ADDRS];
+};
+
 enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
 
 struct slot {
@@ -74,6 +100,7 @@ struct mig_gate {
 	struct slot slot[MIG_GATE_SLOTS];
 	struct pending pending[MIG_GATE_PENDING];
 	struct peer peer[MIG_GATE_PEERS];
+	struct log_limit log;
 	bool taken; /* under lock: a stream was taken; handshakes still going are cut, and told so */
 };
 
@@ -104,7 +131,140 @@ static void log_line(struct mig_gate *gate, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
+	pthread_mutex_lock(&gate->log.lock);
 	gate->o.log(gate->o.log_ctx, line);
+	pthread_mutex_unlock(&gate->log.lock);
+}
+
+/*
+ * Under log.lock: the interval's counts told and cleared, where it is
+ * over (or now, with force); every address counted apart forgotten.
+ */
+static void log_roll(struct mig_gate *gate, uint64_t now, bool force)
+{
+	struct log_limit *l = &gate->log;
+	uint64_t secs = (now - l->since_ms + 999) / 1000;
+	unsigned int told = 0;
+	struct log_addr *a;
+	char line[160];
+
+	if (!force && now - l->since_ms < MIG_GATE_LOG_INTERVAL_MS)
+		return;
+	for (a = l->a; a < l->a + MIG_GATE_LOG_ADDRS; a++) {
+		uint64_t quiet = 0;
+		struct log_addr *b;
+
+		if (!a->used || !a->quiet || a->told)
+			continue;
+		/* every kind of this address's, in one count */
+		for (b = a; b < l->a + MIG_GATE_LOG_ADDRS; b++)
+			if (b->used && !b->told && !memcmp(b->key, a->key, PEER_KEY)) {
+				quiet += b->quiet;
+				b->told = true;
+			}
+		if (told < MIG_GATE_LOG_SUMMARIES) {
+			snprintf(line, sizeof(line), "%" PRIu64 " more refusals from %s in the last %" PRIu64 " s", quiet,
+				 a->name, secs);
+			gate->o.log(gate->o.log_ctx, line);
+			told++;
+		} else {
+			l->other_quiet += quiet;
+			l->other_addrs++;
+		}
+	}
+	if (l->other_quiet) {
+		snprintf(line, sizeof(line), "%" PRIu64 " more refusals from %u other addresses in the last %" PRIu64 " s",
+			 l->other_quiet, l->other_addrs, secs);
+		gate->o.log(gate->o.log_ctx, line);
+	}
+	memset(l->a, 0, sizeof(l->a));
+	l->since_ms = now;
+	l->lines = 0;
+	l->quiet = l->other_quiet = 0;
+	l->other_addrs = 0;
+}
+
+/* When the counts of the interval are due to be told (0: nothing counted). */
+static uint64_t log_due(struct mig_gate *gate)
+{
+	uint64_t due;
+
+	pthread_mutex_lock(&gate->log.lock);
+	due = gate->log.quiet ? gate->log.since_ms + MIG_GATE_LOG_INTERVAL_MS : 0;
+	pthread_mutex_unlock(&gate->log.lock);
+	return due;
+}
+
+static void log_tell(struct mig_gate *gate, bool force)
+{
+	if (!gate->o.log)
+		return;
+	pthread_mutex_lock(&gate->log.lock);
+	log_roll(gate, now_ms(), force);
+	pthread_mutex_unlock(&gate->log.lock);
+}
+
+/*
+ * A refused connection from the address of key (name: as peer_name()
+ * gives it, the port dropped here): its line, or (past the interval's
+ * allowance, gate.h) a count.
+ */
+static void refusal(struct mig_gate *gate, const uint8_t key[PEER_KEY], const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void refusal(struct mig_gate *gate, const uint8_t key[PEER_KEY], const char *name, const char *fmt, ...)
+{
+	struct log_limit *l = &gate->log;
+	struct log_addr *a, *old = &l->a[0];
+	uint64_t now = now_ms();
+	char line[512], kind[LOG_KIND] = "";
+	const char *colon, *why;
+	size_t k;
+	va_list ap;
+
+	if (!gate->o.log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	/* the kind: the reason, after "from NAME", up to its first digit */
+	why = strncmp(line, "from ", 5) ? line : line + 5 + strlen(name);
+	for (k = 0; why[k] && (why[k] < '0' || why[k] > '9') && k + 1 < LOG_KIND; k++)
+		kind[k] = why[k];
+	kind[k] = 0;
+	pthread_mutex_lock(&l->lock);
+	log_roll(gate, now, false);
+	for (a = l->a; a < l->a + MIG_GATE_LOG_ADDRS; a++) {
+		if (a->used && !memcmp(a->key, key, PEER_KEY) && !strcmp(a->kind, kind))
+			break;
+		if (!a->used || (old->used && a->last_ms < old->last_ms))
+			old = a;
+	}
+	if (a == l->a + MIG_GATE_LOG_ADDRS) {
+		/* a new address: the least recent one's count goes to the others' */
+		a = old;
+		if (a->used && a->quiet) {
+			l->other_quiet += a->quiet;
+			l->other_addrs++;
+		}
+		*a = (struct log_addr){ .used = true };
+		memcpy(a->key, key, PEER_KEY);
+		memcpy(a->kind, kind, sizeof(kind));
+		/* "1.2.3.4:5", "[::1]:5": the port goes (a peer's ports are all its own) */
+		colon = name[0] == '[' ? strstr(name, "]:") : strrchr(name, ':');
+		snprintf(a->name, sizeof(a->name), "%.*s", colon ? (int)(colon - name + (name[0] == '[')) : (int)strlen(name),
+			 name);
+	}
+	a->last_ms = now;
+	if (a->lines >= MIG_GATE_LOG_PER_ADDR || l->lines >= MIG_GATE_LOG_ALL) {
+		a->quiet++;
+		l->quiet++;
+	} else {
+		a->lines++;
+		l->lines++;
+		gate->o.log(gate->o.log_ctx, line);
+	}
+	pthread_mutex_unlock(&l->lock);
 }
 
 /* ---- wrong proofs, by address ---- */
@@ -385,7 +545,7 @@ static void *slot_run(void *arg)
 	sl->state = SLOT_DONE;
 	pthread_mutex_unlock(&gate->lock);
 	if (ret < 0)
-		log_line(gate, "from %s%s: %s", sl->name, sl->cut ? " (cut)" : "", err);
+		refusal(gate, sl->who, sl->name, "from %s%s: %s", sl->name, sl->cut ? " (cut)" : "", err);
 	free(g);
 	wake(gate);
 	return NULL;
@@ -494,7 +654,7 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 			 wait);
 		mig_session_turn_away(fd, why);
 		close(fd);
-		log_line(gate, "from %s: turned away, %s", sl->name, why);
+		refusal(gate, sl->who, sl->name, "from %s: turned away, %s", sl->name, why);
 		return 0;
 	}
 	pthread_attr_init(&attr);
@@ -506,7 +666,7 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 		sl->state = SLOT_FREE;
 		mig_session_turn_away(fd, "the destination cannot take a connection now");
 		close(fd);
-		log_line(gate, "from %s: turned away, no thread for it: %s", sl->name, strerror(-ret));
+		refusal(gate, sl->who, sl->name, "from %s: turned away, no thread for it: %s", sl->name, strerror(-ret));
 	}
 	return 0;
 }
@@ -530,6 +690,8 @@ int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **re
 		return ret;
 	}
 	pthread_mutex_init(&gate->lock, NULL);
+	pthread_mutex_init(&gate->log.lock, NULL);
+	gate->log.since_ms = now_ms();
 	pthread_cond_init(&gate->opened, NULL);
 	fl = fcntl(lfd, F_GETFL);
 	if (fl >= 0)
@@ -666,6 +828,14 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 		}
 		if (nfds == 1 && hold_ms > now_ms() && (!next_ms || hold_ms < next_ms))
 			next_ms = hold_ms;
+		/* refusals only counted: told once their interval is over, even if nothing else comes */
+		log_tell(gate, false);
+		{
+			uint64_t due = log_due(gate);
+
+			if (due && (!next_ms || due < next_ms))
+				next_ms = due;
+		}
 		timeout = -1;
 		if (next_ms) {
 			uint64_t now = now_ms();
@@ -718,9 +888,11 @@ void mig_gate_free(struct mig_gate *gate)
 	if (!gate)
 		return;
 	cut_all(gate, NULL);
+	log_tell(gate, true); /* the refusals only counted so far */
 	close(gate->efd);
 	pthread_cond_destroy(&gate->opened);
 	pthread_mutex_destroy(&gate->lock);
+	pthread_mutex_destroy(&gate->log.lock);
 	OPENSSL_cleanse(gate->peer, sizeof(gate->peer));
 	free(gate);
 }

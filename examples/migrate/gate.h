@@ -46,7 +46,14 @@
  *   stream nothing is accepted: later connections wait in the listen
  *   backlog (MIG_GATE_BACKLOG) for the next mig_gate_take().
  *
- * Each refused connection is logged, one line, through o->log.
+ * Refused connections are logged through o->log, one line each, but
+ * not more than MIG_GATE_LOG_PER_ADDR from one address (whole, as for its
+ * wrong proofs) nor MIG_GATE_LOG_ALL in all in an interval of
+ * MIG_GATE_LOG_INTERVAL_MS; the rest are counted, and told once the
+ * interval is over (within it and a poll's wake-up, or at
+ * mig_gate_free()): "N more refusals from A in the last S s", for up to
+ * MIG_GATE_LOG_SUMMARIES addresses, then one line for the others.  Every
+ * refusal is in a line or in a count.
  *
  * Descriptors: a handshake in progress holds two (its socket and its
  * io_uring), so a full house needs 2 * MIG_GATE_SLOTS beside the
@@ -68,6 +75,11 @@
 #define MIG_GATE_WAIT_MS 1000
 #define MIG_GATE_WAIT_MAX_MS 60000
 #define MIG_GATE_PEERS 256
+#define MIG_GATE_LOG_INTERVAL_MS 10000
+#define MIG_GATE_LOG_PER_ADDR 3
+#define MIG_GATE_LOG_ALL 20
+#define MIG_GATE_LOG_SUMMARIES 8
+#define MIG_GATE_LOG_ADDRS 64 /* addresses counted apart in an interval; the least recent joins "the others" */
 
 struct mig_gate;
 
