@@ -119,23 +119,6 @@ static void wake(struct mig_gate *gate)
 	(void)!write(gate->efd, &one, sizeof(one));
 }
 
-static void log_line(struct mig_gate *gate, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void log_line(struct mig_gate *gate, const char *fmt, ...)
-{
-	char line[512];
-	va_list ap;
-
-	if (!gate->o.log)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	pthread_mutex_lock(&gate->log.lock);
-	gate->o.log(gate->o.log_ctx, line);
-	pthread_mutex_unlock(&gate->log.lock);
-}
-
 /*
  * Under log.lock: the interval's counts told and cleared, where it is
  * over (or now, with force); every address counted apart forgotten.
@@ -205,34 +188,25 @@ static void log_tell(struct mig_gate *gate, bool force)
 }
 
 /*
- * A refused connection from the address of key (name: as peer_name()
- * gives it, the port dropped here): its line, or (past the interval's
- * allowance, gate.h) a count.
+ * Under log.lock: whether a refused connection's line goes out (line:
+ * "from NAME...", key: the address, name: as peer_name() gives it, the
+ * port dropped here), or (past the interval's allowance, gate.h) is only
+ * counted.
  */
-static void refusal(struct mig_gate *gate, const uint8_t key[PEER_KEY], const char *name, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static void refusal(struct mig_gate *gate, const uint8_t key[PEER_KEY], const char *name, const char *fmt, ...)
+static bool log_allowed(struct mig_gate *gate, const uint8_t key[PEER_KEY], const char *name, const char *line)
 {
 	struct log_limit *l = &gate->log;
 	struct log_addr *a, *old = &l->a[0];
 	uint64_t now = now_ms();
-	char line[512], kind[LOG_KIND] = "";
+	char kind[LOG_KIND] = "";
 	const char *colon, *why;
 	size_t k;
-	va_list ap;
 
-	if (!gate->o.log)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
 	/* the kind: the reason, after "from NAME", up to its first digit */
 	why = strncmp(line, "from ", 5) ? line : line + 5 + strlen(name);
 	for (k = 0; why[k] && (why[k] < '0' || why[k] > '9') && k + 1 < LOG_KIND; k++)
 		kind[k] = why[k];
 	kind[k] = 0;
-	pthread_mutex_lock(&l->lock);
 	log_roll(gate, now, false);
 	for (a = l->a; a < l->a + MIG_GATE_LOG_ADDRS; a++) {
 		if (a->used && !memcmp(a->key, key, PEER_KEY) && !strcmp(a->kind, kind))
@@ -241,7 +215,7 @@ static void refusal(struct mig_gate *gate, const uint8_t key[PEER_KEY], const ch
 			old = a;
 	}
 	if (a == l->a + MIG_GATE_LOG_ADDRS) {
-		/* a new address: the least recent one's count goes to the others' */
+		/* a new address and kind: the least recent one's count goes to the others' */
 		a = old;
 		if (a->used && a->quiet) {
 			l->other_quiet += a->quiet;
@@ -259,12 +233,35 @@ static void refusal(struct mig_gate *gate, const uint8_t key[PEER_KEY], const ch
 	if (a->lines >= MIG_GATE_LOG_PER_ADDR || l->lines >= MIG_GATE_LOG_ALL) {
 		a->quiet++;
 		l->quiet++;
-	} else {
-		a->lines++;
-		l->lines++;
-		gate->o.log(gate->o.log_ctx, line);
+		return false;
 	}
-	pthread_mutex_unlock(&l->lock);
+	a->lines++;
+	l->lines++;
+	return true;
+}
+
+/*
+ * A line through o->log.  key and name: a refused connection's address
+ * (the line "from NAME..."), its line bounded by log_allowed(); NULL: a
+ * line always logged (a session dropped).
+ */
+static void log_line(struct mig_gate *gate, const uint8_t *key, const char *name, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void log_line(struct mig_gate *gate, const uint8_t *key, const char *name, const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+
+	if (!gate->o.log)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	pthread_mutex_lock(&gate->log.lock);
+	if (!key || log_allowed(gate, key, name, line))
+		gate->o.log(gate->o.log_ctx, line);
+	pthread_mutex_unlock(&gate->log.lock);
 }
 
 /* ---- wrong proofs, by address ---- */
@@ -418,7 +415,8 @@ static int pending_open(struct mig_gate *gate, struct slot *sl, struct mig_greet
 			mig_greeting_free(g);
 			return mig_errf(err, len, -EBUSY, "%d streams complete already", MIG_GATE_PENDING);
 		}
-		log_line(gate, "session from %s dropped, %d others opening after it: its connections had not all joined",
+		log_line(gate, NULL, NULL,
+			 "session from %s dropped, %d others opening after it: its connections had not all joined",
 			 old->name, MIG_GATE_PENDING);
 		pending_drop(old);
 		p = old;
@@ -545,7 +543,7 @@ static void *slot_run(void *arg)
 	sl->state = SLOT_DONE;
 	pthread_mutex_unlock(&gate->lock);
 	if (ret < 0)
-		refusal(gate, sl->who, sl->name, "from %s%s: %s", sl->name, sl->cut ? " (cut)" : "", err);
+		log_line(gate, sl->who, sl->name, "from %s%s: %s", sl->name, sl->cut ? " (cut)" : "", err);
 	free(g);
 	wake(gate);
 	return NULL;
@@ -654,7 +652,7 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 			 wait);
 		mig_session_turn_away(fd, why);
 		close(fd);
-		refusal(gate, sl->who, sl->name, "from %s: turned away, %s", sl->name, why);
+		log_line(gate, sl->who, sl->name, "from %s: turned away, %s", sl->name, why);
 		return 0;
 	}
 	pthread_attr_init(&attr);
@@ -666,7 +664,7 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 		sl->state = SLOT_FREE;
 		mig_session_turn_away(fd, "the destination cannot take a connection now");
 		close(fd);
-		refusal(gate, sl->who, sl->name, "from %s: turned away, no thread for it: %s", sl->name, strerror(-ret));
+		log_line(gate, sl->who, sl->name, "from %s: turned away, no thread for it: %s", sl->name, strerror(-ret));
 	}
 	return 0;
 }
@@ -748,7 +746,7 @@ static void cut_all(struct mig_gate *gate, struct pending *keep)
 		}
 	for (p = gate->pending; p < gate->pending + MIG_GATE_PENDING; p++)
 		if (p->used && p != keep) {
-			log_line(gate, "session from %s dropped: another stream was taken first", p->name);
+			log_line(gate, NULL, NULL, "session from %s dropped: another stream was taken first", p->name);
 			pending_drop(p);
 		}
 }
@@ -769,7 +767,8 @@ static struct pending *sweep(struct mig_gate *gate, uint64_t *next_ms)
 			continue;
 		}
 		if (now >= p->end_ms) {
-			log_line(gate, "session from %s dropped: %u of its %u connections joined within %" PRIu64 " ms",
+			log_line(gate, NULL, NULL,
+				 "session from %s dropped: %u of its %u connections joined within %" PRIu64 " ms",
 				 p->name, p->n, p->conns, mig_session_join_ms(&gate->o));
 			pending_drop(p);
 			continue;
