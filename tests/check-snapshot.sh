@@ -5,6 +5,9 @@
 #   - a chain of three, restored, the guest's self-check passing;
 #   - restore refusing by name: a gap, a repeat, a diff first, a file cut
 #     short, a byte flipped in a page, a prefix already used;
+#   - a damaged copy in the full snapshot of a page a later diff replaces:
+#     restored right without --check (the newest copy is read), refused by
+#     name with --check (every copy is);
 #   - a full disk mid-series (a 48 MiB tmpfs in a mount namespace of its
 #     own, filled between two snapshots; root only): the snapshot that
 #     meets it fails and leaves nothing, the guest runs on, the next one
@@ -62,6 +65,38 @@ EOF
 [ -n "$off" ] || fail "no data page in s-000002.snap"
 python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 0x20]))' "$D/flip.snap" "$off"
 refused 'flip.snap: region .* page .*damaged' "$D/s-000000.snap" "$D/s-000001.snap" "$D/flip.snap"
+# a byte of a page of the full snapshot that the newest diff replaces: the
+# restore reads the newest copy and restores right; --check reads every
+# copy and refuses the full one by name
+cp "$D/s-000000.snap" "$D/old.snap"
+off=$(python3 - "$D/old.snap" "$D/s-000002.snap" <<'EOF'
+import struct, sys
+def data_pages(path):
+    b = open(path, 'rb').read()
+    index_off, index_len, nruns = struct.unpack_from('<QQQ', b, 80)
+    for i in range(nruns):
+        reg, kind, first, count, hf = struct.unpack_from('<IIQQQ', b, index_off + 32 * i)
+        if kind == 1:
+            data_off, = struct.unpack_from('<Q', b, 256 + 32 * reg + 16)
+            for pg in range(first, first + count):
+                yield reg, pg, data_off + pg * 4096
+newer = {(r, p) for r, p, _ in data_pages(sys.argv[2])}
+for r, p, at in data_pages(sys.argv[1]):
+    if (r, p) in newer:
+        print(at + 77)
+        break
+EOF
+)
+[ -n "$off" ] || fail "no page of s-000000.snap that s-000002.snap replaces"
+python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(int(sys.argv[2])); b = f.read(1); f.seek(int(sys.argv[2])); f.write(bytes([b[0] ^ 0x20]))' "$D/old.snap" "$off"
+"$M" restore "$D/old.snap" "$D/s-000001.snap" "$D/s-000002.snap" --run-ms 300 >"$D/out" 2>&1 ||
+	fail "restore without --check, an older copy damaged: $(cat "$D/out")"
+grep -q 'self-check ok' "$D/out" || fail "restore without --check: $(cat "$D/out")"
+refused 'old.snap: region .* page .*damaged (not its hash)' --check "$D/old.snap" "$D/s-000001.snap" "$D/s-000002.snap"
+"$M" restore --check "$D/s-000000.snap" "$D/s-000001.snap" "$D/s-000002.snap" --run-ms 300 >"$D/out" 2>&1 ||
+	fail "restore --check of the whole chain: $(cat "$D/out")"
+grep -q 'restore: --check: [0-9]* pages of the 3 files, every copy, each matched its hash' "$D/out" ||
+	fail "restore --check: $(cat "$D/out")"
 "$M" snapshot -o "$D/s" -m 64 >"$D/out" 2>&1 && fail "a used prefix taken"
 grep -q 's-000000.snap exists' "$D/out" || fail "a used prefix: $(cat "$D/out")"
 

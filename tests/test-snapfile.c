@@ -404,6 +404,76 @@ static void flip_case(uint64_t off, const char *want, bool at_load)
 	mem_free(&out);
 }
 
+/*
+ * A copy in the full snapshot of a page a later diff replaces, damaged:
+ * the chain loads right (the newest copy is read, as snapfile.h says),
+ * and snap_chain_verify() refuses it by file, region and page; the
+ * undamaged chain verifies, every DATA page of every file read.
+ */
+START_TEST(older_copy_damaged_found_by_verify)
+{
+	static const char *const names[] = { "old", "s1", "s2" };
+	struct snap_file *f[3] = { 0 };
+	char path[256], src[256], err[512], want[96];
+	uint64_t pages = 0, listed = 0, i, pg = 0;
+	uint32_t reg = 0;
+	struct chain c;
+	struct mem out;
+	bool found = false;
+	unsigned int j;
+
+	chain_make(&c, 31);
+	path_of(src, sizeof(src), "s2");
+	ck_assert_msg(snap_file_open(src, &f[2], err, sizeof(err)) == 0, "%s", err);
+	/* a page s2 holds whose copy in s0 is data (s0 holds every page but each fifth) */
+	for (i = 0; i < f[2]->h.nr_runs && !found; i++) {
+		const struct snap_run *run = &f[2]->runs[i];
+
+		if (run->kind != SNAP_RUN_DATA)
+			continue;
+		for (pg = run->first; pg < run->first + run->count && pg % 5 == 0; pg++)
+			;
+		if (pg < run->first + run->count) {
+			found = true;
+			reg = run->region;
+		}
+	}
+	snap_file_close(f[2]);
+	ck_assert(found);
+	path_of(src, sizeof(src), "s0");
+	path_of(path, sizeof(path), "old");
+	unlink(path);
+	copy_file(src, path);
+	ck_assert_msg(snap_file_open(path, &f[0], err, sizeof(err)) == 0, "%s", err);
+	flip(path, f[0]->regions[reg].data_off + pg * 4096 + 77);
+	snap_file_close(f[0]);
+	mem_new(&out);
+	ck_assert_msg(load_chain(names, 3, &out, err, sizeof(err)) == 0, "the chain with an older copy damaged: %s", err);
+	expect_same(&out, &c.m[2], "the chain with an older copy damaged");
+	mem_free(&out);
+	for (j = 0; j < 3; j++) {
+		path_of(path, sizeof(path), names[j]);
+		ck_assert_msg(snap_file_open(path, &f[j], err, sizeof(err)) == 0, "%s", err);
+	}
+	ck_assert_int_eq(snap_chain_check(f, 3, err, sizeof(err)), 0);
+	ck_assert_int_eq(snap_chain_verify(f, 3, NULL, err, sizeof(err)), -EPROTO);
+	snprintf(want, sizeof(want), "region %u page %" PRIu64 " ", reg, pg);
+	ck_assert_msg(strstr(err, "old") && strstr(err, want) && strstr(err, "damaged (not its hash)"),
+		      "verify refused as '%s', not for %s of old", err, want);
+	snap_file_close(f[0]);
+	path_of(path, sizeof(path), "s0");
+	ck_assert_msg(snap_file_open(path, &f[0], err, sizeof(err)) == 0, "%s", err);
+	ck_assert_msg(snap_chain_verify(f, 3, &pages, err, sizeof(err)) == 0, "the undamaged chain: %s", err);
+	for (j = 0; j < 3; j++) {
+		for (i = 0; i < f[j]->h.nr_runs; i++)
+			listed += f[j]->runs[i].kind == SNAP_RUN_DATA ? f[j]->runs[i].count : 0;
+		snap_file_close(f[j]);
+	}
+	ck_assert_uint_eq(pages, listed);
+	chain_free(&c);
+}
+END_TEST
+
 START_TEST(flipped_byte_in_every_part)
 {
 	struct snap_file *f;
@@ -1060,6 +1130,7 @@ int main(void)
 	tcase_add_test(tc, allocated_size);
 	tcase_add_test(tc, cut_at_every_boundary);
 	tcase_add_test(tc, flipped_byte_in_every_part);
+	tcase_add_test(tc, older_copy_damaged_found_by_verify);
 	tcase_add_test(tc, chains_that_do_not_add_up);
 	tcase_add_test(tc, write_errors_leave_nothing);
 	tcase_add_test(tc, file_too_large);

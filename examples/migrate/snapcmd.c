@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
@@ -160,21 +161,23 @@ static int guest_opts(const struct snap_file *f, struct mig_testvm_opts *o, char
 static int restore_usage(void)
 {
 	fprintf(stderr,
-		"usage: kvmdirty-migrate restore FILE... [--run-ms MS]   (a full snapshot, then its diffs in order)\n");
+		"usage: kvmdirty-migrate restore FILE... [--run-ms MS] [--check]   (a full snapshot, then its diffs in order)\n");
 	return 2;
 }
 
 int mig_snap_restore_cmd(int argc, char **argv)
 {
 	static const struct option longopts[] = { { "run-ms", required_argument, NULL, 'R' },
+						  { "check", no_argument, NULL, 'C' },
 						  { "help", no_argument, NULL, 'h' },
 						  { 0 } };
 	struct snap_file **files = NULL;
 	struct mig_testvm_opts go;
 	struct mig_guest g = { 0 };
 	struct testvm *tv = NULL;
-	uint64_t run_ms = 1000, pages = 0;
+	uint64_t run_ms = 1000, pages = 0, checked = 0;
 	unsigned int n = 0, i;
+	bool check = false;
 	char err[512];
 	int c, ret = 0;
 
@@ -183,6 +186,8 @@ int mig_snap_restore_cmd(int argc, char **argv)
 		if (c == 'R') {
 			if (cli_number("kvmdirty-migrate", "--run-ms", optarg, 0, 3600000, &run_ms))
 				return 2;
+		} else if (c == 'C') {
+			check = true;
 		} else {
 			return c == 'h' ? (restore_usage(), 0) : restore_usage();
 		}
@@ -197,6 +202,9 @@ int mig_snap_restore_cmd(int argc, char **argv)
 		ret = snap_file_open(argv[optind], &files[n++], err, sizeof(err));
 	if (ret == 0)
 		ret = snap_chain_check(files, n, err, sizeof(err));
+	/* --check: every copy of every page, older ones too, before anything is built */
+	if (ret == 0 && check)
+		ret = snap_chain_verify(files, n, &checked, err, sizeof(err));
 	if (ret == 0)
 		ret = guest_opts(files[0], &go, err, sizeof(err));
 	if (ret < 0) {
@@ -218,6 +226,9 @@ int mig_snap_restore_cmd(int argc, char **argv)
 		fprintf(stderr, "kvmdirty-migrate: restore refused, the guest does not run: %s\n", err);
 		goto out;
 	}
+	if (check)
+		printf("restore: --check: %" PRIu64 " pages of the %u file%s, every copy, each matched its hash\n", checked, n,
+		       n == 1 ? "" : "s");
 	printf("restore: %u file%s, a chain; %" PRIu64 " pages read, each matched its hash; resuming the guest\n", n,
 	       n == 1 ? "" : "s", pages);
 	fflush(stdout);

@@ -10,7 +10,7 @@
  *       start of the one before: PREFIX-000000.snap full, then diffs.  A
  *       line each (mig_snap_line()); a failed one is said on stderr, leaves
  *       nothing, and the next takes its number.  1 if any failed.
- *   restore FILE... [--run-ms MS]
+ *   restore FILE... [--run-ms MS] [--check]
  *       a chain, base first, into a new test guest, checked and verified
  *       (snapshot.h), which then runs MS and checks itself.  0 when it
  *       ran and passed, 1 refused or failed (one line naming the file),

@@ -1091,20 +1091,52 @@ int snap_chain_check(struct snap_file *const *files, unsigned int n, char *err, 
 }
 
 /* DATA pages [pg, pg + k) of run r of f, into hva, each checked against its hash. */
-static int load_pages(const struct snap_file *f, const struct snap_run *r, uint64_t pg, uint64_t k, uint8_t *hva,
+/* Pages pg .. pg + k of run r (DATA) read into dst, each checked against its hash. */
+static int load_pages(const struct snap_file *f, const struct snap_run *r, uint64_t pg, uint64_t k, uint8_t *dst,
 		      char *err, size_t len)
 {
 	const struct snap_region *reg = &f->regions[r->region];
 	uint64_t i;
-	int ret = read_all(f, hva + pg * SNAP_PAGE, k * SNAP_PAGE, reg->data_off + pg * SNAP_PAGE, "pages", err, len);
+	int ret = read_all(f, dst, k * SNAP_PAGE, reg->data_off + pg * SNAP_PAGE, "pages", err, len);
 
 	if (ret < 0)
 		return ret;
 	for (i = pg; i < pg + k; i++)
-		if (mig_page_hash(hva + i * SNAP_PAGE) != f->hashes[r->hash_first + i - r->first])
+		if (mig_page_hash(dst + (i - pg) * SNAP_PAGE) != f->hashes[r->hash_first + i - r->first])
 			return BAD("%s: region %u page %" PRIu64 " (gpa 0x%" PRIx64 "): damaged (not its hash)",
 				   f->path, r->region, i, reg->gpa + i * SNAP_PAGE);
 	return 0;
+}
+
+int snap_chain_verify(struct snap_file *const *files, unsigned int n, uint64_t *ret_pages, char *err, size_t len)
+{
+	enum { CHUNK = 256 }; /* pages a read: 1 MiB */
+	uint8_t *buf = malloc((size_t)CHUNK * SNAP_PAGE);
+	uint64_t pages = 0, i, pg, k;
+	unsigned int j;
+	int ret = 0;
+
+	if (!buf)
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	for (j = 0; j < n && !ret; j++) {
+		const struct snap_file *f = files[j];
+
+		for (i = 0; i < f->h.nr_runs && !ret; i++) {
+			const struct snap_run *run = &f->runs[i];
+
+			if (run->kind != SNAP_RUN_DATA)
+				continue;
+			for (pg = run->first; pg < run->first + run->count && !ret; pg += k) {
+				k = run->first + run->count - pg < CHUNK ? run->first + run->count - pg : CHUNK;
+				ret = load_pages(f, run, pg, k, buf, err, len);
+				pages += k;
+			}
+		}
+	}
+	free(buf);
+	if (ret_pages)
+		*ret_pages = pages;
+	return ret;
 }
 
 int snap_chain_load(struct snap_file *const *files, unsigned int n, void *const *hva, uint64_t *ret_pages, char *err,
@@ -1132,7 +1164,8 @@ int snap_chain_load(struct snap_file *const *files, unsigned int n, void *const 
 				for (k = pg; k < run->first + run->count && !test_bit(d, k); k++)
 					set_bit(d, k);
 				if (k > pg && run->kind == SNAP_RUN_DATA) {
-					ret = load_pages(f, run, pg, k - pg, hva[run->region], err, len);
+					ret = load_pages(f, run, pg, k - pg, (uint8_t *)hva[run->region] + pg * SNAP_PAGE,
+							 err, len);
 					pages += k - pg;
 				}
 				/* pages a newer file gave: skipped */

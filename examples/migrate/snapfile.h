@@ -217,4 +217,15 @@ int snap_chain_check(struct snap_file *const *files, unsigned int n, char *err, 
 int snap_chain_load(struct snap_file *const *files, unsigned int n, void *const *hva, uint64_t *ret_pages, char *err,
 		    size_t len);
 
+/*
+ * Every DATA page every file of a checked chain lists read and checked
+ * against its hash, older copies too (snap_chain_load() reads only each
+ * page's newest copy, so a damaged copy that a later diff replaces goes
+ * unseen there: the chain restores right, and would not without that
+ * diff).  Nothing is written.  0, or -EPROTO naming the file, region and
+ * page whose copy does not match, -errno of a read.  ret_pages: pages
+ * read.
+ */
+int snap_chain_verify(struct snap_file *const *files, unsigned int n, uint64_t *ret_pages, char *err, size_t len);
+
 #endif
