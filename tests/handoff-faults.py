@@ -6,12 +6,17 @@ through a relay that finds the handoff's messages (the destination says
 nothing before READY; the first bytes from the source after it are COMMIT
 or ABORT; the destination's next message is the ACK) and, at one of them,
 drops it, delays it past -T, cuts both connections, or kills (SIGKILL) the
-source or the destination before passing it on.  Then, as an orchestrator
-would, it queries both control sockets, resolves each side whose outcome is
-unknown by the rule of kvmdirty-migrate(1) (run a side's guest only where
-the other side is known not to: dead, or its outcome "there"), and checks:
-  - at most one side ever ran the guest, and exactly one unless the relay
-    killed the side that had it;
+source or the destination before passing it on (or, ready-cut-resumed,
+cuts at READY and kills the source once it ran its guest on).  Then, as an
+orchestrator would, it queries both control sockets, resolves each side
+whose outcome is unknown by the rule of kvmdirty-migrate-control(7): the
+destination "here" only where the source provably never ran the guest
+after its pause (its outcome "there", or killed with no "resume" line in
+its --stats file: an exit, or such a line, says it ran on), the source
+"here" only where the destination's outcome is "there" or it was killed
+before running; and checks:
+  - at most one side ever ran the guest after the pause (two histories),
+    and exactly one unless the relay killed the side that had it;
   - each side is unknown exactly where the table says, and decides by
     itself everywhere else;
   - a resolved side does what it was told.
@@ -44,6 +49,8 @@ CASES = {
     "ready-cut": ("ready", "cut", False, True, "source"),
     "ready-kill-source": ("ready", "kill-source", False, True, "dest"),
     "ready-kill-dest": ("ready", "kill-dest", True, False, "source"),
+    # the attack's case: READY cut, the source runs on, then dies; "dead" alone would run a second history
+    "ready-cut-resumed": ("ready", "cut-resumed", False, True, "source"),
     "commit-drop": ("commit", "drop", True, True, "source"),
     "commit-delay": ("commit", "delay", False, False, "dest"),
     "commit-cut": ("commit", "cut", True, True, "source"),
@@ -69,6 +76,7 @@ class Relay(threading.Thread):
         self.ready_passed = False
         self.cut = False
         self.hit = False
+        self.killed_running = False  # ready-cut-resumed: the source killed 0.5 s after it kept the guest
 
     def run(self):
         s, _ = self.lsock.accept()
@@ -94,10 +102,25 @@ class Relay(threading.Thread):
         if f == "cut":
             self.cut_all()
             return False
+        if f == "cut-resumed":
+            self.cut_all()
+            threading.Thread(target=self.kill_once_resumed, daemon=True).start()
+            return False
         victim = self.procs["source" if f == "kill-source" else "dest"]
         victim.send_signal(signal.SIGKILL)
         victim.wait()
         return True
+
+    def kill_once_resumed(self):
+        """The source, once its control socket says it keeps the guest (it then runs it on), killed while it does."""
+        for _ in range(600):
+            r = control(self.procs["sctl"], {"execute": "query"})
+            if r and r.get("return", {}).get("outcome") == "here":
+                time.sleep(0.5)
+                self.killed_running = True
+                break
+            time.sleep(0.05)
+        self.procs["source"].send_signal(signal.SIGKILL)
 
     def cut_all(self):
         self.cut = True
@@ -163,10 +186,22 @@ def control(path, request):
         return None
 
 
-def outcome(path, proc, side):
+def resumed(stats):
+    """The source's --stats file has a resume line: it ran its guest on after its pause."""
+    try:
+        with open(stats) as f:
+            return any(json.loads(l).get("type") == "resume" for l in f if l.strip())
+    except (OSError, ValueError):
+        return False
+
+
+def outcome(path, proc, side, stats=None):
     """As an orchestrator sees a side: its query's outcome, or how it ended."""
     if proc.poll() is not None:
         if proc.returncode < 0:
+            # killed: a source whose stats say it resumed ran the guest on; one whose stats do not died paused
+            if side == "source" and resumed(stats):
+                return "here"
             return "dead"
         # the source exits 1 where the guest runs on there, the destination 0 where it ran
         ran = proc.returncode == (1 if side == "source" else 0)
@@ -179,8 +214,9 @@ def run_case(migrate, name, tmp):
     step, fault, src_unknown, dst_unknown, runs = CASES[name]
     dsock, rsock = os.path.join(tmp, name + ".d"), os.path.join(tmp, name + ".r")
     dctl, sctl = os.path.join(tmp, name + ".dctl"), os.path.join(tmp, name + ".sctl")
+    stats = os.path.join(tmp, name + ".stats")
     guest = ["-m", "16", "-v", "1", "-T", str(T_MS)]
-    procs = {}
+    procs = {"stats": stats, "sctl": sctl}
     procs["dest"] = subprocess.Popen([migrate, "listen", "unix:" + dsock, "--once", "--run-ms", "200",
                                       "--control", dctl] + guest, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True)
@@ -190,25 +226,30 @@ def run_case(migrate, name, tmp):
         time.sleep(0.05)
     relay = Relay(rsock, dsock, step, fault, procs)
     relay.start()
+    # ready-cut-resumed: the source runs its guest on long enough to be killed while it does
+    run_ms = "5000" if fault == "cut-resumed" else "200"
     procs["source"] = subprocess.Popen([migrate, "send", "unix:" + rsock, "-w", "4", "-d", "500", "-p", "4",
-                                        "--force-switchover", "--run-ms", "200", "--control", sctl] + guest,
+                                        "--force-switchover", "--run-ms", run_ms, "--control", sctl,
+                                        "--stats", stats] + guest,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # long enough for every -T and the delay: what is unknown then stays so until resolved
     deadline = time.time() + 120
     while time.time() < deadline and not relay.hit and name != "none-pass":
-        if any(p.poll() is not None for p in procs.values()):
+        if any(procs[k].poll() is not None for k in ("source", "dest")):
             break
         time.sleep(0.05)
     time.sleep(LATE_S + 3 * T_MS / 1000)
-    so, do = outcome(sctl, procs["source"], "source"), outcome(dctl, procs["dest"], "dest")
+    if fault == "cut-resumed":
+        procs["source"].wait(timeout=60)
+    so, do = outcome(sctl, procs["source"], "source", stats), outcome(dctl, procs["dest"], "dest")
     bad = []
     if (so == "unknown") != src_unknown:
         bad.append(f"source {so}, the table says {'unknown' if src_unknown else 'known'}")
     if (do == "unknown") != dst_unknown:
         bad.append(f"destination {do}, the table says {'unknown' if dst_unknown else 'known'}")
-    # resolve as an orchestrator would (kvmdirty-migrate(1)): both unknown, the destination "nowhere" first, then
-    # the source, unless the destination's answer to its resolve reached it; one unknown, it runs the guest only
-    # where the other side is known not to (dead, or its outcome "there")
+    # resolve as an orchestrator would (kvmdirty-migrate-control(7)): both unknown, the destination "nowhere" first,
+    # then the source, unless the destination's answer to its resolve reached it; one unknown, it runs the guest
+    # only where the other side provably never did after the pause (killed before, or its outcome "there")
     def resolve(side, run):
         r = control(dctl if side == "dest" else sctl, {"execute": "resolve", "arguments": {"run": run}})
         if not r or "return" not in r:
@@ -217,13 +258,14 @@ def run_case(migrate, name, tmp):
         resolve("dest", "here" if so in ("dead", "there") else "nowhere")
         time.sleep(1)
         if so == "unknown":
-            so = outcome(sctl, procs["source"], "source")
+            so = outcome(sctl, procs["source"], "source", stats)
             if so == "unknown":
                 resolve("source", "here")
     elif so == "unknown":
         resolve("source", "here" if do in ("dead", "there") else "nowhere")
     out = {}
-    for k, p in procs.items():
+    for k in ("source", "dest"):
+        p = procs[k]
         try:
             o, e = p.communicate(timeout=120)
         except subprocess.TimeoutExpired:
@@ -231,7 +273,8 @@ def run_case(migrate, name, tmp):
             o, e = p.communicate()
             bad.append(f"{k} did not end")
         out[k] = (p.returncode, o, e)
-    src_ran = "runs on here" in out["source"][2] and out["source"][0] >= 0
+    # the source ran its guest on: it said so at its end, or its stats say it resumed (killed while it ran)
+    src_ran = ("runs on here" in out["source"][2] and out["source"][0] >= 0) or resumed(stats) or relay.killed_running
     dst_ran = "resuming the guest" in out["dest"][1] and out["dest"][0] >= 0
     if src_ran and dst_ran:
         bad.append("BOTH sides ran the guest")

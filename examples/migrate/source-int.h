@@ -213,5 +213,7 @@ void src_pass_line(struct source *s, uint64_t pages, uint64_t zero, uint64_t unt
 		   uint64_t remaining, double mib_s, double est_ms);
 void src_end_line(struct source *s, const struct mig_result *res, int ret, const char *err);
 void src_unknown(void *ctx, const char *line);
+/* The guest, paused, is about to run here again: the stats' resume line (flushed) and the event resumed. */
+void src_resumed(struct source *s);
 
 #endif

@@ -266,6 +266,21 @@ void src_end_line(struct source *s, const struct mig_result *res, int ret, const
 	fprintf(s->o->stats, "}\n");
 }
 
+void src_resumed(struct source *s)
+{
+	char why[256];
+
+	mig_status_why(s->st, why, sizeof(why));
+	if (s->o->stats) {
+		src_line_start(s, "resume");
+		fprintf(s->o->stats, ",\"why\":");
+		json_str(s->o->stats, why);
+		fprintf(s->o->stats, "}\n");
+		fflush(s->o->stats);
+	}
+	mig_status_event(s->st, "resumed", "\"side\":\"source\"");
+}
+
 /*
  * The handoff's unknown(): COMMIT went out and no ACK came.  A stats line
  * at once (a reader of the file learns it while the source waits), then

@@ -237,9 +237,18 @@ static void release(struct source *s, enum mig_outcome o)
 		kvmdirty_consumer_free(s->cons);
 		s->cons = NULL;
 	}
-	/* where the guest stays here, it runs on where it was; where its fate is unknown, it stays paused */
-	if (o == MIG_OUTCOME_HERE && s->paused)
+	/*
+	 * Where the guest stays here, it runs on where it was; where its fate
+	 * is unknown, it stays paused.  A guest paused and now run again is
+	 * said to be first (a stats line, flushed; an event), before its vCPUs
+	 * run: a source that died with no such line never ran its guest after
+	 * the pause, and only then may a destination left unknown run it
+	 * (kvmdirty-migrate-control(7), resolve).
+	 */
+	if (o == MIG_OUTCOME_HERE && s->paused) {
+		src_resumed(s);
 		s->g->ops->resume(s->g->ctx);
+	}
 }
 
 static void source_free(struct source *s)
