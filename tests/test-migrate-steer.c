@@ -498,8 +498,8 @@ START_TEST(cancel_in_each_phase)
 	/* an hour's downtime fits after one pass; mid-pass, none does */
 	ck_assert_str_eq(names, ph == BEFORE_FIRST_PASS ? "cancelled" :
 				ph == MID_PASS ? "pass_started pass_ended pass_started cancelled" :
-				ph == STOP_AND_COPY ? "pass_started pass_ended switchover cancelled" :
-						      "pass_started pass_ended switchover ready cancelled");
+				ph == STOP_AND_COPY ? "pass_started pass_ended switchover resumed cancelled" :
+						      "pass_started pass_ended switchover ready resumed cancelled");
 	/* the status says it was done */
 	{
 		char q[16384];
