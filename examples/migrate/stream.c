@@ -78,12 +78,19 @@ uint64_t mig_page_hash_portable(const void *page)
 	return hash_finish(prod, sum);
 }
 
-/* The same, two stripes a turn (few enough registers that no accumulator spills). */
-__attribute__((target("avx2"))) static uint64_t page_hash_avx2(const void *page)
+/*
+ * The same, two stripes a turn (few enough registers that no accumulator
+ * spills); with dst, each stripe is also stored there as it is read (the
+ * page read once for its hash and its copy).  Inlined into each caller
+ * below with dst constant, so the hash alone has no store and no test.
+ */
+__attribute__((target("avx2"), always_inline)) static inline uint64_t page_hash_avx2_into(void *dst,
+											   const void *page)
 {
 #define LD(p) _mm256_loadu_si256((const __m256i *)(p))
 #define NH(x) _mm256_mul_epu32((x), _mm256_srli_epi64((x), 32))
 	const __m256i *w = page;
+	__m256i *o = dst;
 	const __m256i s0 = LD(hash_step), s1 = LD(hash_step + 4);
 	const __m256i t0 = _mm256_add_epi64(s0, s0), t1 = _mm256_add_epi64(s1, s1);
 	__m256i k0 = LD(hash_key), k1 = LD(hash_key + 4), l0 = _mm256_add_epi64(k0, s0), l1 = _mm256_add_epi64(k1, s1);
@@ -96,6 +103,13 @@ __attribute__((target("avx2"))) static uint64_t page_hash_avx2(const void *page)
 		__m256i x0 = _mm256_xor_si256(d0, k0), x1 = _mm256_xor_si256(d1, k1);
 		__m256i x2 = _mm256_xor_si256(d2, l0), x3 = _mm256_xor_si256(d3, l1);
 
+		if (o) {
+			_mm256_storeu_si256(o, d0);
+			_mm256_storeu_si256(o + 1, d1);
+			_mm256_storeu_si256(o + 2, d2);
+			_mm256_storeu_si256(o + 3, d3);
+			o += 4;
+		}
 		p0 = _mm256_add_epi64(p0, _mm256_add_epi64(NH(x0), NH(x2)));
 		p1 = _mm256_add_epi64(p1, _mm256_add_epi64(NH(x1), NH(x3)));
 		a0 = _mm256_add_epi64(a0, _mm256_add_epi64(d0, d2));
@@ -116,46 +130,14 @@ __attribute__((target("avx2"))) static uint64_t page_hash_avx2(const void *page)
 #undef LD
 }
 
-/* The same, storing each stripe of the page at dst as it reads it: the page read once for both. */
+__attribute__((target("avx2"))) static uint64_t page_hash_avx2(const void *page)
+{
+	return page_hash_avx2_into(NULL, page);
+}
+
 __attribute__((target("avx2"))) static uint64_t page_hash_copy_avx2(void *dst, const void *page)
 {
-#define LD(p) _mm256_loadu_si256((const __m256i *)(p))
-#define NH(x) _mm256_mul_epu32((x), _mm256_srli_epi64((x), 32))
-	const __m256i *w = page;
-	__m256i *o = dst;
-	const __m256i s0 = LD(hash_step), s1 = LD(hash_step + 4);
-	const __m256i t0 = _mm256_add_epi64(s0, s0), t1 = _mm256_add_epi64(s1, s1);
-	__m256i k0 = LD(hash_key), k1 = LD(hash_key + 4), l0 = _mm256_add_epi64(k0, s0), l1 = _mm256_add_epi64(k1, s1);
-	__m256i p0 = k0, p1 = k1, a0 = k0, a1 = k1;
-	uint64_t prod[8], sum[8];
-	unsigned int s;
-
-	for (s = 0; s < HASH_WORDS / 8; s += 2, w += 4, o += 4) {
-		__m256i d0 = LD(w), d1 = LD(w + 1), d2 = LD(w + 2), d3 = LD(w + 3);
-		__m256i x0 = _mm256_xor_si256(d0, k0), x1 = _mm256_xor_si256(d1, k1);
-		__m256i x2 = _mm256_xor_si256(d2, l0), x3 = _mm256_xor_si256(d3, l1);
-
-		_mm256_storeu_si256(o, d0);
-		_mm256_storeu_si256(o + 1, d1);
-		_mm256_storeu_si256(o + 2, d2);
-		_mm256_storeu_si256(o + 3, d3);
-		p0 = _mm256_add_epi64(p0, _mm256_add_epi64(NH(x0), NH(x2)));
-		p1 = _mm256_add_epi64(p1, _mm256_add_epi64(NH(x1), NH(x3)));
-		a0 = _mm256_add_epi64(a0, _mm256_add_epi64(d0, d2));
-		a1 = _mm256_add_epi64(a1, _mm256_add_epi64(d1, d3));
-		k0 = _mm256_add_epi64(k0, t0);
-		k1 = _mm256_add_epi64(k1, t1);
-		l0 = _mm256_add_epi64(l0, t0);
-		l1 = _mm256_add_epi64(l1, t1);
-	}
-	_mm256_storeu_si256((__m256i *)prod, p0);
-	_mm256_storeu_si256((__m256i *)prod + 1, p1);
-	_mm256_storeu_si256((__m256i *)sum, a0);
-	_mm256_storeu_si256((__m256i *)sum + 1, a1);
-	_mm256_zeroupper();
-	return hash_finish(prod, sum);
-#undef NH
-#undef LD
+	return page_hash_avx2_into(dst, page);
 }
 
 static bool use_avx2(void)
