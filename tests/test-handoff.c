@@ -322,6 +322,17 @@ static bool finished(struct side *s)
 	return o == MIG_OUTCOME_HERE || o == MIG_OUTCOME_THERE;
 }
 
+/* A run's end: what is unknown resolved, both sides and the relay's threads ended. */
+static void run_end(struct relay *r, struct side *src, struct side *dst)
+{
+	resolve_unknowns(src, dst);
+	pthread_join(src->th, NULL);
+	pthread_join(dst->th, NULL);
+	cut_all(r);
+	pthread_join(r->th[0], NULL);
+	pthread_join(r->th[1], NULL);
+}
+
 /*
  * One run of case c.  The case's premise is that READY leaves the
  * destination within the source's -T of its wait; on a loaded host (a
@@ -365,12 +376,7 @@ static bool handoff_once(const struct hcase *c, bool last_try)
 		printf("%-22s READY reached the relay %s %.0f ms into the source's wait of %d: the host was too slow for "
 		       "the case; again\n",
 		       c->name, ready_ns ? "only" : "never,", ready_ns ? (double)(ready_ns - src_ns) / 1e6 : 0.0, T_MS);
-		resolve_unknowns(&src, &dst);
-		pthread_join(src.th, NULL);
-		pthread_join(dst.th, NULL);
-		cut_all(&r);
-		pthread_join(r.th[0], NULL);
-		pthread_join(r.th[1], NULL);
+		run_end(&r, &src, &dst);
 		side_close(&src);
 		side_close(&dst);
 		close(a[1]);
@@ -386,12 +392,7 @@ static bool handoff_once(const struct hcase *c, bool last_try)
 	expect((mig_status_outcome(&dst.st) == MIG_OUTCOME_UNKNOWN) == c->dst_unknown,
 	       "%s: the destination is %s, the table says %s (%s)", c->name,
 	       mig_outcome_name(mig_status_outcome(&dst.st)), c->dst_unknown ? "unknown" : "known", dst.err);
-	resolve_unknowns(&src, &dst);
-	pthread_join(src.th, NULL);
-	pthread_join(dst.th, NULL);
-	cut_all(&r);
-	pthread_join(r.th[0], NULL);
-	pthread_join(r.th[1], NULL);
+	run_end(&r, &src, &dst);
 	printf("%-22s source %-5s%s destination %-5s%s (%s | %s)\n", c->name, mig_outcome_name(src.o),
 	       src.st.resolved ? " (resolved)" : "", mig_outcome_name(dst.o), dst.st.resolved ? " (resolved)" : "",
 	       src.err, dst.err);
