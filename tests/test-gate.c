@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
@@ -31,6 +32,7 @@
 #include "gate.h"
 #include "session.h"
 #include "test-util.h"
+#include "tricklers.h"
 
 static char sock_path[108];
 static struct mig_psk key_a, key_b;
@@ -248,6 +250,33 @@ static void strangers_stop(struct strangers *st)
 }
 
 /*
+ * A stranger whose hello is whole (a share of its own, the name "gate"),
+ * then nothing: it holds a slot, its handshake waiting for a proof that
+ * never comes.  fd, for the caller to close.
+ */
+static int stall(int fd)
+{
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION, .flags = MIG_S_PSK,
+			       .conns = 1, .name = "gate" };
+
+	memset(h.share, 9, sizeof(h.share));
+	memset(h.nonce, 3, sizeof(h.nonce));
+	ck_assert_int_eq(send(fd, &h, sizeof(h), MSG_NOSIGNAL), (ssize_t)sizeof(h));
+	return fd;
+}
+
+/* Whether the gate ended a connection: what it sent read, then its end (without waiting). */
+static bool ended(int fd)
+{
+	char buf[4096];
+	ssize_t r;
+
+	while ((r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+		;
+	return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+/*
  * Sixteen connections trickling a byte of a hello every 100 ms, each
  * within its budget for a good while (the budget 3 s): a real source
  * still gets in, its record through, while they are all still there.
@@ -314,9 +343,9 @@ START_TEST(join_phase_bounded)
 END_TEST
 
 /*
- * Every slot held by a connection that sends nothing (their budget a
- * minute): one more connection, and the oldest gives way, so a real
- * source gets in.
+ * Every slot held by a connection whose hello came whole and then
+ * nothing (their budget a minute), eight more waiting: one more
+ * connection, and the oldest give way, so a real source gets in.
  */
 START_TEST(full_house_gives_way)
 {
@@ -331,18 +360,14 @@ START_TEST(full_house_gives_way)
 
 	taker_start(&t, lfd, &o, &th);
 	for (i = 0; i < MIG_GATE_SLOTS + 8; i++)
-		fd[i] = dial();
+		fd[i] = stall(dial());
 	ck_assert_int_eq(pthread_create(&sth, NULL, source_run, &src), 0);
 	pthread_join(sth, NULL);
 	ck_assert_msg(src.ret == 0, "source: %s", src.err);
 	taker_check(&t, th, 1, 400);
 	/* the first ones were cut to make room: their sockets ended */
 	for (i = 0; i < MIG_GATE_SLOTS + 8; i++) {
-		struct pollfd p = { .fd = fd[i], .events = POLLIN };
-		char c;
-
-		if (poll(&p, 1, 0) == 1 && recv(fd[i], &c, 1, MSG_DONTWAIT) == 0)
-			cut++;
+		cut += ended(fd[i]);
 		close(fd[i]);
 	}
 	ck_assert_uint_ge(cut, 8);
@@ -351,11 +376,12 @@ START_TEST(full_house_gives_way)
 END_TEST
 
 /*
- * Every slot taken by a silent connection, the house quiet (no one else
- * waiting when it filled): a real source that comes later still makes a
- * handshake give way, well within its -T of 2 s (the destination's budget
- * a minute).  A gate that looked at the listener only when the house
- * filled would leave it in the backlog until its -T ran out.
+ * Every slot taken by a connection whose hello came whole and then
+ * nothing, the house quiet (no one else waiting when it filled): a real
+ * source that comes later still makes a handshake give way, well within
+ * its -T of 2 s (the destination's budget a minute).  A gate that looked
+ * at the listener only when the house filled would leave it in the
+ * backlog until its -T ran out.
  */
 START_TEST(late_arrival_cuts_when_full)
 {
@@ -370,7 +396,7 @@ START_TEST(late_arrival_cuts_when_full)
 
 	taker_start(&t, lfd, &o, &th);
 	for (i = 0; i < MIG_GATE_SLOTS; i++)
-		fd[i] = dial();
+		fd[i] = stall(dial());
 	sleep_ms(500); /* all taken in, the taker back to waiting */
 	ck_assert_int_eq(pthread_create(&sth, NULL, source_run, &src), 0);
 	pthread_join(sth, NULL);
@@ -409,9 +435,9 @@ static int tcp_dial(const char *from, uint16_t port)
 }
 
 /*
- * Strangers keeping n connections open, each dialled again as soon as it
- * is cut: all from 127.0.0.2, or (spread) each from an address of its
- * own, 127.0.1.i.
+ * Strangers keeping n connections open, each with its hello whole and
+ * then nothing (stall()), each dialled again as soon as it is cut: all
+ * from 127.0.0.2, or (spread) each from an address of its own, 127.0.1.i.
  */
 struct churn {
 	uint16_t port;
@@ -437,16 +463,14 @@ static void *churn_run(void *p)
 	char from[32];
 
 	for (i = 0; i < c->n; i++)
-		fd[i] = tcp_dial(churn_from(c, i, from), c->port);
+		fd[i] = stall(tcp_dial(churn_from(c, i, from), c->port));
 	__atomic_store_n(&c->dials, c->n, __ATOMIC_RELEASE);
 	while (!__atomic_load_n(&c->stop, __ATOMIC_ACQUIRE)) {
 		for (i = 0; i < c->n; i++) {
-			char b;
-
-			if (recv(fd[i], &b, 1, MSG_DONTWAIT) != 0)
+			if (!ended(fd[i]))
 				continue;
 			close(fd[i]);
-			fd[i] = tcp_dial(churn_from(c, i, from), c->port);
+			fd[i] = stall(tcp_dial(churn_from(c, i, from), c->port));
 			__atomic_add_fetch(&c->dials, 1, __ATOMIC_RELEASE);
 		}
 		sleep_ms(1);
@@ -457,14 +481,14 @@ static void *churn_run(void *p)
 }
 
 /*
- * A real source connects first, from 127.0.0.1 (with a second, idle
- * connection from there, so its handshake is not alone from its address
- * and has no grace), and sends its hello only once the cuts have begun;
- * meanwhile one other peer, 127.0.0.2, keeps more connections open than
- * there are slots, dialling again each one cut.  The source's is the
- * oldest handshake all along, but the cuts fall on the peer that holds
- * the most slots: the source gets in.  Cutting the oldest whoever holds
- * it, the source's would be the first to go.
+ * A real source from 127.0.0.1, beside a stranger there that holds a
+ * slot (so the source's handshake is not alone from its address and has
+ * no grace), and one other peer, 127.0.0.2, keeping more connections with
+ * whole hellos than there are slots, dialling again each one cut.  The
+ * source says its hello once the cuts have begun.  The cuts fall on the
+ * peer that holds the most slots: the source gets in, and the stranger
+ * beside it, the oldest handshake all along, is never cut.  Cutting the
+ * oldest whoever holds it, it would be the first to go.
  */
 START_TEST(one_peer_cuts_its_own)
 {
@@ -477,15 +501,18 @@ START_TEST(one_peer_cuts_its_own)
 	int lfd = tcp_listener(&c.port), idle;
 
 	taker_start(&t, lfd, &o, &th);
-	src.fd = tcp_dial("127.0.0.1", c.port);
-	idle = tcp_dial("127.0.0.1", c.port);
-	sleep_ms(100); /* taken in: the oldest slots */
+	idle = stall(tcp_dial("127.0.0.1", c.port));
+	sleep_ms(100); /* taken in: the oldest slot */
 	ck_assert_int_eq(pthread_create(&c.th, NULL, churn_run, &c), 0);
 	/* the cuts have begun (one of the other peer's cut, and dialled again) before the source says a word */
 	for (i = 0; i < 3000 && __atomic_load_n(&c.dials, __ATOMIC_ACQUIRE) <= c.n; i++)
 		sleep_ms(10);
 	ck_assert_uint_gt(__atomic_load_n(&c.dials, __ATOMIC_ACQUIRE), c.n);
-	sleep_ms(300);
+	sleep_ms(300 + MIG_GATE_GRACE_MIN_MS); /* past its grace */
+	/* (the source's stream, once taken, cuts every other handshake: look before) */
+	ck_assert_msg(!ended(idle), "the oldest handshake, 127.0.0.1's, was cut (the other peer dialled %u times)",
+		      __atomic_load_n(&c.dials, __ATOMIC_ACQUIRE));
+	src.fd = tcp_dial("127.0.0.1", c.port);
 	source_run(&src);
 	__atomic_store_n(&c.stop, true, __ATOMIC_RELEASE);
 	pthread_join(c.th, NULL);
@@ -497,33 +524,172 @@ START_TEST(one_peer_cuts_its_own)
 END_TEST
 
 /*
- * Strangers from many addresses, one connection each and more of them
- * than there are slots, dialling again each one cut, and a real source
- * that connects first and sends its hello only 300 ms later: every peer
- * holds one slot, so none is the busiest, but a handshake alone from its
- * address is not cut within its grace (3 s here, a fifth of the 15 s
- * budget: room for a slow build), so the source gets in.  Cutting the oldest of equals, the source's would
- * go in the first milliseconds.
+ * A link that holds back what the source sends after its hello: a relay
+ * between fd a (the source's end of a socket pair) and fd b (to the
+ * destination), the hello passed on at once, the rest once delay_ms have
+ * gone since it came; the destination's bytes passed on at once.
+ */
+struct relay {
+	int a, b;
+	unsigned int delay_ms;
+	pthread_t th;
+};
+
+static void *relay_run(void *p)
+{
+	struct relay *r = p;
+	size_t passed = 0;
+	bool held = false;
+	char buf[65536];
+
+	for (;;) {
+		struct pollfd pfd[2] = { { .fd = r->a, .events = POLLIN }, { .fd = r->b, .events = POLLIN } };
+		ssize_t n;
+
+		if (poll(pfd, 2, -1) < 0)
+			break;
+		if (pfd[1].revents) {
+			if ((n = recv(r->b, buf, sizeof(buf), 0)) <= 0 || send(r->a, buf, (size_t)n, MSG_NOSIGNAL) != n)
+				break;
+		}
+		if (pfd[0].revents) {
+			size_t want = passed < sizeof(struct mig_hello) ? sizeof(struct mig_hello) - passed : sizeof(buf);
+
+			if (passed >= sizeof(struct mig_hello) && !held) {
+				sleep_ms(r->delay_ms);
+				held = true;
+			}
+			if ((n = recv(r->a, buf, want, 0)) <= 0 || send(r->b, buf, (size_t)n, MSG_NOSIGNAL) != n)
+				break;
+			passed += (size_t)n;
+		}
+	}
+	shutdown(r->a, SHUT_RDWR);
+	shutdown(r->b, SHUT_RDWR);
+	return NULL;
+}
+
+/*
+ * Strangers from many addresses, one connection each with a whole hello
+ * and more of them than there are slots, dialling again each one cut; a
+ * real source that came first, whose proof its link holds back 100 ms
+ * (under the least grace, MIG_GATE_GRACE_MIN_MS): every peer holds one
+ * slot, so none is the busiest, but a handshake alone from its address is
+ * not cut within its grace, so the source gets in.  Cutting the oldest of
+ * equals, the source's would go in the first milliseconds.
  */
 START_TEST(many_addresses_wait_their_turn)
 {
 	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 15000, .name = "gate" };
 	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 480 };
 	struct churn c = { .n = MIG_GATE_SLOTS + 16, .spread = true };
+	struct relay r = { .delay_ms = 100 };
+	struct mig_gate_stats st;
 	struct taker t = { 0 };
+	int lfd = tcp_listener(&c.port), sp[2];
 	pthread_t th;
-	int lfd = tcp_listener(&c.port);
 
+	ck_assert_int_lt(r.delay_ms, MIG_GATE_GRACE_MIN_MS);
 	taker_start(&t, lfd, &o, &th);
-	src.fd = tcp_dial("127.0.0.1", c.port);
-	sleep_ms(100); /* taken in */
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	r.a = sp[1];
+	r.b = tcp_dial("127.0.0.1", c.port);
+	ck_assert_int_eq(pthread_create(&r.th, NULL, relay_run, &r), 0);
+	src.fd = sp[0];
 	ck_assert_int_eq(pthread_create(&c.th, NULL, churn_run, &c), 0);
-	sleep_ms(300);
 	source_run(&src);
+	mig_gate_stats(t.gate, &st);
 	__atomic_store_n(&c.stop, true, __ATOMIC_RELEASE);
 	pthread_join(c.th, NULL);
-	ck_assert_msg(src.ret == 0, "source (the strangers dialled %u times): %s", c.dials, src.err);
+	ck_assert_msg(src.ret == 0, "source (the strangers dialled %u times, %" PRIu64 " handshakes cut): %s", c.dials,
+		      st.cut, src.err);
 	taker_check(&t, th, 1, 480);
+	pthread_join(r.th, NULL);
+	close(r.a);
+	close(r.b);
+	close(lfd);
+}
+END_TEST
+
+/*
+ * Thousands of addresses (TRICKLE_ADDRS, 127.20.0.1 on), each trickling
+ * a byte of a hello every 400 ms and dialling again as soon as it is
+ * ended, all connected before a real source comes: the source gets in,
+ * and no trickler ever holds a slot (the gate's count of handshakes is
+ * the source's alone); all of them were accepted.  The source's time
+ * from its dial to its record through is printed beside its time alone
+ * on the same gate.  A gate that gave every accepted connection a slot
+ * would have given thousands (and the source waited behind them, or
+ * failed).
+ */
+#define TRICKLE_ADDRS 2500
+
+static double source_ms(struct source *src, uint16_t port)
+{
+	struct timespec t0, t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	src->fd = tcp_dial("127.0.0.1", port);
+	source_run(src);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+}
+
+START_TEST(many_tricklers_hold_no_slot)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
+	struct source alone = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 485 };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 486 };
+	struct mig_gate_stats st;
+	struct trickle_counts tc;
+	struct tricklers *tr;
+	struct taker t = { 0 }, t0 = { 0 };
+	unsigned int n = TRICKLE_ADDRS, i;
+	struct rlimit rl;
+	double alone_ms, ms;
+	uint16_t port;
+	pthread_t th;
+	int lfd = tcp_listener(&port);
+
+	/* both ends of every connection are in this process */
+	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	rl.rlim_cur = rl.rlim_max;
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	if (rl.rlim_cur < 2 * n + 1024) {
+		n = rl.rlim_cur > 1024 + 2 * 200 ? (unsigned int)(rl.rlim_cur - 1024) / 2 : 200;
+		printf("many addresses: RLIMIT_NOFILE %llu: %u addresses, not %d\n", (unsigned long long)rl.rlim_cur, n,
+		       TRICKLE_ADDRS);
+	}
+	taker_start(&t0, lfd, &o, &th);
+	alone_ms = source_ms(&alone, port);
+	ck_assert_msg(alone.ret == 0, "source alone: %s", alone.err);
+	taker_check(&t0, th, 1, 485);
+
+	taker_start(&t, lfd, &o, &th);
+	tr = tricklers_start(port, n, 400);
+	ck_assert_ptr_nonnull(tr);
+	for (i = 0; i < 3000; i++) {
+		tricklers_counts(tr, &tc);
+		mig_gate_stats(t.gate, &st);
+		if (tc.up == n && st.accepted >= n)
+			break;
+		sleep_ms(10);
+	}
+	ck_assert_msg(tc.up == n && st.accepted >= n, "%u of %u tricklers connected, %" PRIu64 " accepted", tc.up, n,
+		      st.accepted);
+	ms = source_ms(&src, port);
+	mig_gate_stats(t.gate, &st);
+	tricklers_stop(tr, &tc);
+	printf("many addresses: the source served in %.1f ms with %u addresses trickling (alone: %.1f ms, %.2fx); "
+	       "the gate accepted %" PRIu64 ", gave %" PRIu64 " a slot, turned away %" PRIu64 " unheard; the "
+	       "tricklers dialled %" PRIu64 " times, %" PRIu64 " ended by the gate\n",
+	       ms, n, alone_ms, alone_ms > 0 ? ms / alone_ms : 0, st.accepted, st.handshakes, st.unheard, tc.dials,
+	       tc.ended);
+	ck_assert_msg(src.ret == 0, "source, %u addresses trickling: %s", n, src.err);
+	ck_assert_msg(st.handshakes == 1, "%" PRIu64 " handshakes given a slot, only the source's was whole",
+		      st.handshakes);
+	ck_assert_uint_ge(st.accepted, n + 1);
+	taker_check(&t, th, 1, 486);
 	close(lfd);
 }
 END_TEST
@@ -895,6 +1061,7 @@ int main(void)
 	tcase_add_test(tc, late_arrival_cuts_when_full);
 	tcase_add_test(tc, one_peer_cuts_its_own);
 	tcase_add_test(tc, many_addresses_wait_their_turn);
+	tcase_add_test(tc, many_tricklers_hold_no_slot);
 	tcase_add_test(tc, refusals_rate_limited);
 	tcase_add_test(tc, wrong_proofs_slowed_down);
 	tcase_add_test(tc, other_user_cannot_hold_back);

@@ -11,6 +11,11 @@
  * of it: a session opened, a join adopted into its session, or a refusal
  * (then it closes its socket, under the lock, so that a cut never hits a
  * reused fd).  Each tells the taker through an eventfd.
+ *
+ * Before a slot, the waiting room (the taker's alone, no lock): every
+ * accepted connection, without a thread, until its hello is whole in its
+ * socket (SO_RCVLOWAT on TCP, so that a trickle of bytes wakes no one);
+ * then, in the order their hellos came whole, the next free slot.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -24,7 +29,10 @@
 #include <string.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -73,10 +81,12 @@ enum slot_state { SLOT_FREE, SLOT_BUSY, SLOT_DONE };
 
 struct slot {
 	struct mig_gate *gate;
+	struct mig_session_opts o; /* the gate's, its handshake's budget what the waiting room left of it */
 	enum slot_state state;
 	bool cut;	   /* shut down by the gate */
 	int fd;		   /* -1 once a session owns it */
 	uint64_t since_ms; /* accepted */
+	uint64_t start_ms; /* given its slot, its hello whole */
 	uint8_t peer[PEER_KEY]; /* for the slots it holds: an IPv6 peer by its /64 */
 	uint8_t who[PEER_KEY];	/* for its wrong proofs: an IPv6 peer by its whole address */
 	char name[64]; /* the peer's address, for the log */
@@ -92,8 +102,34 @@ struct pending {
 	char name[64]; /* the peer of its first connection */
 };
 
+/*
+ * The waiting room: a connection accepted, its hello not whole yet
+ * (UNHEARD), or whole and waiting for a slot (HEARD); each list in the
+ * order of accept(2).
+ */
+enum { UNHEARD, HEARD };
+
+struct waiter {
+	int fd; /* -1: free (then next: the next free one) */
+	int list;
+	int prev, next;
+	uint32_t gen;	   /* told apart from the entry's earlier connections in epoll's events */
+	uint32_t rtt_us;   /* TCP_INFO's, at accept */
+	uint64_t since_ms; /* accepted */
+	struct sockaddr_storage ss;
+};
+
+struct room {
+	struct waiter *w; /* MIG_GATE_ROOM */
+	int epfd;
+	int head[2], tail[2], free;
+	unsigned int n[2];
+};
+
 struct mig_gate {
 	int lfd, efd;
+	struct room room;
+	struct mig_gate_stats stats; /* __atomic */
 	struct mig_session_opts o;
 	pthread_mutex_t lock;
 	pthread_cond_t opened; /* a session opened: joins waiting for it look again */
@@ -360,6 +396,14 @@ static uint64_t peer_wait(struct mig_gate *gate, const uint8_t key[PEER_KEY])
 	return p->last_ms + wait > now ? p->last_ms + wait - now : 0;
 }
 
+void mig_gate_stats(struct mig_gate *gate, struct mig_gate_stats *st)
+{
+	st->accepted = __atomic_load_n(&gate->stats.accepted, __ATOMIC_RELAXED);
+	st->handshakes = __atomic_load_n(&gate->stats.handshakes, __ATOMIC_RELAXED);
+	st->unheard = __atomic_load_n(&gate->stats.unheard, __ATOMIC_RELAXED);
+	st->cut = __atomic_load_n(&gate->stats.cut, __ATOMIC_RELAXED);
+}
+
 unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr *sa, uid_t uid)
 {
 	uint8_t key[PEER_KEY];
@@ -504,7 +548,7 @@ static void *slot_run(void *arg)
 	if (!g)
 		ret = mig_errf(err, sizeof(err), -ENOMEM, "out of memory");
 	else
-		ret = mig_session_greet(sl->fd, &gate->o, MIG_GREET_CONNS | MIG_GREET_JOINS, g, err, sizeof(err));
+		ret = mig_session_greet(sl->fd, &sl->o, MIG_GREET_CONNS | MIG_GREET_JOINS, g, err, sizeof(err));
 	if (ret == 0 && g->join) {
 		ret = join(gate, sl, g, err, sizeof(err));
 	} else if (ret == 0) {
@@ -577,18 +621,41 @@ static unsigned int slots_of(struct mig_gate *gate, const struct slot *sl, bool 
 	return n;
 }
 
+/* One handshake's budget, whole, from accept(2): as session.c bounds it. */
+static uint64_t budget_ms(const struct mig_gate *gate)
+{
+	uint64_t ms = gate->o.handshake_ms ? gate->o.handshake_ms : MIG_HANDSHAKE_MS;
+
+	return gate->o.deadline_ms && gate->o.deadline_ms < ms ? gate->o.deadline_ms : ms;
+}
+
+/* The smoothed round trip of a TCP connection, in us (0: not TCP, or unknown). */
+static uint32_t rtt_us(int fd)
+{
+	struct tcp_info ti;
+	socklen_t l = sizeof(ti);
+
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &l) < 0 || l < offsetof(struct tcp_info, tcpi_rtt) + 4)
+		return 0;
+	return ti.tcpi_rtt;
+}
+
 /*
  * A handshake alone from its address (the whole address: a neighbour on
  * its /64 opening many does not take this from it) is not cut before it
- * is this old, a fifth of the budget (1 s by default): strangers with
- * many addresses, one handshake each, cannot cut a real source's before
- * its round trips are done; they get through MIG_GATE_SLOTS handshakes a
- * grace at most.  An address holding several is cut at once, its oldest
- * first.
+ * has had this long since its hello was whole: MIG_GATE_GRACE_MIN_MS and
+ * four of its round trips, at most a fifth of the budget.  What is left
+ * of a real source's handshake then is one round trip and the proofs'
+ * arithmetic, so strangers with many addresses, one handshake each,
+ * cannot cut it before its round trips are done; those whose hellos are
+ * whole get through MIG_GATE_SLOTS handshakes a grace at most.  An
+ * address holding several is cut at once, its oldest first.
  */
-static uint64_t grace_ms(const struct mig_gate *gate)
+static uint64_t grace_ms(const struct mig_gate *gate, const struct slot *sl)
 {
-	return (gate->o.handshake_ms ? gate->o.handshake_ms : MIG_HANDSHAKE_MS) / 5;
+	uint64_t most = budget_ms(gate) / 5, ms = MIG_GATE_GRACE_MIN_MS + 4 * (uint64_t)rtt_us(sl->fd) / 1000;
+
+	return ms < most ? ms : most;
 }
 
 /*
@@ -602,7 +669,7 @@ static uint64_t grace_ms(const struct mig_gate *gate)
 static uint64_t cut_oldest(struct mig_gate *gate)
 {
 	struct slot *sl, *old = NULL;
-	uint64_t now = now_ms(), grace = grace_ms(gate), soon = 0;
+	uint64_t now = now_ms(), grace, soon = 0;
 	unsigned int most = 0, n;
 
 	if (cutting(gate))
@@ -610,19 +677,21 @@ static uint64_t cut_oldest(struct mig_gate *gate)
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++) {
 		if (sl->state != SLOT_BUSY || sl->fd < 0)
 			continue;
-		if (now < sl->since_ms + grace && slots_of(gate, sl, true) == 1) {
-			if (!soon || sl->since_ms + grace - now < soon)
-				soon = sl->since_ms + grace - now;
+		grace = grace_ms(gate, sl);
+		if (now < sl->start_ms + grace && slots_of(gate, sl, true) == 1) {
+			if (!soon || sl->start_ms + grace - now < soon)
+				soon = sl->start_ms + grace - now;
 			continue;
 		}
 		n = slots_of(gate, sl, false);
-		if (!old || n > most || (n == most && sl->since_ms < old->since_ms)) {
+		if (!old || n > most || (n == most && sl->start_ms < old->start_ms)) {
 			old = sl;
 			most = n;
 		}
 	}
 	if (old) {
 		old->cut = true;
+		__atomic_add_fetch(&gate->stats.cut, 1, __ATOMIC_RELAXED);
 		shutdown(old->fd, SHUT_RDWR);
 		pthread_cond_broadcast(&gate->opened);
 		return 0;
@@ -630,16 +699,21 @@ static uint64_t cut_oldest(struct mig_gate *gate)
 	return soon;
 }
 
-/* A connection accepted: turned away if its address must wait, else a slot of its own. */
-static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct sockaddr *sa)
+/*
+ * A connection whose hello is whole, accepted at since: turned away if its
+ * address must wait, else a slot of its own, its handshake within what is
+ * left of the budget.
+ */
+static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct sockaddr *sa, uint64_t since)
 {
+	uint64_t wait, now = now_ms(), budget = budget_ms(gate);
 	pthread_attr_t attr;
 	char why[160];
-	uint64_t wait;
 	uid_t uid;
 	int ret;
 
-	*sl = (struct slot){ .gate = gate, .fd = fd, .since_ms = now_ms() };
+	*sl = (struct slot){ .gate = gate, .o = gate->o, .fd = fd, .since_ms = since, .start_ms = now };
+	sl->o.handshake_ms = now - since < budget ? budget - (now - since) : 1;
 	uid = sa->sa_family == AF_UNIX ? peer_uid(fd) : 0;
 	peer_key(sa, uid, false, sl->peer);
 	peer_key(sa, uid, true, sl->who);
@@ -657,6 +731,7 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 	}
 	pthread_attr_init(&attr);
 	pthread_attr_setstacksize(&attr, 256 << 10);
+	__atomic_add_fetch(&gate->stats.handshakes, 1, __ATOMIC_RELAXED);
 	sl->state = SLOT_BUSY;
 	ret = -pthread_create(&sl->thread, &attr, slot_run, sl);
 	pthread_attr_destroy(&attr);
@@ -667,6 +742,298 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 		log_line(gate, sl->who, sl->name, "from %s: turned away, no thread for it: %s", sl->name, strerror(-ret));
 	}
 	return 0;
+}
+
+/* ---- the waiting room ---- */
+
+/* The earlier of two times, 0 being none. */
+static uint64_t earliest(uint64_t a, uint64_t b)
+{
+	return !a || (b && b < a) ? b : a;
+}
+
+
+static void room_unlink(struct room *r, int i)
+{
+	struct waiter *w = &r->w[i];
+
+	if (w->prev >= 0)
+		r->w[w->prev].next = w->next;
+	else
+		r->head[w->list] = w->next;
+	if (w->next >= 0)
+		r->w[w->next].prev = w->prev;
+	else
+		r->tail[w->list] = w->prev;
+	r->n[w->list]--;
+}
+
+static void room_append(struct room *r, int i, int list)
+{
+	struct waiter *w = &r->w[i];
+
+	w->list = list;
+	w->next = -1;
+	w->prev = r->tail[list];
+	if (w->prev >= 0)
+		r->w[w->prev].next = i;
+	else
+		r->head[list] = i;
+	r->tail[list] = i;
+	r->n[list]++;
+}
+
+/* Out of the room, its fd closed. */
+static void room_release(struct room *r, int i)
+{
+	struct waiter *w = &r->w[i];
+
+	room_unlink(r, i);
+	if (w->fd >= 0)
+		close(w->fd); /* epoll forgets it with it */
+	w->fd = -1;
+	w->next = r->free;
+	r->free = i;
+}
+
+/*
+ * Turn a waiter away: the peer told why in an answer (status; best
+ * effort, never waiting on it), the refusal logged ("from A: ...").
+ */
+static void room_refuse(struct mig_gate *gate, int i, int status, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static void room_refuse(struct mig_gate *gate, int i, int status, const char *fmt, ...)
+{
+	struct waiter *w = &gate->room.w[i];
+	struct mig_ack ack = { .status = status };
+	const struct sockaddr *sa = (const struct sockaddr *)&w->ss;
+	uint8_t who[PEER_KEY];
+	char name[64];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(ack.message, sizeof(ack.message), fmt, ap);
+	va_end(ap);
+	(void)!send(w->fd, &ack, sizeof(ack), MSG_DONTWAIT | MSG_NOSIGNAL);
+	peer_key(sa, sa->sa_family == AF_UNIX ? peer_uid(w->fd) : 0, true, who);
+	peer_name(sa, name, sizeof(name));
+	log_line(gate, who, name, "from %s: %s", name, ack.message);
+	room_release(&gate->room, i);
+}
+
+/*
+ * Whether a waiter's hello is whole: its bytes in the socket, or its
+ * first eight not a session's magic (a plain stream, or not a stream: a
+ * slot says which), or the peer gone (a slot says how).  A slot's
+ * handshake never waits on a peer that has not sent its hello.
+ */
+static bool heard(int fd)
+{
+	char m[sizeof(((struct mig_hello *)0)->magic)];
+	int avail = 0;
+	ssize_t n;
+
+	if (ioctl(fd, FIONREAD, &avail) == 0 && avail >= (int)sizeof(struct mig_hello))
+		return true;
+	n = recv(fd, m, sizeof(m), MSG_PEEK | MSG_DONTWAIT);
+	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+		return true;
+	if (n == (ssize_t)sizeof(m) && memcmp(m, MIG_SESSION_MAGIC, sizeof(m)))
+		return true;
+	return false;
+}
+
+/* An UNHEARD waiter looked at again: to the HEARD list if its hello is whole. */
+static void room_listen(struct room *r, int i)
+{
+	struct waiter *w = &r->w[i];
+
+	if (w->list != UNHEARD || !heard(w->fd))
+		return;
+	epoll_ctl(r->epfd, EPOLL_CTL_DEL, w->fd, NULL);
+	if (w->ss.ss_family != AF_UNIX)
+		setsockopt(w->fd, SOL_SOCKET, SO_RCVLOWAT, &(int){ 1 }, sizeof(int));
+	room_unlink(r, i);
+	room_append(r, i, HEARD);
+}
+
+/*
+ * How long an UNHEARD waiter has for its hello, from accept: the budget
+ * while the room is at most half full; beyond, less as it fills (none
+ * when full), but never less than MIG_GATE_HELLO_MIN_MS and four of its
+ * round trips (rtt_us: 0 for the least any waiter has).
+ */
+static uint64_t hello_ms(const struct mig_gate *gate, uint32_t rtt)
+{
+	unsigned int n = gate->room.n[UNHEARD] + gate->room.n[HEARD], half = MIG_GATE_ROOM / 2;
+	uint64_t budget = budget_ms(gate), least = MIG_GATE_HELLO_MIN_MS + 4 * (uint64_t)rtt / 1000, ms;
+
+	ms = n <= half ? budget : budget * (MIG_GATE_ROOM - (n < MIG_GATE_ROOM ? n : MIG_GATE_ROOM)) / half;
+	if (ms < least)
+		ms = least;
+	return ms < budget ? ms : budget;
+}
+
+/*
+ * The UNHEARD waiters past their time, turned away ("awaiting the
+ * header", as a slot would say); when the next one is due (0: none).
+ * Each later waiter is younger, and its time no shorter than the least:
+ * the look stops at the first that cannot be due.
+ */
+static uint64_t room_expire(struct mig_gate *gate, uint64_t now)
+{
+	struct room *r = &gate->room;
+	uint64_t least = hello_ms(gate, 0), next = 0;
+	int i = r->head[UNHEARD];
+
+	while (i >= 0) {
+		struct waiter *w = &r->w[i];
+		int after = w->next;
+		uint64_t ms = hello_ms(gate, w->rtt_us);
+
+		if (w->since_ms + least > now) {
+			if (!next || w->since_ms + least < next)
+				next = w->since_ms + least;
+			break;
+		}
+		if (w->since_ms + ms <= now) {
+			__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
+			room_refuse(gate, i, -ETIMEDOUT, "awaiting the header: no whole hello within %" PRIu64
+				    " ms (%u connections waiting)", ms, r->n[UNHEARD] + r->n[HEARD]);
+		} else if (!next || w->since_ms + ms < next) {
+			next = w->since_ms + ms;
+		}
+		i = after;
+	}
+	/* whole hellos that found no slot within the budget (roughly in the order of accept) */
+	while ((i = r->head[HEARD]) >= 0 && r->w[i].since_ms + budget_ms(gate) <= now)
+		room_refuse(gate, i, -ETIMEDOUT, "no slot for its handshake within %" PRIu64 " ms (%u connections "
+			    "waiting)", budget_ms(gate), r->n[UNHEARD] + r->n[HEARD]);
+	if (i >= 0)
+		next = earliest(next, r->w[i].since_ms + budget_ms(gate));
+	return next;
+}
+
+/*
+ * Room for one more waiter: a free entry, or the oldest UNHEARD one
+ * turned away to make it (-1: every waiter's hello is whole, none given
+ * way).
+ */
+static int room_make(struct mig_gate *gate)
+{
+	struct room *r = &gate->room;
+	int i = r->free;
+
+	if (i >= 0) {
+		r->free = r->w[i].next;
+		return i;
+	}
+	if (r->head[UNHEARD] < 0)
+		return -1;
+	__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
+	room_refuse(gate, r->head[UNHEARD], -EBUSY, "awaiting the header: given way to a later connection, "
+		    "%d waiting for their hellos", MIG_GATE_ROOM);
+	i = r->free;
+	r->free = r->w[i].next;
+	return i;
+}
+
+/* A connection accepted, into the room (or turned away: the room full of whole hellos). */
+static void room_enter(struct mig_gate *gate, int fd, const struct sockaddr_storage *ss)
+{
+	struct room *r = &gate->room;
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP | EPOLLET };
+	struct waiter *w;
+	int i;
+
+	__atomic_add_fetch(&gate->stats.accepted, 1, __ATOMIC_RELAXED);
+	i = room_make(gate);
+	if (i < 0) {
+		mig_session_turn_away(fd, "the destination is busy: every place is taken by a connection whose "
+					  "hello is whole");
+		close(fd);
+		__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
+		return;
+	}
+	w = &r->w[i];
+	w->fd = fd;
+	w->gen++;
+	w->since_ms = now_ms();
+	w->ss = *ss;
+	w->rtt_us = 0;
+	room_append(r, i, UNHEARD);
+	if (ss->ss_family != AF_UNIX) {
+		/* a trickle of bytes wakes no one: epoll says readable once the hello is whole */
+		setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &(int){ (int)sizeof(struct mig_hello) }, sizeof(int));
+		w->rtt_us = rtt_us(fd);
+	}
+	ev.data.u64 = (uint64_t)w->gen << 32 | (uint32_t)i;
+	if (epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
+		/* not watched: looked at once, and given its slot whatever it sent, so that it is never lost */
+		room_unlink(r, i);
+		room_append(r, i, HEARD);
+		return;
+	}
+	room_listen(r, i); /* its hello may be here already */
+}
+
+/* The room's events: waiters whose hellos may have come whole. */
+static void room_events(struct mig_gate *gate)
+{
+	struct room *r = &gate->room;
+	struct epoll_event ev[64];
+	int n, k;
+
+	while ((n = epoll_wait(r->epfd, ev, 64, 0)) > 0) {
+		for (k = 0; k < n; k++) {
+			uint32_t i = (uint32_t)ev[k].data.u64;
+
+			if (i < MIG_GATE_ROOM && r->w[i].fd >= 0 && r->w[i].gen == (uint32_t)(ev[k].data.u64 >> 32))
+				room_listen(r, (int)i);
+		}
+		if (n < 64)
+			break;
+	}
+}
+
+/* Every waiter turned away, told why (status, why). */
+static void room_empty(struct mig_gate *gate, int status, const char *why)
+{
+	int list;
+
+	for (list = UNHEARD; list <= HEARD; list++)
+		while (gate->room.head[list] >= 0)
+			room_refuse(gate, gate->room.head[list], status, "%s", why);
+}
+
+static int room_init(struct room *r)
+{
+	int i;
+
+	r->w = calloc(MIG_GATE_ROOM, sizeof(*r->w));
+	if (!r->w)
+		return -ENOMEM;
+	r->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (r->epfd < 0) {
+		int ret = -errno;
+
+		free(r->w);
+		return ret;
+	}
+	r->head[UNHEARD] = r->head[HEARD] = r->tail[UNHEARD] = r->tail[HEARD] = -1;
+	for (i = 0; i < MIG_GATE_ROOM; i++) {
+		r->w[i].fd = -1;
+		r->w[i].next = i + 1 < MIG_GATE_ROOM ? i + 1 : -1;
+	}
+	r->free = 0;
+	return 0;
+}
+
+static void room_fini(struct room *r)
+{
+	close(r->epfd);
+	free(r->w);
 }
 
 /* ---- the gate ---- */
@@ -686,6 +1053,11 @@ int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **re
 
 		free(gate);
 		return ret;
+	}
+	if ((fl = room_init(&gate->room)) < 0) {
+		close(gate->efd);
+		free(gate);
+		return fl;
 	}
 	pthread_mutex_init(&gate->lock, NULL);
 	pthread_mutex_init(&gate->log.lock, NULL);
@@ -739,6 +1111,8 @@ static void cut_all(struct mig_gate *gate, struct pending *keep)
 		}
 	pthread_cond_broadcast(&gate->opened);
 	pthread_mutex_unlock(&gate->lock);
+	/* as the slots' handshakes, the connections still waiting for one */
+	room_empty(gate, -ECANCELED, "the destination took another stream first");
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++)
 		if (state_of(gate, sl) != SLOT_FREE) {
 			pthread_join(sl->thread, NULL);
@@ -779,18 +1153,86 @@ static struct pending *sweep(struct mig_gate *gate, uint64_t *next_ms)
 	return done;
 }
 
-int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, size_t len)
+/* Whole hellos, in the order they came whole, to the free slots. */
+static void seat(struct mig_gate *gate)
 {
-	uint64_t hold_ms = 0; /* full, nothing to cut before this: the listener is not watched till then */
+	struct room *r = &gate->room;
+	struct slot *sl;
 
-	for (;;) {
-		struct pollfd pfd[2] = { { .fd = gate->efd, .events = POLLIN }, { .fd = gate->lfd, .events = POLLIN } };
+	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS && r->head[HEARD] >= 0; sl++) {
+		struct waiter *w = &r->w[r->head[HEARD]];
+		struct sockaddr_storage ss = w->ss;
+		uint64_t since = w->since_ms;
+		int fd = w->fd;
+
+		if (state_of(gate, sl) != SLOT_FREE)
+			continue;
+		w->fd = -1; /* the slot's now */
+		room_release(r, r->head[HEARD]);
+		start(gate, sl, fd, (struct sockaddr *)&ss, since);
+	}
+}
+
+/*
+ * Drain the listener's backlog into the room.  0, or -errno with a line
+ * in err when accepting itself fails (not a peer's doing).
+ */
+static int drain(struct mig_gate *gate, char *err, size_t len)
+{
+	unsigned int k;
+
+	for (k = 0; k < 256; k++) {
 		struct sockaddr_storage ss;
 		socklen_t sl_len = sizeof(ss);
-		struct slot *free_slot = NULL, *sl;
+		int fd = accept4(gate->lfd, (struct sockaddr *)&ss, &sl_len, SOCK_CLOEXEC);
+
+		if (fd < 0) {
+			if (errno == EAGAIN || errno == EWOULDBLOCK)
+				return 0;
+			if (errno == EINTR || errno == ECONNABORTED || errno == EPROTO || errno == ENETDOWN ||
+			    errno == ENOPROTOOPT || errno == EHOSTDOWN || errno == ENONET || errno == EHOSTUNREACH ||
+			    errno == EOPNOTSUPP || errno == ENETUNREACH)
+				continue;
+			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+				/*
+				 * Out of descriptors: the oldest connection whose hello is
+				 * not whole gives way; with none, a handshake, and the
+				 * peer waits in the backlog.
+				 */
+				if (gate->room.head[UNHEARD] >= 0) {
+					__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
+					room_refuse(gate, gate->room.head[UNHEARD], -EBUSY,
+						    "awaiting the header: given way to a later connection, the destination "
+						    "out of descriptors");
+					continue;
+				}
+				pthread_mutex_lock(&gate->lock);
+				cut_oldest(gate);
+				pthread_mutex_unlock(&gate->lock);
+				poll(NULL, 0, 100);
+				return 0;
+			}
+			return mig_errf(err, len, -errno, "accept: %s", strerror(errno));
+		}
+		if (sl_len < sizeof(sa_family_t))
+			ss.ss_family = AF_UNIX;
+		room_enter(gate, fd, &ss);
+	}
+	return 0;
+}
+
+int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, size_t len)
+{
+	pthread_mutex_lock(&gate->lock);
+	gate->taken = false; /* every handshake of the last take was cut and is over */
+	pthread_mutex_unlock(&gate->lock);
+	for (;;) {
+		struct pollfd pfd[3] = { { .fd = gate->efd, .events = POLLIN },
+					 { .fd = gate->lfd, .events = POLLIN },
+					 { .fd = gate->room.epfd, .events = POLLIN } };
 		struct pending *done;
-		uint64_t next_ms, v;
-		int fd, ret, timeout, nfds;
+		uint64_t next_ms, now, v;
+		int ret, timeout;
 
 		reap(gate);
 		pthread_mutex_lock(&gate->lock);
@@ -809,76 +1251,37 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 			done->used = false;
 			return 0;
 		}
-		for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS && !free_slot; sl++)
-			if (state_of(gate, sl) == SLOT_FREE)
-				free_slot = sl;
-		/*
-		 * Every slot taken: the listener is watched all the same (a
-		 * connection arriving later must cut a handshake too), unless
-		 * a cut is still ending (its slot is free in a moment).
-		 */
-		if (!free_slot) {
+		room_events(gate);
+		now = now_ms();
+		next_ms = earliest(next_ms, room_expire(gate, now));
+		seat(gate);
+		if (gate->room.head[HEARD] >= 0) {
+			/* whole hellos waiting, every slot taken: a handshake gives way (or, all in their grace, one will) */
+			uint64_t soon;
+
 			pthread_mutex_lock(&gate->lock);
-			nfds = cutting(gate) || hold_ms > now_ms() ? 1 : 2;
+			soon = cut_oldest(gate);
 			pthread_mutex_unlock(&gate->lock);
-		} else {
-			nfds = 2;
-			hold_ms = 0;
+			if (soon)
+				next_ms = earliest(next_ms, now + soon);
 		}
-		if (nfds == 1 && hold_ms > now_ms() && (!next_ms || hold_ms < next_ms))
-			next_ms = hold_ms;
 		/* refusals only counted: told once their interval is over, even if nothing else comes */
 		log_tell(gate, false);
-		{
-			uint64_t due = log_due(gate);
-
-			if (due && (!next_ms || due < next_ms))
-				next_ms = due;
-		}
+		next_ms = earliest(next_ms, log_due(gate));
 		timeout = -1;
 		if (next_ms) {
-			uint64_t now = now_ms();
-
+			now = now_ms();
 			timeout = next_ms > now ? (int)(next_ms - now > INT32_MAX ? INT32_MAX : next_ms - now) : 0;
 		}
-		ret = poll(pfd, nfds, timeout);
+		ret = poll(pfd, 3, timeout);
 		if (ret < 0 && errno != EINTR)
 			return mig_errf(err, len, -errno, "poll: %s", strerror(errno));
 		if (ret <= 0)
 			continue;
 		if (pfd[0].revents & POLLIN)
 			(void)!read(gate->efd, &v, sizeof(v));
-		if (nfds < 2 || !(pfd[1].revents & (POLLIN | POLLERR | POLLHUP)))
-			continue;
-		if (!free_slot) {
-			/* someone waits: a handshake gives way (or, all in their grace, one will) */
-			uint64_t soon;
-
-			pthread_mutex_lock(&gate->lock);
-			soon = cut_oldest(gate);
-			pthread_mutex_unlock(&gate->lock);
-			hold_ms = soon ? now_ms() + soon : 0;
-			continue;
-		}
-		fd = accept4(gate->lfd, (struct sockaddr *)&ss, &sl_len, SOCK_CLOEXEC);
-		if (fd < 0) {
-			if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED || errno == EPROTO ||
-			    errno == ENETDOWN || errno == ENOPROTOOPT || errno == EHOSTDOWN || errno == ENONET ||
-			    errno == EHOSTUNREACH || errno == EOPNOTSUPP || errno == ENETUNREACH)
-				continue;
-			if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-				/* out of descriptors: the oldest handshake gives way, the peer waits in the backlog */
-				pthread_mutex_lock(&gate->lock);
-				cut_oldest(gate);
-				pthread_mutex_unlock(&gate->lock);
-				poll(pfd, 1, 100);
-				continue;
-			}
-			return mig_errf(err, len, -errno, "accept: %s", strerror(errno));
-		}
-		if (sl_len < sizeof(sa_family_t))
-			ss.ss_family = AF_UNIX;
-		start(gate, free_slot, fd, (struct sockaddr *)&ss);
+		if ((pfd[1].revents & (POLLIN | POLLERR | POLLHUP)) && (ret = drain(gate, err, len)) < 0)
+			return ret;
 	}
 }
 
@@ -888,6 +1291,7 @@ void mig_gate_free(struct mig_gate *gate)
 		return;
 	cut_all(gate, NULL);
 	log_tell(gate, true); /* the refusals only counted so far */
+	room_fini(&gate->room);
 	close(gate->efd);
 	pthread_cond_destroy(&gate->opened);
 	pthread_mutex_destroy(&gate->lock);

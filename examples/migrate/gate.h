@@ -7,12 +7,24 @@
  * connects, strangers included, without any one of them stalling the
  * rest.
  *
- * - Every accepted connection's handshake runs on a thread of its own, up
- *   to MIG_GATE_SLOTS at once, each within one handshake's budget
+ * - The listen backlog is drained as fast as it fills, into a waiting
+ *   room of up to MIG_GATE_ROOM connections that hold no thread: there a
+ *   connection waits until its hello is whole in its socket (the first
+ *   sizeof(struct mig_hello) bytes; or 8 that are not a session's magic,
+ *   a plain stream; or the peer gone).  A real source sends its hello as
+ *   soon as it connects; a stranger trickling bytes never gets further.
+ *   The room's connections have the whole budget for their hellos while
+ *   it is at most half full; beyond, less as it fills, down to
+ *   MIG_GATE_HELLO_MIN_MS and four round trips (TCP_INFO's, at accept);
+ *   a connection arriving at a full room makes the oldest whose hello is
+ *   not whole give way (so does running out of descriptors).  Each
+ *   turned away is told why ("awaiting the header: ...").
+ * - A connection whose hello is whole gets a slot, in the order the
+ *   hellos came whole: its handshake on a thread of its own, up to MIG_GATE_SLOTS
+ *   at once, within what is left of one handshake's budget from accept
  *   (mig_session_opts.handshake_ms, a few seconds, whatever the peer
- *   does).  With every slot taken and another connection waiting (or
- *   one arriving later: the listener is watched all the while), a
- *   handshake still in progress is cut (which one: below).
+ *   does).  With every slot taken and a whole hello waiting, a handshake
+ *   still in progress is cut (which one: below).
  * - A session's first connection, proven, waits for its others to join:
  *   all within mig_session_join_ms() (which --deadline also bounds), or
  *   it is dropped, its connections closed.  A join is matched to its
@@ -22,11 +34,13 @@
  *   Unix socket's user).  When one must be cut, it is the oldest of the
  *   peer holding the most slots, so that a peer opening connections as
  *   fast as it can cuts its own handshakes, not another peer's; and a
- *   handshake alone from its whole address is not cut before a grace of
- *   a fifth of the budget (1 s by default), so that strangers with many
- *   addresses, one connection each, cannot cut a real source's before its
- *   round trips are done: while every handshake is in its grace, later
- *   connections wait in the backlog.
+ *   handshake alone from its whole address is not cut within a grace
+ *   from its slot: MIG_GATE_GRACE_MIN_MS and four of its round trips
+ *   (TCP_INFO's), at most a fifth of the budget; what is left of a real
+ *   source's handshake then is one round trip and the proofs'
+ *   arithmetic, so that strangers with many addresses, one connection
+ *   each, cannot cut a real source's before it is done: while every
+ *   handshake is in its grace, whole hellos wait in the room.
  * - Wrong proofs of the key are counted per address (an IPv6 one whole,
  *   IPv4 as above, a Unix socket's user): a proof that arrived
  *   and does not hold.  A connection that ends in place of a proof (a
@@ -42,9 +56,17 @@
  * - mig_gate_take() returns the first stream that is complete (a plain
  *   one where no key is required, or a session with all its connections
  *   proven and joined); every other handshake in progress is cut then,
- *   every session still joining dropped.  While the caller receives the
- *   stream nothing is accepted: later connections wait in the listen
- *   backlog (MIG_GATE_BACKLOG) for the next mig_gate_take().
+ *   every session still joining dropped, every connection in the room
+ *   turned away (told "the destination took another stream first").
+ *   While the caller receives the stream nothing is accepted: later
+ *   connections wait in the listen backlog (MIG_GATE_BACKLOG, as far as
+ *   net.core.somaxconn allows) for the next mig_gate_take().
+ *
+ * What that guarantees a real source, whatever strangers do: while they
+ * do not send whole hellos (trickle, or say nothing), it waits for no
+ * handshake of theirs, only for the gate to drain the backlog ahead of
+ * it; while they do, it waits behind at most the whole hellos accepted
+ * before its own, MIG_GATE_SLOTS at a time, each for a grace at most.
  *
  * Refused connections are logged through o->log, one line each, but
  * not more than MIG_GATE_LOG_PER_ADDR from one address (whole, as for its
@@ -56,11 +78,12 @@
  * refusal is in a line or in a count.
  *
  * Descriptors: a handshake in progress holds two (its socket and its
- * io_uring), so a full house needs 2 * MIG_GATE_SLOTS beside the
- * caller's own; accept(2) running out (EMFILE, ENFILE) cuts a handshake,
- * a handshake whose io_uring cannot be made is refused.  Leave room
- * (RLIMIT_NOFILE; kvmdirty-migrate raises its soft limit to 65536 where
- * the hard one allows).
+ * io_uring), a connection in the room one, so a full house needs
+ * MIG_GATE_ROOM + 2 * MIG_GATE_SLOTS beside the caller's own; accept(2)
+ * running out (EMFILE, ENFILE) makes the room's oldest unheard connection
+ * give way, or with none cuts a handshake; a handshake whose io_uring
+ * cannot be made is refused.  Leave room (RLIMIT_NOFILE; kvmdirty-migrate
+ * raises its soft limit to 65536 where the hard one allows).
  */
 #include <stdint.h>
 #include <sys/socket.h>
@@ -69,7 +92,10 @@
 #include "session.h"
 
 #define MIG_GATE_SLOTS 64
-#define MIG_GATE_BACKLOG 128
+#define MIG_GATE_BACKLOG 4096
+#define MIG_GATE_ROOM 4096	  /* connections waiting for their hellos, or for a slot */
+#define MIG_GATE_HELLO_MIN_MS 100 /* the least time for a hello, from accept, with four round trips */
+#define MIG_GATE_GRACE_MIN_MS 250 /* a lone handshake's least grace, from its slot, with four round trips */
 #define MIG_GATE_PENDING 8 /* sessions waiting for their joins, at once: the oldest gives way */
 #define MIG_GATE_FREE_GUESSES 3
 #define MIG_GATE_WAIT_MS 1000
@@ -104,6 +130,17 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
  * Wrong proofs counted so far against a peer (sa: as accept(2) gives it;
  * uid: a Unix socket's peer's user, ignored for other families).
  */
+/* What the gate did with the connections it accepted, so far. */
+struct mig_gate_stats {
+	uint64_t accepted;   /* taken from the backlog */
+	uint64_t handshakes; /* given a slot, their hellos whole */
+	uint64_t unheard;    /* turned away from the room (hellos not whole, or no place) */
+	uint64_t cut;	     /* handshakes cut to make room */
+};
+
+/* The counts so far; from any thread. */
+void mig_gate_stats(struct mig_gate *gate, struct mig_gate_stats *st);
+
 unsigned int mig_gate_wrong_proofs(struct mig_gate *gate, const struct sockaddr *sa, uid_t uid);
 
 void mig_gate_free(struct mig_gate *gate);
