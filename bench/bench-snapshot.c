@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * bench-snapshot: incremental snapshots of a running guest
- * (examples/migrate/snapshot.h) against their goals, in one run.
+ * (lib/migrate/snapshot/snapshot.h) against their goals, in one run.
  *
  *   bench-snapshot [-m MIB] [-w MIB] [-r PAGES_PER_SEC] [-M MODE] [-n DIFFS] [-D DIR] [--writer-only]
  *

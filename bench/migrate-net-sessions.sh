@@ -17,7 +17,7 @@ rounds=${3:-3}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 key=$tmp/key
-"$build/examples/migrate/kvmdirty-migrate" genkey "$key" >/dev/null || exit 1
+"$build/examples/kvmdirty-migrate/kvmdirty-migrate" genkey "$key" >/dev/null || exit 1
 
 names=(plain psk psk+encrypt plain-2conn)
 args=("" "--psk $key" "--psk $key --encrypt" "--connections 2")

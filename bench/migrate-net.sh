@@ -33,7 +33,7 @@ rate=${2:-800mbit}
 shift $(($# > 2 ? 2 : $#))
 modes=("$@")
 ((${#modes[@]})) || modes=(clear-log dirty-ring)
-migrate=$build/examples/migrate/kvmdirty-migrate
+migrate=$build/examples/kvmdirty-migrate/kvmdirty-migrate
 tmp=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] && cp -r "$tmp" "$KEEP"; rm -rf "$tmp"' EXIT
 

@@ -177,11 +177,13 @@ def entry(text, word):
 
 
 def source_files(paths):
-    """Files, and the .c and .h files of directories."""
+    """Files, and the .c and .h files of directories and their folders."""
     out = []
     for p in paths:
         if os.path.isdir(p):
-            out += sorted(os.path.join(p, f) for f in os.listdir(p) if f.endswith((".c", ".h")))
+            for d, dirs, files in sorted(os.walk(p)):
+                dirs.sort()
+                out += sorted(os.path.join(d, f) for f in files if f.endswith((".c", ".h")))
         else:
             out.append(p)
     return out

@@ -3,7 +3,7 @@
 #define KVMDIRTY_TEST_CONTROL_CLIENT_H
 
 /*
- * A client of the control socket (examples/migrate/control.h) for the
+ * A client of the control socket (lib/migrate/control/control.h) for the
  * tests: blocking, every wait at most 5 s, each reply line checked.
  */
 #include <errno.h>

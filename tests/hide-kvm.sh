@@ -163,7 +163,7 @@ PY
 			status=1
 		fi
 	}
-	m=$b/examples/migrate/kvmdirty-migrate
+	m=$b/examples/kvmdirty-migrate/kvmdirty-migrate
 	tool "$m" probe
 	tool "$m" demo
 	tool "$m" listen unix:/tmp/hide-kvm-$$.sock -m 8 -v 1

@@ -38,7 +38,7 @@ static inline const char *migrate_exe(void)
 
 		ck_assert_int_gt(n, 0);
 		exe[n] = 0;
-		strcpy(strrchr(exe, '/'), "/../examples/migrate/kvmdirty-migrate");
+		strcpy(strrchr(exe, '/'), "/../examples/kvmdirty-migrate/kvmdirty-migrate");
 	}
 	return exe;
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The sealed channel's ends and keys (examples/migrate/channel.c), with
+ * The sealed channel's ends and keys (lib/migrate/net/channel.c), with
  * no KVM, over socket pairs and streams in memory, under keys made up
  * here:
  *   - every direction ends with its last record (MIG_SEAL_LAST), and

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The control socket (examples/migrate/control.h) without KVM, against
+ * The control socket (lib/migrate/control/control.h) without KVM, against
  * fake ops: the greeting, each command and each error as exact lines; the
  * id echoed as it came; the lines that close a connection, and those that
  * do not; the limits (64 KiB a line, 16 clients, a client that never reads)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The gate (examples/migrate/gate.h) without KVM: a listener in this
+ * The gate (lib/migrate/net/gate.h) without KVM: a listener in this
  * process, real sources (mig_session_connect) and strangers on threads.
  * Strangers trickling their hellos do not keep a real source out; a
  * session whose joins never come is dropped at its join deadline

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The handoff after END (examples/migrate/handoff.c), with no KVM: a
+ * The handoff after END (lib/migrate/net/handoff.c), with no KVM: a
  * source and a destination on threads of their own, over a relay that
  * drops, delays past -T, duplicates, corrupts, cuts, or splits (half
  * now, half past -T) one message of the handoff (READY, COMMIT, ACK),

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The picture of a migration (examples/migrate/json.c, plot-read.c,
+ * The picture of a migration (lib/migrate/base/json.c, plot-read.c,
  * plot-svg.c), without KVM: the JSON reader on what RFC 8259 allows and
  * refuses, on hostile input (deep nesting, numbers a double cannot hold,
  * NaN, escapes cut short) and on every prefix of a real stats line (cut

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The dirty-rate sampler's lines (examples/migrate/rate.h), without KVM:
+ * The dirty-rate sampler's lines (lib/migrate/rate/rate.h), without KVM:
  * mig_rate_format() as text and as JSON for 0, 2 and 64 vCPUs and figures
  * up to 2^63 - 1: the JSON parses (the engine's own reader) with exactly
  * the documented keys and values, the text has every field once in order,

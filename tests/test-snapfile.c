@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Snapshot files (examples/migrate/snapfile.h) without KVM: guest memory
+ * Snapshot files (lib/migrate/snapshot/snapfile.h) without KVM: guest memory
  * is host memory here.  A chain written and read back page for page at
  * every step; the allocated size; a file cut at every boundary and a byte
  * flipped in every part, each refused by name; chains with a gap, out of

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * Snapshots of a running test guest (examples/migrate/snapshot.h) on
+ * Snapshots of a running test guest (lib/migrate/snapshot/snapshot.h) on
  * KVM, in each tracking mode.  While the guest's vCPUs write pages of
  * their working sets (one at random, one in order), a chain is taken; at each snapshot's pause the
  * test copies all of guest memory and the vCPUs' states (the source's

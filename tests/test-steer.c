@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: MIT
 /*
  * Steering a migration through the daemon's control socket without KVM
- * (examples/migrate/daemon.h over a real status): set, each parameter
+ * (lib/migrate/control/daemon.h over a real status): set, each parameter
  * taken and shown by the next query, every bad value refused by name with
  * nothing changed; cancel before the migration begins, refused once COMMIT
  * is on its way, once it is over and at a destination; events in order to

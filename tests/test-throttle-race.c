@@ -19,7 +19,7 @@
  *   exit then never takes its share.
  * - held_while_held: kvmdirty_vcpu_stats() read while a vCPU is held
  *   reports only the holds that ended: held_ns stands still for as long
- *   as a hold lasts, and the source's tick (examples/migrate/source-precopy.c)
+ *   as a hold lasts, and the source's tick (lib/migrate/source/source-precopy.c)
  *   takes a vCPU held through a whole sample for one that neither dirties
  *   nor is held.
  * - pause_during_sit_out: a vCPU sitting out the rest of its period is

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: MIT
 /*
- * The source's throttle policy (examples/migrate/throttle.c), without
+ * The source's throttle policy (lib/migrate/rate/throttle.c), without
  * KVM: when it engages, how it splits the link's share over vCPUs (a
  * vCPU that does not dirty is never slowed), run shares for the bitmap
  * modes, the correction when the guest still re-dirties too much, and the

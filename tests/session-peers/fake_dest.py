@@ -8,7 +8,7 @@ first: the source must send nothing after its hello, no proof of its own
 and nothing of the guest, and print what the peer says on one line, as
 printable ASCII.  Exits 1 when it does not."""
 import os, socket, struct, subprocess, sys, tempfile, time
-BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/migrate/kvmdirty-migrate"
+BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/kvmdirty-migrate/kvmdirty-migrate"
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from kvm_skip import require_kvm  # noqa: E402

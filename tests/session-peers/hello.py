@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: MIT
-"""struct mig_hello of session version 2 (examples/migrate/session.h), for peers that speak it by hand."""
+"""struct mig_hello of session version 2 (lib/migrate/net/session.h), for peers that speak it by hand."""
 import os
 import struct
 

@@ -8,7 +8,7 @@ that fails authentication never ends the listener.
 """
 import os, socket, struct, subprocess, sys, tempfile, time
 
-BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/migrate/kvmdirty-migrate"
+BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/kvmdirty-migrate/kvmdirty-migrate"
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from kvm_skip import require_kvm  # noqa: E402

@@ -5,7 +5,7 @@ bounded by a few seconds, and a keyed peer behind it gets its hello answered.  E
 1 when it does not within 12 s."""
 import os, socket, subprocess, sys, tempfile, time
 sys.path.insert(0, os.path.dirname(__file__))
-BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/migrate/kvmdirty-migrate"
+BIN = sys.argv[1] if len(sys.argv) > 1 else "build/examples/kvmdirty-migrate/kvmdirty-migrate"
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 from kvm_skip import require_kvm  # noqa: E402
