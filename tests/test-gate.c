@@ -5,21 +5,23 @@
  * Strangers trickling their hellos do not keep a real source out; a
  * session whose joins never come is dropped at its join deadline
  * (--deadline included) while a real source gets in; a full house of
- * silent connections gives way to one more, also one that comes once the
+ * stalled handshakes gives way to one more, also one that comes once the
  * house is full and quiet; a peer opening connections as fast as it can
  * cuts its own handshakes, not a real source's, and strangers from many
- * addresses, one connection each, wait for a real source's grace; wrong
- * proofs are counted
- * by peer and then turned away, a source of another key, one that gave
- * up and a timeout never counted, a right proof clearing the count; and
- * one local user's wrong proofs never hold back another's source.  Each
- * test checks what the taken session carries, a record from the source
- * that got in.
+ * addresses, one connection each, wait for a real source's grace;
+ * thousands of addresses trickling hellos never hold a slot; wrong
+ * proofs are counted by peer and then turned away, a source of another
+ * key, one that gave up and a timeout never counted, a right proof
+ * clearing the count; and one local user's wrong proofs never hold back
+ * another's source.  The attack_* cases, one tcase each, are an
+ * independent review's attacks on the waiting room.  Each test checks
+ * what the taken session carries, a record from the source that got in.
  */
 #include <inttypes.h>
 #include <poll.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/wait.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -159,12 +161,15 @@ struct source {
 	char err[256];
 };
 
+static uint16_t dial_tcp_port; /* the attacks: a source's later connections to 127.0.0.1 at this port */
+static int tcp_dial(const char *from, uint16_t port);
+
 static int source_dial(void *ctx, char *err, size_t len)
 {
 	struct source *src = ctx;
 
 	sleep_ms(src->delay_joins_ms);
-	return dial();
+	return dial_tcp_port ? tcp_dial("127.0.0.1", dial_tcp_port) : dial();
 }
 
 static void *source_run(void *p)
@@ -508,7 +513,7 @@ START_TEST(one_peer_cuts_its_own)
 	for (i = 0; i < 3000 && __atomic_load_n(&c.dials, __ATOMIC_ACQUIRE) <= c.n; i++)
 		sleep_ms(10);
 	ck_assert_uint_gt(__atomic_load_n(&c.dials, __ATOMIC_ACQUIRE), c.n);
-	sleep_ms(300 + MIG_GATE_GRACE_MIN_MS); /* past its grace */
+	sleep_ms(300 + MIG_GATE_GRACE_MS); /* past its grace */
 	/* (the source's stream, once taken, cuts every other handshake: look before) */
 	ck_assert_msg(!ended(idle), "the oldest handshake, 127.0.0.1's, was cut (the other peer dialled %u times)",
 		      __atomic_load_n(&c.dials, __ATOMIC_ACQUIRE));
@@ -532,6 +537,7 @@ END_TEST
 struct relay {
 	int a, b;
 	unsigned int delay_ms;
+	bool dribble; /* the hello a byte every 2 ms */
 	pthread_t th;
 };
 
@@ -553,7 +559,9 @@ static void *relay_run(void *p)
 				break;
 		}
 		if (pfd[0].revents) {
-			size_t want = passed < sizeof(struct mig_hello) ? sizeof(struct mig_hello) - passed : sizeof(buf);
+			size_t want = passed >= sizeof(struct mig_hello) ? sizeof(buf)
+				      : r->dribble			 ? 1
+									 : sizeof(struct mig_hello) - passed;
 
 			if (passed >= sizeof(struct mig_hello) && !held) {
 				sleep_ms(r->delay_ms);
@@ -562,6 +570,8 @@ static void *relay_run(void *p)
 			if ((n = recv(r->a, buf, want, 0)) <= 0 || send(r->b, buf, (size_t)n, MSG_NOSIGNAL) != n)
 				break;
 			passed += (size_t)n;
+			if (r->dribble && passed < sizeof(struct mig_hello))
+				sleep_ms(2);
 		}
 	}
 	shutdown(r->a, SHUT_RDWR);
@@ -573,7 +583,7 @@ static void *relay_run(void *p)
  * Strangers from many addresses, one connection each with a whole hello
  * and more of them than there are slots, dialling again each one cut; a
  * real source that came first, whose proof its link holds back 100 ms
- * (under the least grace, MIG_GATE_GRACE_MIN_MS): every peer holds one
+ * (under the least grace, MIG_GATE_GRACE_MS): every peer holds one
  * slot, so none is the busiest, but a handshake alone from its address is
  * not cut within its grace, so the source gets in.  Cutting the oldest of
  * equals, the source's would go in the first milliseconds.
@@ -589,7 +599,7 @@ START_TEST(many_addresses_wait_their_turn)
 	int lfd = tcp_listener(&c.port), sp[2];
 	pthread_t th;
 
-	ck_assert_int_lt(r.delay_ms, MIG_GATE_GRACE_MIN_MS);
+	ck_assert_int_lt(r.delay_ms, MIG_GATE_GRACE_MS);
 	taker_start(&t, lfd, &o, &th);
 	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
 	r.a = sp[1];
@@ -635,15 +645,29 @@ static double source_ms(struct source *src, uint16_t port)
 	return (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
 }
 
+/* A source alone at a gate of its own on lfd (o): its time, from its dial (tag: its record). */
+static double time_alone(int lfd, uint16_t port, struct mig_session_opts *o, uint32_t tag)
+{
+	struct source alone = { .o = { .psk = o->psk, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = tag };
+	struct taker t = { 0 };
+	pthread_t th;
+	double ms;
+
+	taker_start(&t, lfd, o, &th);
+	ms = source_ms(&alone, port);
+	ck_assert_msg(alone.ret == 0, "source alone: %s", alone.err);
+	taker_check(&t, th, 1, tag);
+	return ms;
+}
+
 START_TEST(many_tricklers_hold_no_slot)
 {
 	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
-	struct source alone = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 485 };
 	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 486 };
 	struct mig_gate_stats st;
 	struct trickle_counts tc;
 	struct tricklers *tr;
-	struct taker t = { 0 }, t0 = { 0 };
+	struct taker t = { 0 };
 	unsigned int n = TRICKLE_ADDRS, i;
 	struct rlimit rl;
 	double alone_ms, ms;
@@ -660,10 +684,7 @@ START_TEST(many_tricklers_hold_no_slot)
 		printf("many addresses: RLIMIT_NOFILE %llu: %u addresses, not %d\n", (unsigned long long)rl.rlim_cur, n,
 		       TRICKLE_ADDRS);
 	}
-	taker_start(&t0, lfd, &o, &th);
-	alone_ms = source_ms(&alone, port);
-	ck_assert_msg(alone.ret == 0, "source alone: %s", alone.err);
-	taker_check(&t0, th, 1, 485);
+	alone_ms = time_alone(lfd, port, &o, 485);
 
 	taker_start(&t, lfd, &o, &th);
 	tr = tricklers_start(port, n, 400);
@@ -1048,10 +1069,972 @@ START_TEST(other_user_cannot_hold_back)
 }
 END_TEST
 
+/* ==================== attacks (review of the waiting room) ==================== */
+#include <sys/epoll.h>
+
+static double ms_since(const struct timespec *t0)
+{
+	struct timespec t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (double)(t1.tv_sec - t0->tv_sec) * 1e3 + (double)(t1.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
+static int tcp_dial_nb(uint32_t from, uint16_t port)
+{
+	struct sockaddr_in me = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(from) },
+			   to = { .sin_family = AF_INET, .sin_port = htons(port), .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -1;
+	if (bind(fd, (struct sockaddr *)&me, sizeof(me)) < 0 ||
+	    (connect(fd, (struct sockaddr *)&to, sizeof(to)) < 0 && errno != EINPROGRESS)) {
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* the i-th address of a block 127.base.x.y */
+static uint32_t addr_of(unsigned int base, unsigned int i)
+{
+	return 127u << 24 | base << 16 | ((i / 250) % 250) << 8 | (i % 250 + 1);
+}
+
+/*
+ * Stallers: n connections, each from an address of its own (127.base.x.y),
+ * each sending a whole, valid hello (name "gate", a key, conn 0) at once
+ * and then nothing, dialling again as soon as the gate ends it.  One
+ * epoll thread.
+ */
+struct stallers {
+	uint16_t port;
+	unsigned int n, base;
+	int epfd;
+	int *fd;
+	bool *sent;
+	bool stop; /* __atomic */
+	uint64_t dials, ended; /* __atomic */
+	pthread_t th;
+};
+
+static void stallers_dial(struct stallers *s, unsigned int i)
+{
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.u32 = i };
+
+	s->sent[i] = false;
+	s->fd[i] = tcp_dial_nb(addr_of(s->base, i), s->port);
+	if (s->fd[i] < 0)
+		return;
+	if (epoll_ctl(s->epfd, EPOLL_CTL_ADD, s->fd[i], &ev) < 0) {
+		close(s->fd[i]);
+		s->fd[i] = -1;
+		return;
+	}
+	__atomic_add_fetch(&s->dials, 1, __ATOMIC_RELAXED);
+}
+
+static void *stallers_run(void *p)
+{
+	struct stallers *s = p;
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION, .flags = MIG_S_PSK,
+			       .conns = 1, .name = "gate" };
+	struct epoll_event ev[256];
+	unsigned int i;
+
+	memset(h.share, 9, sizeof(h.share));
+	memset(h.nonce, 3, sizeof(h.nonce));
+	for (i = 0; i < s->n; i++)
+		stallers_dial(s, i);
+	while (!__atomic_load_n(&s->stop, __ATOMIC_ACQUIRE)) {
+		int n = epoll_wait(s->epfd, ev, 256, 10), k;
+
+		for (k = 0; k < n; k++) {
+			unsigned int j = ev[k].data.u32;
+			char buf[4096];
+			ssize_t r;
+
+			if (s->fd[j] < 0)
+				continue;
+			if (!s->sent[j] && (ev[k].events & EPOLLOUT)) {
+				struct epoll_event in = { .events = EPOLLIN | EPOLLRDHUP, .data.u32 = j };
+
+				if (send(s->fd[j], &h, sizeof(h), MSG_DONTWAIT | MSG_NOSIGNAL) == (ssize_t)sizeof(h)) {
+					s->sent[j] = true;
+					epoll_ctl(s->epfd, EPOLL_CTL_MOD, s->fd[j], &in);
+				}
+			}
+			if (!(ev[k].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+				continue;
+			while ((r = recv(s->fd[j], buf, sizeof(buf), MSG_DONTWAIT)) > 0)
+				;
+			if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+				close(s->fd[j]);
+				__atomic_add_fetch(&s->ended, 1, __ATOMIC_RELAXED);
+				stallers_dial(s, j);
+			}
+		}
+		for (i = 0; i < s->n; i++)
+			if (s->fd[i] < 0)
+				stallers_dial(s, i);
+	}
+	for (i = 0; i < s->n; i++)
+		if (s->fd[i] >= 0)
+			close(s->fd[i]);
+	return NULL;
+}
+
+static struct stallers *stallers_start(uint16_t port, unsigned int n, unsigned int base)
+{
+	struct stallers *s = calloc(1, sizeof(*s));
+
+	ck_assert_ptr_nonnull(s);
+	s->port = port;
+	s->n = n;
+	s->base = base;
+	s->fd = calloc(n, sizeof(int));
+	s->sent = calloc(n, sizeof(bool));
+	s->epfd = epoll_create1(EPOLL_CLOEXEC);
+	ck_assert_int_ge(s->epfd, 0);
+	ck_assert_int_eq(pthread_create(&s->th, NULL, stallers_run, s), 0);
+	return s;
+}
+
+static void stallers_stop(struct stallers *s)
+{
+	__atomic_store_n(&s->stop, true, __ATOMIC_RELEASE);
+	pthread_join(s->th, NULL);
+	close(s->epfd);
+	free(s->fd);
+	free(s->sent);
+	free(s);
+}
+
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	rl.rlim_cur = rl.rlim_max;
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+}
+
+/*
+ * ATTACK 1: strangers from 2,000 addresses, one connection each, every
+ * hello whole and valid, then nothing (the man page's "send whole hellos
+ * and then stall"), each dialling again when ended.  64 slots, a grace of
+ * 250 ms each: the gate gets through ~256 of them a second, so the queue
+ * of whole hellos ahead of the source is ~1,900 deep, ~7 s, past the
+ * source's 5 s budget.
+ */
+START_TEST(attack_whole_hello_stallers)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
+	unsigned int conns = getenv("ATTACK_CONNS") ? (unsigned int)atoi(getenv("ATTACK_CONNS")) : 4;
+	struct source src = { .o = { .psk = &key_a, .conns = conns, .timeout_ms = 15000, .name = "gate" }, .tag = 902 };
+	unsigned int n = getenv("ATTACK_N") ? (unsigned int)atoi(getenv("ATTACK_N")) : 2000;
+	struct mig_gate_stats st;
+	struct taker t = { 0 };
+	struct stallers *s;
+	double alone_ms, ms;
+	uint16_t port;
+	pthread_t th;
+	int lfd = tcp_listener(&port);
+
+	raise_nofile();
+	alone_ms = time_alone(lfd, port, &o, 901);
+
+	taker_start(&t, lfd, &o, &th);
+	dial_tcp_port = port;
+	s = stallers_start(port, n, 40);
+	sleep_ms(2000); /* all dialled, the queue of whole hellos built */
+	mig_gate_stats(t.gate, &st);
+	printf("stallers: before the source: accepted %" PRIu64 ", handshakes %" PRIu64 ", cut %" PRIu64 ", unheard %" PRIu64 "\n",
+	       st.accepted, st.handshakes, st.cut, st.unheard);
+	ms = source_ms(&src, port);
+	mig_gate_stats(t.gate, &st);
+	printf("stallers: the source (%u connections) %s in %.1f ms with %u addresses stalling whole hellos (alone: %.1f ms): %s; "
+	       "the gate accepted %" PRIu64 ", gave %" PRIu64 " slots, cut %" PRIu64 ", turned away %" PRIu64 " unheard; "
+	       "the stallers dialled %" PRIu64 " times\n",
+	       conns, src.ret == 0 ? "served" : "FAILED", ms, n, alone_ms, src.ret == 0 ? "ok" : src.err, st.accepted,
+	       st.handshakes, st.cut, st.unheard, __atomic_load_n(&s->dials, __ATOMIC_RELAXED));
+	stallers_stop(s);
+	if (src.ret == 0) {
+		taker_check(&t, th, conns, 902);
+	} else {
+		/* wake the taker with a real source so that it returns */
+		struct source again = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 903 };
+
+		source_ms(&again, port);
+		taker_check(&t, th, 1, 903);
+	}
+	close(lfd);
+	ck_assert_msg(src.ret == 0, "source of %u connections with %u stallers: %.1f ms (alone %.1f ms): %s", conns, n,
+		      ms, alone_ms, src.err);
+}
+END_TEST
+
+/*
+ * ATTACK 2: a connect/close (or connect/RST) flood from many addresses,
+ * no byte sent: the peer gone counts as a whole hello, so every one of
+ * them gets a slot (a thread, an io_uring) instead of being dropped in the
+ * room.  While it lasts, a real source is timed.
+ */
+struct flood {
+	uint16_t port;
+	unsigned int base;
+	bool rst;
+	bool hello;	  /* a whole hello, then close */
+	unsigned int gap_us; /* between connections (0: none) */
+	bool stop; /* __atomic */
+	uint64_t n; /* __atomic */
+	pthread_t th;
+};
+
+/* up to 512 connects in flight, non-blocking: each closed (or reset) as soon as it is up */
+static void *flood_run_nb(void *p)
+{
+	struct flood *f = p;
+	struct epoll_event ev[256];
+	unsigned int i = 0, inflight = 0;
+	int epfd = epoll_create1(EPOLL_CLOEXEC);
+
+	while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+		int n, k;
+
+		while (inflight < 512) {
+			int fd = tcp_dial_nb(addr_of(f->base, i++ % 60000), f->port);
+			struct epoll_event e = { .events = EPOLLOUT };
+
+			if (fd < 0)
+				break;
+			e.data.fd = fd;
+			epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &e);
+			inflight++;
+		}
+		n = epoll_wait(epfd, ev, 256, 5);
+		for (k = 0; k < n; k++) {
+			int fd = ev[k].data.fd, err = 0;
+			socklen_t l = sizeof(err);
+
+			getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &l);
+			if (!err && f->rst)
+				setsockopt(fd, SOL_SOCKET, SO_LINGER, &(struct linger){ 1, 0 }, sizeof(struct linger));
+			if (!err)
+				__atomic_add_fetch(&f->n, 1, __ATOMIC_RELAXED);
+			close(fd); /* epoll forgets it */
+			inflight--;
+		}
+	}
+	close(epfd); /* the ones still in flight leak until the test's process ends */
+	return NULL;
+}
+
+static void *flood_run(void *p)
+{
+	struct flood *f = p;
+	unsigned int i = 0;
+
+	if (getenv("ATTACK_NB"))
+		return flood_run_nb(p);
+
+	while (!__atomic_load_n(&f->stop, __ATOMIC_ACQUIRE)) {
+		struct sockaddr_in me = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(addr_of(f->base, i++ % 60000)) },
+				   to = { .sin_family = AF_INET, .sin_port = htons(f->port),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		if (fd < 0)
+			continue;
+		if (bind(fd, (struct sockaddr *)&me, sizeof(me)) == 0 &&
+		    connect(fd, (struct sockaddr *)&to, sizeof(to)) == 0) {
+			if (f->hello) {
+				struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION,
+						       .flags = MIG_S_PSK, .conns = 1, .name = "gate" };
+
+				memset(h.share, 9, sizeof(h.share));
+				(void)!send(fd, &h, sizeof(h), MSG_NOSIGNAL);
+			}
+			if (f->rst)
+				setsockopt(fd, SOL_SOCKET, SO_LINGER, &(struct linger){ 1, 0 }, sizeof(struct linger));
+			__atomic_add_fetch(&f->n, 1, __ATOMIC_RELAXED);
+		} else if (getenv("ATTACK_DEBUG")) {
+			fprintf(stderr, "flood: %s\n", strerror(errno));
+		}
+		close(fd);
+		if (f->gap_us)
+			usleep(f->gap_us);
+	}
+	return NULL;
+}
+
+static void attack_flood(bool rst)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 912 };
+	struct flood f[2] = { { .base = 50, .rst = rst }, { .base = 51, .rst = rst } };
+	unsigned int probe_fails = 0, probe_tries = 0;
+	struct mig_gate_stats st;
+	struct taker t = { 0 };
+	double alone_ms, ms;
+	struct timespec t1;
+	uint16_t port;
+	unsigned int i;
+	pthread_t th;
+	int lfd = tcp_listener(&port);
+
+	raise_nofile();
+	alone_ms = time_alone(lfd, port, &o, 911);
+
+	taker_start(&t, lfd, &o, &th);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	for (i = 0; i < 2; i++) {
+		f[i].port = port;
+		ck_assert_int_eq(pthread_create(&f[i].th, NULL, flood_run, &f[i]), 0);
+	}
+	sleep_ms(getenv("ATTACK_WARM_MS") ? (unsigned int)atoi(getenv("ATTACK_WARM_MS")) : 3000);
+	mig_gate_stats(t.gate, &st);
+	printf("flood (%s): in %.0f ms the flood made %" PRIu64 " connections; the gate accepted %" PRIu64
+	       ", gave %" PRIu64 " slots, turned away %" PRIu64 " unheard\n",
+	       rst ? "RST" : "close", ms_since(&t1), __atomic_load_n(&f[0].n, __ATOMIC_RELAXED) +
+	       __atomic_load_n(&f[1].n, __ATOMIC_RELAXED), st.accepted, st.handshakes, st.unheard);
+	/* sources that only try (the gate takes the first that gets in: these give up before their proof) */
+	{
+		unsigned int tries = getenv("ATTACK_TRIES") ? (unsigned int)atoi(getenv("ATTACK_TRIES")) : 10, fails = 0, k;
+		double worst = 0;
+
+		for (k = 0; k < tries; k++) {
+			struct source probe = { .o = { .psk = &key_b, .conns = 1, .timeout_ms = 15000, .name = "gate" } };
+			double pms = source_ms(&probe, port);
+
+			/* key_b: the destination's proof does not check out, so the probe stops there (not counted) */
+			if (!strstr(probe.err, "does not prove")) {
+				fails++;
+				printf("flood (%s): probe %u: %.1f ms: %s\n", rst ? "RST" : "close", k, pms, probe.err);
+			}
+			if (pms > worst)
+				worst = pms;
+		}
+		printf("flood (%s): %u of %u probes got no handshake; the slowest took %.1f ms\n", rst ? "RST" : "close",
+		       fails, tries, worst);
+		probe_fails = fails;
+		probe_tries = tries;
+	}
+	ms = source_ms(&src, port);
+	mig_gate_stats(t.gate, &st);
+	for (i = 0; i < 2; i++) {
+		__atomic_store_n(&f[i].stop, true, __ATOMIC_RELEASE);
+		pthread_join(f[i].th, NULL);
+	}
+	printf("flood (%s): the source %s in %.1f ms (alone: %.1f ms)%s%s; the gate accepted %" PRIu64
+	       ", gave %" PRIu64 " slots, turned away %" PRIu64 " unheard\n",
+	       rst ? "RST" : "close", src.ret == 0 ? "served" : "FAILED", ms, alone_ms, src.ret ? ": " : "",
+	       src.ret ? src.err : "", st.accepted, st.handshakes, st.unheard);
+	if (src.ret == 0) {
+		taker_check(&t, th, 1, 912);
+	} else {
+		struct source again = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 913 };
+
+		sleep_ms(6000);
+		source_ms(&again, port);
+		taker_check(&t, th, 1, 913);
+	}
+	close(lfd);
+	ck_assert_msg(!probe_fails, "%u of %u sources trying during the flood were refused, the room full of dead "
+		      "connections counted as whole hellos", probe_fails, probe_tries);
+	ck_assert_msg(st.handshakes < st.accepted / 2,
+		      "%" PRIu64 " of %" PRIu64 " connections that sent nothing and hung up were each given a slot (a thread)",
+		      st.handshakes, st.accepted);
+	ck_assert_msg(src.ret == 0, "source during the flood: %.1f ms (alone %.1f): %s", ms, alone_ms, src.err);
+}
+
+START_TEST(attack_close_flood)
+{
+	attack_flood(false);
+}
+END_TEST
+
+START_TEST(attack_rst_flood)
+{
+	attack_flood(true);
+}
+END_TEST
+
+/*
+ * ATTACK 3: a stranger gets its address (127.0.0.9) turned away for wrong
+ * proofs (three junk proofs), then opens 1,000 connections from it and
+ * makes their hellos whole at once.  Each is turned away in start(), but
+ * seat() has spent a slot's turn on it: 64 turned away per pass of the
+ * taker's loop, and with no handshake busy nothing wakes the taker again.
+ * A real source's whole hello waits behind them with every slot free.
+ */
+START_TEST(attack_banned_burst)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
+	/* its -T 2 s: each wait for the destination's answer */
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 2000, .name = "gate" }, .tag = 921 };
+	struct sockaddr_in bad = { .sin_family = AF_INET };
+	/*
+	 * A hello of a version the gate does not speak: should the address's
+	 * wait lapse (1 s after its last wrong proof) and one of them get a
+	 * slot after all, its handshake ends at once (refused), holding nothing.
+	 */
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = 99, .flags = MIG_S_PSK, .conns = 1,
+			       .name = "gate" };
+	unsigned int n = getenv("ATTACK_N") ? (unsigned int)atoi(getenv("ATTACK_N")) : 1000, i;
+	struct mig_gate_stats st;
+	struct taker t = { 0 };
+	double ms;
+	uint16_t port;
+	pthread_t th;
+	int lfd = tcp_listener(&port), *fd;
+
+	raise_nofile();
+	fd = calloc(n, sizeof(int));
+	inet_pton(AF_INET, "127.0.0.9", &bad.sin_addr);
+	taker_start(&t, lfd, &o, &th);
+	for (i = 0; i < MIG_GATE_FREE_GUESSES; i++)
+		ck_assert_int_eq(guess_over(tcp_dial("127.0.0.9", port), true), -EACCES);
+	for (i = 0; i < 500 && mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&bad, 0) < MIG_GATE_FREE_GUESSES; i++)
+		sleep_ms(10);
+	ck_assert_uint_eq(mig_gate_wrong_proofs(t.gate, (struct sockaddr *)&bad, 0), MIG_GATE_FREE_GUESSES);
+	for (i = 0; i < n; i++)
+		fd[i] = tcp_dial("127.0.0.9", port);
+	sleep_ms(300); /* all in the room, unheard */
+	for (i = 0; i < n; i++)
+		(void)!send(fd[i], &h, sizeof(h), MSG_NOSIGNAL);
+	sleep_ms(100);
+	mig_gate_stats(t.gate, &st);
+	printf("banned burst: %u whole hellos from a banned address; the gate accepted %" PRIu64 ", gave %" PRIu64
+	       " slots\n", n, st.accepted, st.handshakes);
+	ms = source_ms(&src, port);
+	mig_gate_stats(t.gate, &st);
+	printf("banned burst: the source from 127.0.0.1 %s in %.1f ms%s%s; the gate accepted %" PRIu64 ", gave %" PRIu64
+	       " slots, cut %" PRIu64 "\n",
+	       src.ret == 0 ? "served" : "FAILED", ms, src.ret ? ": " : "", src.ret ? src.err : "", st.accepted,
+	       st.handshakes, st.cut);
+	for (i = 0; i < n; i++)
+		close(fd[i]);
+	free(fd);
+	if (src.ret == 0) {
+		taker_check(&t, th, 1, 921);
+	} else {
+		struct source again = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 922 };
+
+		source_ms(&again, port);
+		taker_check(&t, th, 1, 922);
+	}
+	close(lfd);
+	ck_assert_msg(src.ret == 0, "source behind %u banned hellos: %.1f ms: %s", n, ms, src.err);
+}
+END_TEST
+
+/*
+ * ATTACK 4: the gate in a process whose RLIMIT_NOFILE is 1024 (a shell's
+ * default; kvmdirty-migrate raises it only as far as the hard limit
+ * allows), 1,500 addresses trickling (tricklers.c, in this process, its
+ * limit raised).  The room takes every descriptor; accept(2)'s EMFILE
+ * makes the oldest trickler give way, but only to the next accept: the
+ * source's slot cannot make its io_uring.
+ */
+/* the gate's lines about 127.0.0.1 (the source), on stderr */
+static void log_source_lines(void *ctx, const char *line)
+{
+	(void)ctx;
+	if (strstr(line, "127.0.0.1:"))
+		fprintf(stderr, "gate log: %s\n", line);
+}
+
+START_TEST(attack_low_nofile)
+{
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 931 };
+	unsigned int nofile = getenv("ATTACK_NOFILE") ? (unsigned int)atoi(getenv("ATTACK_NOFILE")) : 1024;
+	struct trickle_counts tc;
+	struct tricklers *tr;
+	int lfd, pfd[2], st;
+	char buf[512] = "";
+	uint16_t port;
+	pid_t pid;
+	double ms;
+
+	raise_nofile();
+	lfd = tcp_listener(&port);
+	ck_assert_int_eq(pipe(pfd), 0);
+	pid = fork();
+	if (pid == 0) {
+		struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate", .log = log_source_lines };
+		struct rlimit rl = { nofile, nofile };
+		struct mig_gate *gate;
+		struct mig_session s;
+		char err[256];
+		uint32_t v = 0;
+		int ret;
+
+		close(pfd[0]);
+		if (setrlimit(RLIMIT_NOFILE, &rl))
+			_exit(20);
+		if (mig_gate_new(lfd, &o, &gate))
+			_exit(21);
+		struct rusage ru;
+		struct mig_gate_stats gs;
+
+		ret = mig_gate_take(gate, &s, err, sizeof(err));
+		getrusage(RUSAGE_SELF, &ru);
+		mig_gate_stats(gate, &gs);
+		if (ret == 0 && mig_chan_read(s.chan[0], &v, sizeof(v)) == (int)sizeof(v))
+			snprintf(buf, sizeof(buf), "took tag %u", v);
+		else
+			snprintf(buf, sizeof(buf), "take: %d %s", ret, err);
+		snprintf(buf + strlen(buf), sizeof(buf) - strlen(buf),
+			 "; CPU %.2f s user + %.2f s system; accepted %" PRIu64 ", slots %" PRIu64 ", cut %" PRIu64
+			 ", unheard %" PRIu64, (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+			 (double)ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6, gs.accepted, gs.handshakes, gs.cut,
+			 gs.unheard);
+		(void)!write(pfd[1], buf, strlen(buf));
+		_exit(0);
+	}
+	close(pfd[1]);
+	if (getenv("ATTACK_STALLERS")) {
+		/* whole hellos holding every descriptor: accept(2)'s EMFILE with no unheard connection to give way */
+		struct stallers *sv = stallers_start(port, 1500, 90);
+
+		sleep_ms(2500);
+		ms = source_ms(&src, port);
+		printf("low nofile, 1500 stallers: the source %s in %.1f ms%s%s\n", src.ret == 0 ? "served" : "FAILED", ms,
+		       src.ret ? ": " : "", src.ret ? src.err : "");
+		stallers_stop(sv);
+		if (src.ret < 0) {
+			struct source again = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" },
+						.tag = 933 };
+
+			sleep_ms(1000);
+			source_ms(&again, port);
+		}
+		(void)!read(pfd[0], buf, sizeof(buf) - 1);
+		waitpid(pid, &st, 0);
+		printf("low nofile: the gate's process: %s\n", buf);
+		close(lfd);
+		ck_assert_msg(src.ret == 0, "source, the gate at RLIMIT_NOFILE %u and 1500 stallers: %s", nofile, src.err);
+		return;
+	}
+	tr = tricklers_start(port, 1500, 400);
+	ck_assert_ptr_nonnull(tr);
+	sleep_ms(2500);
+	tricklers_counts(tr, &tc);
+	printf("low nofile: RLIMIT_NOFILE %u at the gate, %u tricklers up, %" PRIu64 " dials, %" PRIu64 " ended\n", nofile,
+	       tc.up, tc.dials, tc.ended);
+	ms = source_ms(&src, port);
+	printf("low nofile: the source %s in %.1f ms%s%s\n", src.ret == 0 ? "served" : "FAILED", ms, src.ret ? ": " : "",
+	       src.ret ? src.err : "");
+	tricklers_stop(tr, &tc);
+	if (src.ret < 0) {
+		struct source again = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 932 };
+
+		source_ms(&again, port);
+	}
+	(void)!read(pfd[0], buf, sizeof(buf) - 1);
+	waitpid(pid, &st, 0);
+	printf("low nofile: the gate's process: %s\n", buf);
+	close(lfd);
+	ck_assert_msg(src.ret == 0, "source, the gate at RLIMIT_NOFILE %u and 1500 tricklers: %s", nofile, src.err);
+}
+END_TEST
+
+
+/*
+ * ATTACK 5 (what a real source is told): 64 stallers in every slot, a
+ * real source Y, 64 more stallers, a second real source X.  Y gets a slot
+ * at the first round of cuts and is taken; X's whole hello is still in
+ * the room then, and the room turns it away "told why" (room_refuse):
+ * a bare struct mig_ack (128 bytes), where a source reads a hello (192)
+ * first.  X cannot read the reason.
+ */
+struct src_thread {
+	struct source src;
+	pthread_t th;
+};
+
+static void *src_thread_run(void *p)
+{
+	source_run(&((struct src_thread *)p)->src);
+	return NULL;
+}
+
+START_TEST(attack_room_refusal_unreadable)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
+	struct src_thread y = { .src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 941 } },
+			  x = { .src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 942 } };
+	int fd[2 * MIG_GATE_SLOTS];
+	struct taker t = { 0 };
+	unsigned int i;
+	uint16_t port;
+	pthread_t th;
+	char from[32];
+	int lfd = tcp_listener(&port);
+
+	taker_start(&t, lfd, &o, &th);
+	for (i = 0; i < MIG_GATE_SLOTS; i++) {
+		snprintf(from, sizeof(from), "127.0.3.%u", i + 1);
+		fd[i] = stall(tcp_dial(from, port));
+	}
+	sleep_ms(50);
+	y.src.fd = tcp_dial("127.0.0.1", port);
+	ck_assert_int_eq(pthread_create(&y.th, NULL, src_thread_run, &y), 0);
+	sleep_ms(50);
+	for (i = MIG_GATE_SLOTS; i < 2 * MIG_GATE_SLOTS; i++) {
+		snprintf(from, sizeof(from), "127.0.4.%u", i + 1);
+		fd[i] = stall(tcp_dial(from, port));
+	}
+	sleep_ms(50);
+	x.src.fd = tcp_dial("127.0.0.5", port);
+	ck_assert_int_eq(pthread_create(&x.th, NULL, src_thread_run, &x), 0);
+	pthread_join(y.th, NULL);
+	pthread_join(x.th, NULL);
+	printf("room refusal: Y %s; X: %s\n", y.src.ret == 0 ? "taken" : y.src.err, x.src.ret == 0 ? "taken" : x.src.err);
+	ck_assert_msg(y.src.ret == 0, "Y: %s", y.src.err);
+	taker_check(&t, th, 1, 941);
+	for (i = 0; i < 2 * MIG_GATE_SLOTS; i++)
+		close(fd[i]);
+	close(lfd);
+	ck_assert_int_lt(x.src.ret, 0);
+	ck_assert_msg(strstr(x.src.err, "took another stream"), "X, turned away from the room, was told: %s", x.src.err);
+}
+END_TEST
+
+
+/*
+ * HELD? A real source whose hello reaches the gate a byte at a time (a
+ * relay between it and the gate writes the first 192 bytes one by one,
+ * 2 ms apart, TCP_NODELAY on TCP), over the Unix socket and over TCP:
+ * the room must see the hello whole when its last byte comes.
+ */
+static void pieces(bool tcp)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 5000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 5000, .name = "gate" }, .tag = 951 };
+	struct relay r = { .dribble = true };
+	struct taker t = { 0 };
+	struct timespec t0;
+	uint16_t port = 0;
+	pthread_t th;
+	int lfd = tcp ? tcp_listener(&port) : listener(), sp[2];
+
+	taker_start(&t, lfd, &o, &th);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	r.a = sp[1];
+	r.b = tcp ? tcp_dial("127.0.0.1", port) : dial();
+	if (tcp)
+		setsockopt(r.b, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
+	ck_assert_int_eq(pthread_create(&r.th, NULL, relay_run, &r), 0);
+	src.fd = sp[0];
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	source_run(&src);
+	printf("pieces (%s): the source %s in %.1f ms%s%s\n", tcp ? "TCP" : "Unix", src.ret == 0 ? "served" : "FAILED",
+	       ms_since(&t0), src.ret ? ": " : "", src.ret ? src.err : "");
+	ck_assert_msg(src.ret == 0, "source, its hello in pieces: %s", src.err);
+	taker_check(&t, th, 1, 951);
+	pthread_join(r.th, NULL);
+	close(r.a);
+	close(r.b);
+	close(lfd);
+}
+
+START_TEST(attack_hello_in_pieces)
+{
+	pieces(false);
+	pieces(true);
+}
+END_TEST
+
+
+/*
+ * HELD? Descriptors: the process's open descriptors counted before a gate
+ * and after it is freed, with tricklers, stallers, a connect/close flood,
+ * half hellos then close and a source in between (every stranger's own
+ * end closed before the count).
+ */
+static unsigned int open_fds(void)
+{
+	unsigned int n = 0;
+	int fd;
+
+	for (fd = 0; fd < 65536; fd++)
+		n += fcntl(fd, F_GETFD) >= 0;
+	return n;
+}
+
+START_TEST(attack_fd_accounting)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 2000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 2, .timeout_ms = 15000, .name = "gate" }, .tag = 961 };
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION, .flags = MIG_S_PSK, .conns = 1 };
+	struct flood f = { .base = 70, .gap_us = 200 };
+	struct mig_gate_stats st;
+	struct tricklers *tr;
+	struct stallers *s;
+	struct taker t = { 0 };
+	unsigned int before, after, i;
+	uint16_t port;
+	pthread_t th;
+	int lfd;
+
+	raise_nofile();
+	lfd = tcp_listener(&port);
+	before = open_fds();
+	dial_tcp_port = port;
+	taker_start(&t, lfd, &o, &th);
+	f.port = port;
+	tr = tricklers_start(port, 300, 100);
+	s = stallers_start(port, 80, 60);
+	ck_assert_int_eq(pthread_create(&f.th, NULL, flood_run, &f), 0);
+	for (i = 0; i < 200; i++) {
+		char from[32];
+		int fd;
+
+		snprintf(from, sizeof(from), "127.0.5.%u", i % 250 + 1);
+		fd = tcp_dial(from, port);
+		(void)!send(fd, &h, 100, MSG_NOSIGNAL); /* half a hello, then gone */
+		if (i % 2)
+			shutdown(fd, SHUT_WR);
+		else
+			setsockopt(fd, SOL_SOCKET, SO_LINGER, &(struct linger){ 1, 0 }, sizeof(struct linger));
+		close(fd);
+	}
+	sleep_ms(1500);
+	src.fd = tcp_dial("127.0.0.1", port);
+	source_run(&src);
+	mig_gate_stats(t.gate, &st);
+	__atomic_store_n(&f.stop, true, __ATOMIC_RELEASE);
+	pthread_join(f.th, NULL);
+	printf("fds: the source %s; the gate accepted %" PRIu64 ", gave %" PRIu64 " slots, cut %" PRIu64
+	       ", turned away %" PRIu64 " unheard\n",
+	       src.ret == 0 ? "served" : src.err, st.accepted, st.handshakes, st.cut, st.unheard);
+	if (src.ret == 0) {
+		taker_check(&t, th, 2, 961);
+	} else {
+		pthread_cancel(th);
+		ck_abort_msg("source: %s", src.err);
+	}
+	tricklers_stop(tr, NULL);
+	stallers_stop(s);
+	sleep_ms(200);
+	after = open_fds();
+	printf("fds: %u open before the gate, %u after it is freed\n", before, after);
+	ck_assert_uint_eq(after, before);
+	close(lfd);
+}
+END_TEST
+
+
+/*
+ * ATTACK 6: few held connections, a slow fire-and-forget flood.  100
+ * stallers (whole hellos, then nothing, 100 addresses) keep the 64 slots
+ * busy, each for its grace; beside them, ~1,000 connections a second, each
+ * a whole hello and then closed (the stranger keeps nothing).  Each of
+ * those is a whole hello, so it waits in the room for a slot, behind the
+ * stallers, until the budget (5 s) runs out: the room (4,096) fills with
+ * them in a few seconds, and from then on every new connection, a real
+ * source's too, is turned away "every place is taken by a connection
+ * whose hello is whole".
+ */
+START_TEST(attack_stallers_and_hello_close)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 971 };
+	struct flood f = { .base = 80, .hello = true,
+			   .gap_us = getenv("ATTACK_GAP_US") ? (unsigned int)atoi(getenv("ATTACK_GAP_US")) : 0 };
+	struct mig_gate_stats st;
+	struct stallers *s;
+	struct taker t = { 0 };
+	struct timespec t0;
+	uint16_t port;
+	pthread_t th;
+	double ms;
+	int lfd = tcp_listener(&port);
+
+	raise_nofile();
+	taker_start(&t, lfd, &o, &th);
+	s = stallers_start(port, getenv("ATTACK_N") ? (unsigned int)atoi(getenv("ATTACK_N")) : 300, 81);
+	sleep_ms(500);
+	f.port = port;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	ck_assert_int_eq(pthread_create(&f.th, NULL, flood_run, &f), 0);
+	sleep_ms(6000);
+	mig_gate_stats(t.gate, &st);
+	printf("stallers+hello/close: in %.0f ms the flood made %" PRIu64 " connections (%.0f/s); the gate accepted %" PRIu64
+	       ", gave %" PRIu64 " slots, cut %" PRIu64 ", turned away %" PRIu64 "\n",
+	       ms_since(&t0), __atomic_load_n(&f.n, __ATOMIC_RELAXED),
+	       1e3 * (double)__atomic_load_n(&f.n, __ATOMIC_RELAXED) / ms_since(&t0), st.accepted, st.handshakes, st.cut,
+	       st.unheard);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	src.fd = tcp_dial("127.0.0.1", port);
+	source_run(&src);
+	ms = ms_since(&t0);
+	printf("stallers+hello/close: the source %s in %.1f ms%s%s\n", src.ret == 0 ? "served" : "FAILED", ms,
+	       src.ret ? ": " : "", src.ret ? src.err : "");
+	__atomic_store_n(&f.stop, true, __ATOMIC_RELEASE);
+	pthread_join(f.th, NULL);
+	stallers_stop(s);
+	if (src.ret == 0) {
+		taker_check(&t, th, 1, 971);
+	} else {
+		struct source again = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 972 };
+
+		sleep_ms(5500);
+		source_ms(&again, port);
+		taker_check(&t, th, 1, 972);
+	}
+	close(lfd);
+	ck_assert_msg(src.ret == 0, "source: %.1f ms: %s", ms, src.err);
+}
+END_TEST
+
+
+/*
+ * ATTACK 7 (a plain stream's first bytes): a gate without a key over TCP;
+ * a plain source that sends its header and a region table of two (64
+ * bytes: under the 192 of SO_RCVLOWAT) and then nothing for a while, as
+ * source.c's start() does while track() turns dirty logging on.  The
+ * room says (heard()) that eight bytes that are not a session's magic
+ * make a connection heard; over TCP nothing wakes the room for them.
+ * With 3,900 tricklers in the room its deadline is ~0.5 s, and the plain
+ * stream is turned away before its pages come (here they never come).
+ */
+extern int pthread_tryjoin_np(pthread_t th, void **ret);
+
+START_TEST(attack_plain_header_unheard)
+{
+	struct mig_session_opts o = { .timeout_ms = 60000 };
+	struct { struct mig_header h; struct mig_region r[2]; } hdr = { .h = { .magic = MIG_MAGIC, .version = 2 } };
+	unsigned int n = getenv("ATTACK_N") ? (unsigned int)atoi(getenv("ATTACK_N")) : 3900;
+	struct mig_gate_stats st;
+	struct tricklers *tr;
+	struct taker t = { 0 };
+	struct timespec t0;
+	char buf[512];
+	uint16_t port;
+	pthread_t th;
+	ssize_t r;
+	int lfd = tcp_listener(&port), fd, k;
+	bool done = false;
+
+	raise_nofile();
+	taker_start(&t, lfd, &o, &th);
+	if (n) {
+		tr = tricklers_start(port, n, 400);
+		sleep_ms(2500);
+	}
+	fd = tcp_dial("127.0.0.1", port);
+	sleep_ms(50); /* accepted, its header not yet sent */
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	ck_assert_int_eq(send(fd, &hdr, sizeof(hdr), MSG_NOSIGNAL), (ssize_t)sizeof(hdr));
+	for (k = 0; k < 2000 && !done; k++) { /* its pages do not come: the gate must take it on its header */
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+
+		if (pthread_tryjoin_np(th, NULL) == 0)
+			done = true;
+		else if (poll(&p, 1, 10) == 1)
+			break;
+	}
+	r = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+	mig_gate_stats(t.gate, &st);
+	printf("plain header: %.0f ms after its 64 bytes, the gate %s; the connection: %s%s; slots given %" PRIu64
+	       ", turned away %" PRIu64 "\n",
+	       ms_since(&t0), done ? "took the stream" : "had not taken it",
+	       r > (ssize_t)sizeof(struct mig_hello) ? "refused: " : r == 0 ? "closed" : r < 0 ? "open" : "told: ",
+	       r > (ssize_t)sizeof(struct mig_hello) ? ((struct mig_ack *)(buf + sizeof(struct mig_hello)))->message :
+	       r > 0 ? ((struct mig_ack *)buf)->message : "",
+	       st.handshakes, st.unheard);
+	if (n)
+		tricklers_stop(tr, NULL);
+	close(fd);
+	if (!done) {
+		/* a plain stream of its own, whole, to end the take */
+		fd = tcp_dial("127.0.0.1", port);
+		memset(buf, 'x', sizeof(buf));
+		(void)!send(fd, buf, sizeof(buf), MSG_NOSIGNAL);
+		pthread_join(th, NULL);
+		close(fd);
+	}
+	if (t.ret == 0)
+		mig_session_free(&t.s);
+	mig_gate_free(t.gate);
+	close(lfd);
+	ck_assert_msg(done, "a plain stream's header (64 bytes) was not taken, its pages not sent");
+}
+END_TEST
+
+
+/*
+ * ATTACK 8 (half hellos, then gone): 1,000 connections from 1,000
+ * addresses, each 100 bytes of a hello and then closed (FIN; every other
+ * one reset).  gate.h: a connection waits "until its hello is whole ...
+ * or the peer gone".  The reset ones are seen gone (and given a slot);
+ * the closed ones stay in the room, a descriptor each, for the whole
+ * budget, though their peers are gone and the stranger holds nothing.
+ */
+START_TEST(attack_half_hello_then_close)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
+	struct mig_hello h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION, .flags = MIG_S_PSK, .conns = 1 };
+	struct source src = { .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" }, .tag = 981 };
+	struct mig_gate_stats st;
+	struct taker t = { 0 };
+	unsigned int i;
+	uint16_t port;
+	pthread_t th;
+	int lfd = tcp_listener(&port);
+
+	raise_nofile();
+	taker_start(&t, lfd, &o, &th);
+	for (i = 0; i < 1000; i++) {
+		struct sockaddr_in me = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(addr_of(85, i)) },
+				   to = { .sin_family = AF_INET, .sin_port = htons(port),
+					  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+		ck_assert_int_eq(bind(fd, (struct sockaddr *)&me, sizeof(me)), 0);
+		ck_assert_int_eq(connect(fd, (struct sockaddr *)&to, sizeof(to)), 0);
+		ck_assert_int_eq(send(fd, &h, 100, MSG_NOSIGNAL), 100);
+		if (i % 2)
+			setsockopt(fd, SOL_SOCKET, SO_LINGER, &(struct linger){ 1, 0 }, sizeof(struct linger));
+		close(fd);
+	}
+	{
+		/* the process's CPU while nothing happens but the room waiting (the taker must not spin) */
+		struct rusage r0, r1;
+
+		sleep_ms(100);
+		getrusage(RUSAGE_SELF, &r0);
+		sleep_ms(1000);
+		getrusage(RUSAGE_SELF, &r1);
+		printf("half hellos: CPU of the process over 1 s of waiting: %.1f ms\n",
+		       (double)(r1.ru_utime.tv_sec - r0.ru_utime.tv_sec + r1.ru_stime.tv_sec - r0.ru_stime.tv_sec) * 1e3 +
+			       (double)(r1.ru_utime.tv_usec - r0.ru_utime.tv_usec + r1.ru_stime.tv_usec - r0.ru_stime.tv_usec) / 1e3);
+	}
+	mig_gate_stats(t.gate, &st);
+	printf("half hellos: 1 s after 1000 half hellos and their peers gone (500 FIN, 500 RST): accepted %" PRIu64
+	       ", given a slot %" PRIu64 ", turned away %" PRIu64 ", so %" PRIu64 " still in the room\n",
+	       st.accepted, st.handshakes, st.unheard, st.accepted - st.handshakes - st.unheard);
+	src.fd = tcp_dial("127.0.0.1", port);
+	source_run(&src);
+	ck_assert_msg(src.ret == 0, "source: %s", src.err);
+	taker_check(&t, th, 1, 981);
+	close(lfd);
+	ck_assert_msg(st.accepted - st.handshakes - st.unheard == 0 && st.handshakes == 0,
+		      "%" PRIu64 " connections whose peers were gone still in the room after 1 s, %" PRIu64
+		      " given a slot", st.accepted - st.handshakes - st.unheard, st.handshakes);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("gate");
 	TCase *tc = tcase_create("gate");
+
+	setvbuf(stdout, NULL, _IOLBF, 0); /* the attacks' lines, also from a test that fails */
 
 	tcase_add_checked_fixture(tc, setup, NULL);
 	tcase_set_timeout(tc, 60);
@@ -1067,5 +2050,31 @@ int main(void)
 	tcase_add_test(tc, other_user_cannot_hold_back);
 	tcase_add_test(tc, wrong_proofs_by_whole_address);
 	suite_add_tcase(s, tc);
+	{
+		/* the review's attacks: one tcase each (CK_RUN_CASE=attack_...) */
+		const struct { const char *name; const TTest *t; } att[] = {
+			{ "attack_whole_hello_stallers", attack_whole_hello_stallers },
+			{ "attack_close_flood", attack_close_flood },
+			{ "attack_rst_flood", attack_rst_flood },
+			{ "attack_banned_burst", attack_banned_burst },
+			{ "attack_low_nofile", attack_low_nofile },
+			{ "attack_room_refusal_unreadable", attack_room_refusal_unreadable },
+			{ "attack_hello_in_pieces", attack_hello_in_pieces },
+			{ "attack_fd_accounting", attack_fd_accounting },
+			{ "attack_stallers_and_hello_close", attack_stallers_and_hello_close },
+			{ "attack_plain_header_unheard", attack_plain_header_unheard },
+			{ "attack_half_hello_then_close", attack_half_hello_then_close },
+		};
+		unsigned int k;
+
+		for (k = 0; k < sizeof(att) / sizeof(att[0]); k++) {
+			TCase *a = tcase_create(att[k].name);
+
+			tcase_add_checked_fixture(a, setup, NULL);
+			tcase_set_timeout(a, 90);
+			_tcase_add_test(a, att[k].t, 0, 0, 0, 1);
+			suite_add_tcase(s, a);
+		}
+	}
 	return run_suite(s);
 }

@@ -33,6 +33,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -104,10 +105,12 @@ struct pending {
 
 /*
  * The waiting room: a connection accepted, its hello not whole yet
- * (UNHEARD), or whole and waiting for a slot (HEARD); each list in the
+ * (UNHEARD), or whole and waiting for a slot: a join of a session open
+ * here (JOINING, seated first: its session waits for it), or any other
+ * (HEARD); each list in the
  * order of accept(2).
  */
-enum { UNHEARD, HEARD };
+enum { UNHEARD, HEARD, JOINING, LISTS };
 
 struct waiter {
 	int fd; /* -1: free (then next: the next free one) */
@@ -122,8 +125,10 @@ struct waiter {
 struct room {
 	struct waiter *w; /* MIG_GATE_ROOM */
 	int epfd;
-	int head[2], tail[2], free;
-	unsigned int n[2];
+	int head[LISTS], tail[LISTS], free;
+	unsigned int n[LISTS];
+	unsigned int cap;   /* MIG_GATE_ROOM, or less where RLIMIT_NOFILE leaves less */
+	uint64_t hold_ms;   /* out of descriptors, nothing to give way: the backlog left alone till then */
 };
 
 struct mig_gate {
@@ -643,18 +648,26 @@ static uint32_t rtt_us(int fd)
 /*
  * A handshake alone from its address (the whole address: a neighbour on
  * its /64 opening many does not take this from it) is not cut before it
- * has had this long since its hello was whole: MIG_GATE_GRACE_MIN_MS and
- * four of its round trips, at most a fifth of the budget.  What is left
- * of a real source's handshake then is one round trip and the proofs'
- * arithmetic, so strangers with many addresses, one handshake each,
- * cannot cut it before its round trips are done; those whose hellos are
- * whole get through MIG_GATE_SLOTS handshakes a grace at most.  An
+ * has had this long since its hello was whole: MIG_GATE_GRACE_MS and four
+ * of its round trips, at most a fifth of the budget; with more whole
+ * hellos waiting than there are slots, the first part shrinks in
+ * proportion, down to MIG_GATE_GRACE_MIN_MS.  What is left of a real
+ * source's handshake then is one round trip and the proofs' arithmetic,
+ * so strangers with many addresses, one handshake each, cannot cut it
+ * before its round trips are done; those whose hellos are whole and who
+ * then stall get through MIG_GATE_SLOTS handshakes a grace at most.  An
  * address holding several is cut at once, its oldest first.
  */
 static uint64_t grace_ms(const struct mig_gate *gate, const struct slot *sl)
 {
-	uint64_t most = budget_ms(gate) / 5, ms = MIG_GATE_GRACE_MIN_MS + 4 * (uint64_t)rtt_us(sl->fd) / 1000;
+	unsigned int waiting = gate->room.n[HEARD] + gate->room.n[JOINING];
+	uint64_t most = budget_ms(gate) / 5, ms = MIG_GATE_GRACE_MS;
 
+	if (waiting > MIG_GATE_SLOTS)
+		ms = ms * MIG_GATE_SLOTS / waiting;
+	if (ms < MIG_GATE_GRACE_MIN_MS)
+		ms = MIG_GATE_GRACE_MIN_MS;
+	ms += 4 * (uint64_t)rtt_us(sl->fd) / 1000;
 	return ms < most ? ms : most;
 }
 
@@ -702,7 +715,7 @@ static uint64_t cut_oldest(struct mig_gate *gate)
 /*
  * A connection whose hello is whole, accepted at since: turned away if its
  * address must wait, else a slot of its own, its handshake within what is
- * left of the budget.
+ * left of the budget.  1: the slot taken; 0: turned away, the slot free.
  */
 static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct sockaddr *sa, uint64_t since)
 {
@@ -729,6 +742,8 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 		log_line(gate, sl->who, sl->name, "from %s: turned away, %s", sl->name, why);
 		return 0;
 	}
+	if (sa->sa_family != AF_UNIX)
+		setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &(int){ 1 }, sizeof(int)); /* the room's, no more */
 	pthread_attr_init(&attr);
 	pthread_attr_setstacksize(&attr, 256 << 10);
 	__atomic_add_fetch(&gate->stats.handshakes, 1, __ATOMIC_RELAXED);
@@ -740,8 +755,9 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 		mig_session_turn_away(fd, "the destination cannot take a connection now");
 		close(fd);
 		log_line(gate, sl->who, sl->name, "from %s: turned away, no thread for it: %s", sl->name, strerror(-ret));
+		return 0;
 	}
-	return 0;
+	return 1;
 }
 
 /* ---- the waiting room ---- */
@@ -783,6 +799,11 @@ static void room_append(struct room *r, int i, int list)
 	r->n[list]++;
 }
 
+static unsigned int room_count(const struct room *r)
+{
+	return r->n[UNHEARD] + r->n[HEARD] + r->n[JOINING];
+}
+
 /* Out of the room, its fd closed. */
 static void room_release(struct room *r, int i)
 {
@@ -796,9 +817,23 @@ static void room_release(struct room *r, int i)
 	r->free = i;
 }
 
+#define MAGIC_LEN ((int)sizeof(((struct mig_hello *)0)->magic))
+
+/* Whether fd's first bytes are a session's magic (a session's source; else a plain stream, or nothing yet). */
+static bool session_peer(int fd)
+{
+	char m[MAGIC_LEN];
+
+	return recv(fd, m, sizeof(m), MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof(m) &&
+	       !memcmp(m, MIG_SESSION_MAGIC, sizeof(m));
+}
+
 /*
- * Turn a waiter away: the peer told why in an answer (status; best
- * effort, never waiting on it), the refusal logged ("from A: ...").
+ * Turn a waiter away: the peer told why (best effort, never waiting on
+ * it) as it reads an answer there: a session's source a refusal hello
+ * and its answer, as mig_session_turn_away() sends; anyone else the
+ * answer alone (status), as a slot refusing a plain stream does.  The
+ * refusal logged ("from A: ...").
  */
 static void room_refuse(struct mig_gate *gate, int i, int status, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
@@ -806,56 +841,103 @@ static void room_refuse(struct mig_gate *gate, int i, int status, const char *fm
 static void room_refuse(struct mig_gate *gate, int i, int status, const char *fmt, ...)
 {
 	struct waiter *w = &gate->room.w[i];
-	struct mig_ack ack = { .status = status };
+	struct {
+		struct mig_hello h;
+		struct mig_ack ack;
+	} r = { .h = { .magic = MIG_SESSION_MAGIC, .version = MIG_SESSION_VERSION, .flags = MIG_S_REFUSED },
+		.ack = { .status = status, .kind = MIG_MSG_REFUSED } };
 	const struct sockaddr *sa = (const struct sockaddr *)&w->ss;
 	uint8_t who[PEER_KEY];
 	char name[64];
 	va_list ap;
 
 	va_start(ap, fmt);
-	vsnprintf(ack.message, sizeof(ack.message), fmt, ap);
+	vsnprintf(r.ack.message, sizeof(r.ack.message), fmt, ap);
 	va_end(ap);
-	(void)!send(w->fd, &ack, sizeof(ack), MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (session_peer(w->fd)) {
+		(void)!send(w->fd, &r, sizeof(r), MSG_DONTWAIT | MSG_NOSIGNAL);
+	} else {
+		r.ack.kind = 0;
+		(void)!send(w->fd, &r.ack, sizeof(r.ack), MSG_DONTWAIT | MSG_NOSIGNAL);
+	}
 	peer_key(sa, sa->sa_family == AF_UNIX ? peer_uid(w->fd) : 0, true, who);
 	peer_name(sa, name, sizeof(name));
-	log_line(gate, who, name, "from %s: %s", name, ack.message);
+	log_line(gate, who, name, "from %s: %s", name, r.ack.message);
 	room_release(&gate->room, i);
 }
 
 /*
- * Whether a waiter's hello is whole: its bytes in the socket, or its
- * first eight not a session's magic (a plain stream, or not a stream: a
- * slot says which), or the peer gone (a slot says how).  A slot's
- * handshake never waits on a peer that has not sent its hello.
+ * What became of a waiter's hello: still coming; whole (its bytes in the
+ * socket, or its first eight not a session's magic: a plain stream, or
+ * not a stream, which a slot says); or never to be whole, nor its
+ * handshake done (the peer gone, or its end shut: a session needs its
+ * proof): then *got says how much it sent.  A slot's handshake never
+ * waits on a peer that has not sent its hello.
  */
-static bool heard(int fd)
+enum { NOT_YET, WHOLE, GONE };
+
+static int heard(int fd, int *got)
 {
-	char m[sizeof(((struct mig_hello *)0)->magic)];
+	char m[MAGIC_LEN];
+	struct pollfd p = { .fd = fd, .events = POLLRDHUP };
+	bool ended = poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
 	int avail = 0;
 	ssize_t n;
 
-	if (ioctl(fd, FIONREAD, &avail) == 0 && avail >= (int)sizeof(struct mig_hello))
-		return true;
+	(void)!ioctl(fd, FIONREAD, &avail);
+	*got = avail;
 	n = recv(fd, m, sizeof(m), MSG_PEEK | MSG_DONTWAIT);
-	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-		return true;
 	if (n == (ssize_t)sizeof(m) && memcmp(m, MIG_SESSION_MAGIC, sizeof(m)))
-		return true;
-	return false;
+		return WHOLE; /* a plain stream (whole with its end, too) */
+	if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) || ended)
+		return GONE;
+	return avail >= (int)sizeof(struct mig_hello) ? WHOLE : NOT_YET;
 }
 
-/* An UNHEARD waiter looked at again: to the HEARD list if its hello is whole. */
-static void room_listen(struct room *r, int i)
+/* A whole hello's list: JOINING for a join naming a session open here, else HEARD. */
+static int hello_list(struct mig_gate *gate, int fd)
 {
-	struct waiter *w = &r->w[i];
+	struct mig_hello h;
+	bool open;
 
-	if (w->list != UNHEARD || !heard(w->fd))
+	if (recv(fd, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT) != (ssize_t)sizeof(h) ||
+	    memcmp(h.magic, MIG_SESSION_MAGIC, sizeof(h.magic)) || !(h.flags & MIG_S_JOIN))
+		return HEARD;
+	pthread_mutex_lock(&gate->lock);
+	open = pending_find(gate, h.session) != NULL;
+	pthread_mutex_unlock(&gate->lock);
+	return open ? JOINING : HEARD;
+}
+
+/* An UNHEARD waiter looked at again: to a list of whole hellos, turned away, or left. */
+static void room_listen(struct mig_gate *gate, int i)
+{
+	struct room *r = &gate->room;
+	struct waiter *w = &r->w[i];
+	int got, h;
+
+	if (w->list != UNHEARD)
 		return;
+	h = heard(w->fd, &got);
+	if (h == NOT_YET && w->ss.ss_family != AF_UNIX && got >= MAGIC_LEN && session_peer(w->fd))
+		/* a session's magic: wake for the whole hello, not each byte of it */
+		setsockopt(w->fd, SOL_SOCKET, SO_RCVLOWAT, &(int){ (int)sizeof(struct mig_hello) }, sizeof(int));
+	if (h == NOT_YET)
+		return;
+	if (h == GONE) {
+		__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
+		if (!got && gate->o.psk)
+			room_refuse(gate, i, -EACCES, "authentication: the peer closed without a word");
+		else
+			room_refuse(gate, i, -ECONNRESET, "awaiting the header: the peer %s (%d bytes)",
+				    got < (int)sizeof(struct mig_hello) ? "hung up before its hello was whole"
+									: "shut its end after its hello",
+				    got);
+		return;
+	}
 	epoll_ctl(r->epfd, EPOLL_CTL_DEL, w->fd, NULL);
-	if (w->ss.ss_family != AF_UNIX)
-		setsockopt(w->fd, SOL_SOCKET, SO_RCVLOWAT, &(int){ 1 }, sizeof(int));
 	room_unlink(r, i);
-	room_append(r, i, HEARD);
+	room_append(r, i, hello_list(gate, w->fd));
 }
 
 /*
@@ -866,26 +948,28 @@ static void room_listen(struct room *r, int i)
  */
 static uint64_t hello_ms(const struct mig_gate *gate, uint32_t rtt)
 {
-	unsigned int n = gate->room.n[UNHEARD] + gate->room.n[HEARD], half = MIG_GATE_ROOM / 2;
+	unsigned int n = room_count(&gate->room), cap = gate->room.cap, half = cap / 2;
 	uint64_t budget = budget_ms(gate), least = MIG_GATE_HELLO_MIN_MS + 4 * (uint64_t)rtt / 1000, ms;
 
-	ms = n <= half ? budget : budget * (MIG_GATE_ROOM - (n < MIG_GATE_ROOM ? n : MIG_GATE_ROOM)) / half;
+	ms = n <= half ? budget : budget * (cap - (n < cap ? n : cap)) / (half ? half : 1);
 	if (ms < least)
 		ms = least;
 	return ms < budget ? ms : budget;
 }
 
 /*
- * The UNHEARD waiters past their time, turned away ("awaiting the
- * header", as a slot would say); when the next one is due (0: none).
- * Each later waiter is younger, and its time no shorter than the least:
- * the look stops at the first that cannot be due.
+ * The waiters past their time, turned away: an UNHEARD one past its time
+ * for its hello ("awaiting the header", as a slot would say), a whole
+ * hello that found no slot within the budget.  When the next is due (0:
+ * none).  Each later waiter of a list is younger, and an UNHEARD one's
+ * time no shorter than the least: the look stops at the first that
+ * cannot be due.
  */
 static uint64_t room_expire(struct mig_gate *gate, uint64_t now)
 {
 	struct room *r = &gate->room;
 	uint64_t least = hello_ms(gate, 0), next = 0;
-	int i = r->head[UNHEARD];
+	int i = r->head[UNHEARD], list;
 
 	while (i >= 0) {
 		struct waiter *w = &r->w[i];
@@ -893,25 +977,26 @@ static uint64_t room_expire(struct mig_gate *gate, uint64_t now)
 		uint64_t ms = hello_ms(gate, w->rtt_us);
 
 		if (w->since_ms + least > now) {
-			if (!next || w->since_ms + least < next)
-				next = w->since_ms + least;
+			next = earliest(next, w->since_ms + least);
 			break;
 		}
 		if (w->since_ms + ms <= now) {
 			__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
 			room_refuse(gate, i, -ETIMEDOUT, "awaiting the header: no whole hello within %" PRIu64
-				    " ms (%u connections waiting)", ms, r->n[UNHEARD] + r->n[HEARD]);
-		} else if (!next || w->since_ms + ms < next) {
-			next = w->since_ms + ms;
+				    " ms (%u connections waiting)", ms, room_count(r));
+		} else {
+			next = earliest(next, w->since_ms + ms);
 		}
 		i = after;
 	}
 	/* whole hellos that found no slot within the budget (roughly in the order of accept) */
-	while ((i = r->head[HEARD]) >= 0 && r->w[i].since_ms + budget_ms(gate) <= now)
-		room_refuse(gate, i, -ETIMEDOUT, "no slot for its handshake within %" PRIu64 " ms (%u connections "
-			    "waiting)", budget_ms(gate), r->n[UNHEARD] + r->n[HEARD]);
-	if (i >= 0)
-		next = earliest(next, r->w[i].since_ms + budget_ms(gate));
+	for (list = HEARD; list <= JOINING; list++) {
+		while ((i = r->head[list]) >= 0 && r->w[i].since_ms + budget_ms(gate) <= now)
+			room_refuse(gate, i, -ETIMEDOUT, "no slot for its handshake within %" PRIu64 " ms (%u "
+				    "connections waiting)", budget_ms(gate), room_count(r));
+		if (i >= 0)
+			next = earliest(next, r->w[i].since_ms + budget_ms(gate));
+	}
 	return next;
 }
 
@@ -923,17 +1008,15 @@ static uint64_t room_expire(struct mig_gate *gate, uint64_t now)
 static int room_make(struct mig_gate *gate)
 {
 	struct room *r = &gate->room;
-	int i = r->free;
+	int i;
 
-	if (i >= 0) {
-		r->free = r->w[i].next;
-		return i;
+	if (room_count(r) >= r->cap) {
+		if (r->head[UNHEARD] < 0)
+			return -1;
+		__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
+		room_refuse(gate, r->head[UNHEARD], -EBUSY, "awaiting the header: given way to a later connection, "
+			    "%u waiting", r->cap);
 	}
-	if (r->head[UNHEARD] < 0)
-		return -1;
-	__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
-	room_refuse(gate, r->head[UNHEARD], -EBUSY, "awaiting the header: given way to a later connection, "
-		    "%d waiting for their hellos", MIG_GATE_ROOM);
 	i = r->free;
 	r->free = r->w[i].next;
 	return i;
@@ -964,21 +1047,25 @@ static void room_enter(struct mig_gate *gate, int fd, const struct sockaddr_stor
 	w->rtt_us = 0;
 	room_append(r, i, UNHEARD);
 	if (ss->ss_family != AF_UNIX) {
-		/* a trickle of bytes wakes no one: epoll says readable once the hello is whole */
-		setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &(int){ (int)sizeof(struct mig_hello) }, sizeof(int));
+		/*
+		 * A trickle of bytes wakes no one: epoll says readable once the
+		 * magic is here (a plain stream's header may be short), then
+		 * once the whole hello is (room_listen())
+		 */
+		setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &(int){ MAGIC_LEN }, sizeof(int));
 		w->rtt_us = rtt_us(fd);
 	}
 	ev.data.u64 = (uint64_t)w->gen << 32 | (uint32_t)i;
 	if (epoll_ctl(r->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
-		/* not watched: looked at once, and given its slot whatever it sent, so that it is never lost */
+		/* not watched: given its slot whatever it sent, so that it is never lost */
 		room_unlink(r, i);
 		room_append(r, i, HEARD);
 		return;
 	}
-	room_listen(r, i); /* its hello may be here already */
+	room_listen(gate, i); /* its hello may be here already */
 }
 
-/* The room's events: waiters whose hellos may have come whole. */
+/* The room's events: waiters whose hellos may have come whole, or whose peers left. */
 static void room_events(struct mig_gate *gate)
 {
 	struct room *r = &gate->room;
@@ -990,7 +1077,7 @@ static void room_events(struct mig_gate *gate)
 			uint32_t i = (uint32_t)ev[k].data.u64;
 
 			if (i < MIG_GATE_ROOM && r->w[i].fd >= 0 && r->w[i].gen == (uint32_t)(ev[k].data.u64 >> 32))
-				room_listen(r, (int)i);
+				room_listen(gate, (int)i);
 		}
 		if (n < 64)
 			break;
@@ -1002,9 +1089,24 @@ static void room_empty(struct mig_gate *gate, int status, const char *why)
 {
 	int list;
 
-	for (list = UNHEARD; list <= HEARD; list++)
+	for (list = 0; list < LISTS; list++)
 		while (gate->room.head[list] >= 0)
 			room_refuse(gate, gate->room.head[list], status, "%s", why);
+}
+
+/*
+ * The room's places: MIG_GATE_ROOM, or what RLIMIT_NOFILE leaves beside
+ * two descriptors a slot, the sessions joining and 256 of the caller's.
+ */
+static unsigned int room_cap(void)
+{
+	struct rlimit rl;
+	long spare;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)1 << 30)
+		return MIG_GATE_ROOM;
+	spare = (long)rl.rlim_cur - 2 * MIG_GATE_SLOTS - MIG_GATE_PENDING * MIG_MAX_CONNS - 256;
+	return spare < 16 ? 16 : spare < MIG_GATE_ROOM ? (unsigned int)spare : MIG_GATE_ROOM;
 }
 
 static int room_init(struct room *r)
@@ -1021,12 +1123,14 @@ static int room_init(struct room *r)
 		free(r->w);
 		return ret;
 	}
-	r->head[UNHEARD] = r->head[HEARD] = r->tail[UNHEARD] = r->tail[HEARD] = -1;
+	for (i = 0; i < LISTS; i++)
+		r->head[i] = r->tail[i] = -1;
 	for (i = 0; i < MIG_GATE_ROOM; i++) {
 		r->w[i].fd = -1;
 		r->w[i].next = i + 1 < MIG_GATE_ROOM ? i + 1 : -1;
 	}
 	r->free = 0;
+	r->cap = room_cap();
 	return 0;
 }
 
@@ -1153,23 +1257,25 @@ static struct pending *sweep(struct mig_gate *gate, uint64_t *next_ms)
 	return done;
 }
 
-/* Whole hellos, in the order they came whole, to the free slots. */
+/* Whole hellos to the free slots: joins of open sessions first, then in the order they came whole. */
 static void seat(struct mig_gate *gate)
 {
 	struct room *r = &gate->room;
-	struct slot *sl;
+	struct slot *sl = gate->slot;
 
-	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS && r->head[HEARD] >= 0; sl++) {
-		struct waiter *w = &r->w[r->head[HEARD]];
-		struct sockaddr_storage ss = w->ss;
-		uint64_t since = w->since_ms;
-		int fd = w->fd;
+	while (sl < gate->slot + MIG_GATE_SLOTS && (r->head[JOINING] >= 0 || r->head[HEARD] >= 0)) {
+		int i = r->head[JOINING] >= 0 ? r->head[JOINING] : r->head[HEARD];
+		struct sockaddr_storage ss = r->w[i].ss;
+		uint64_t since = r->w[i].since_ms;
+		int fd = r->w[i].fd;
 
-		if (state_of(gate, sl) != SLOT_FREE)
+		if (state_of(gate, sl) != SLOT_FREE) {
+			sl++;
 			continue;
-		w->fd = -1; /* the slot's now */
-		room_release(r, r->head[HEARD]);
-		start(gate, sl, fd, (struct sockaddr *)&ss, since);
+		}
+		r->w[i].fd = -1; /* the slot's now */
+		room_release(r, i);
+		sl += start(gate, sl, fd, (struct sockaddr *)&ss, since); /* turned away: the slot for the next */
 	}
 }
 
@@ -1209,7 +1315,7 @@ static int drain(struct mig_gate *gate, char *err, size_t len)
 				pthread_mutex_lock(&gate->lock);
 				cut_oldest(gate);
 				pthread_mutex_unlock(&gate->lock);
-				poll(NULL, 0, 100);
+				gate->room.hold_ms = now_ms() + 10; /* not a spin on the listener meanwhile */
 				return 0;
 			}
 			return mig_errf(err, len, -errno, "accept: %s", strerror(errno));
@@ -1255,7 +1361,7 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 		now = now_ms();
 		next_ms = earliest(next_ms, room_expire(gate, now));
 		seat(gate);
-		if (gate->room.head[HEARD] >= 0) {
+		if (gate->room.head[HEARD] >= 0 || gate->room.head[JOINING] >= 0) {
 			/* whole hellos waiting, every slot taken: a handshake gives way (or, all in their grace, one will) */
 			uint64_t soon;
 
@@ -1268,6 +1374,10 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 		/* refusals only counted: told once their interval is over, even if nothing else comes */
 		log_tell(gate, false);
 		next_ms = earliest(next_ms, log_due(gate));
+		if (gate->room.hold_ms > now_ms()) {
+			pfd[1].events = 0;
+			next_ms = earliest(next_ms, gate->room.hold_ms);
+		}
 		timeout = -1;
 		if (next_ms) {
 			now = now_ms();

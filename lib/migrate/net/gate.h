@@ -8,23 +8,28 @@
  * rest.
  *
  * - The listen backlog is drained as fast as it fills, into a waiting
- *   room of up to MIG_GATE_ROOM connections that hold no thread: there a
+ *   room of up to MIG_GATE_ROOM connections (fewer where RLIMIT_NOFILE
+ *   leaves less) that hold a descriptor and no thread: there a
  *   connection waits until its hello is whole in its socket (the first
  *   sizeof(struct mig_hello) bytes; or 8 that are not a session's magic,
- *   a plain stream; or the peer gone).  A real source sends its hello as
- *   soon as it connects; a stranger trickling bytes never gets further.
- *   The room's connections have the whole budget for their hellos while
- *   it is at most half full; beyond, less as it fills, down to
- *   MIG_GATE_HELLO_MIN_MS and four round trips (TCP_INFO's, at accept);
- *   a connection arriving at a full room makes the oldest whose hello is
- *   not whole give way (so does running out of descriptors).  Each
- *   turned away is told why ("awaiting the header: ...").
- * - A connection whose hello is whole gets a slot, in the order the
- *   hellos came whole: its handshake on a thread of its own, up to MIG_GATE_SLOTS
- *   at once, within what is left of one handshake's budget from accept
- *   (mig_session_opts.handshake_ms, a few seconds, whatever the peer
- *   does).  With every slot taken and a whole hello waiting, a handshake
- *   still in progress is cut (which one: below).
+ *   a plain stream).  A real source sends its hello as soon as it
+ *   connects; a stranger trickling bytes never gets further, nor one that
+ *   hangs up, resets, or shuts its end before its handshake could be
+ *   done (turned away in the room, no thread).  The room's connections
+ *   have the whole budget for their hellos while it is at most half
+ *   full; beyond, less as it fills, down to MIG_GATE_HELLO_MIN_MS and
+ *   four round trips (TCP_INFO's, at accept); a connection arriving at a
+ *   full room makes the oldest whose hello is not whole give way (so does
+ *   running out of descriptors).  Each turned away is told why (a
+ *   session's source as mig_session_turn_away() tells it; "awaiting the
+ *   header: ...").
+ * - A connection whose hello is whole gets a slot: first the joins of a
+ *   session open here (it waits for them), then in the order the hellos
+ *   came whole; its handshake on a thread of its own, up to
+ *   MIG_GATE_SLOTS at once, within what is left of one handshake's budget
+ *   from accept (mig_session_opts.handshake_ms, a few seconds, whatever
+ *   the peer does).  With every slot taken and a whole hello waiting, a
+ *   handshake still in progress is cut (which one: below).
  * - A session's first connection, proven, waits for its others to join:
  *   all within mig_session_join_ms() (which --deadline also bounds), or
  *   it is dropped, its connections closed.  A join is matched to its
@@ -35,12 +40,14 @@
  *   peer holding the most slots, so that a peer opening connections as
  *   fast as it can cuts its own handshakes, not another peer's; and a
  *   handshake alone from its whole address is not cut within a grace
- *   from its slot: MIG_GATE_GRACE_MIN_MS and four of its round trips
- *   (TCP_INFO's), at most a fifth of the budget; what is left of a real
- *   source's handshake then is one round trip and the proofs'
- *   arithmetic, so that strangers with many addresses, one connection
- *   each, cannot cut a real source's before it is done: while every
- *   handshake is in its grace, whole hellos wait in the room.
+ *   from its slot: MIG_GATE_GRACE_MS and four of its round trips
+ *   (TCP_INFO's), at most a fifth of the budget; with more whole hellos
+ *   waiting than there are slots, the first part shrinks in proportion,
+ *   down to MIG_GATE_GRACE_MIN_MS.  What is left of a real source's
+ *   handshake then is one round trip and the proofs' arithmetic, so that
+ *   strangers with many addresses, one connection each, cannot cut a real
+ *   source's before it is done: while every handshake is in its grace,
+ *   whole hellos wait in the room.
  * - Wrong proofs of the key are counted per address (an IPv6 one whole,
  *   IPv4 as above, a Unix socket's user): a proof that arrived
  *   and does not hold.  A connection that ends in place of a proof (a
@@ -95,7 +102,8 @@
 #define MIG_GATE_BACKLOG 4096
 #define MIG_GATE_ROOM 4096	  /* connections waiting for their hellos, or for a slot */
 #define MIG_GATE_HELLO_MIN_MS 100 /* the least time for a hello, from accept, with four round trips */
-#define MIG_GATE_GRACE_MIN_MS 250 /* a lone handshake's least grace, from its slot, with four round trips */
+#define MIG_GATE_GRACE_MS 250	  /* a lone handshake's grace, from its slot, with four round trips */
+#define MIG_GATE_GRACE_MIN_MS 25  /* ... shrunk so far, where more whole hellos wait than there are slots */
 #define MIG_GATE_PENDING 8 /* sessions waiting for their joins, at once: the oldest gives way */
 #define MIG_GATE_FREE_GUESSES 3
 #define MIG_GATE_WAIT_MS 1000
