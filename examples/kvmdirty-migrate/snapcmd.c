@@ -15,6 +15,7 @@
 #include <time.h>
 #include <sys/stat.h>
 
+#include "clock.h"
 #include "../common/cli.h"
 #include "../common/kvm-host.h"
 #include "snapcmd.h"
@@ -26,14 +27,6 @@ static void on_stop(int sig)
 {
 	(void)sig;
 	stop_asked = 1;
-}
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
 void mig_snap_line(FILE *out, const struct mig_snap_result *r, uint64_t alloc_bytes)
@@ -104,20 +97,20 @@ int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_m
 	}
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
-	next = now_ms();
+	next = mig_clock_msf();
 	for (i = 0; i < count && !stop_asked; i++) {
 		if (i) {
 			/* every every_ms from the start of the one before; one that overran starts the next at once */
 			next += (double)every_ms;
-			while (!stop_asked && now_ms() < next) {
-				double left = next - now_ms();
+			while (!stop_asked && mig_clock_msf() < next) {
+				double left = next - mig_clock_msf();
 				struct timespec ts = { 0, (long)((left > 10 ? 10 : left) * 1e6) };
 
 				nanosleep(&ts, NULL);
 			}
 			if (stop_asked)
 				break;
-			next = now_ms();
+			next = mig_clock_msf();
 		}
 		ret = mig_snap_take(s, &r, err, sizeof(err));
 		if (ret < 0) {

@@ -40,6 +40,7 @@
 
 #include <openssl/crypto.h>
 
+#include "clock.h"
 #include "errf.h"
 #include "gate.h"
 
@@ -145,14 +146,6 @@ struct mig_gate {
 	bool taken; /* under lock: a stream was taken; handshakes still going are cut, and told so */
 };
 
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 static void wake(struct mig_gate *gate)
 {
 	uint64_t one = 1;
@@ -224,7 +217,7 @@ static void log_tell(struct mig_gate *gate, bool force)
 	if (!gate->o.log)
 		return;
 	pthread_mutex_lock(&gate->log.lock);
-	log_roll(gate, now_ms(), force);
+	log_roll(gate, mig_clock_ms(), force);
 	pthread_mutex_unlock(&gate->log.lock);
 }
 
@@ -238,7 +231,7 @@ static bool log_allowed(struct mig_gate *gate, const uint8_t key[PEER_KEY], cons
 {
 	struct log_limit *l = &gate->log;
 	struct log_addr *a, *old = &l->a[0];
-	uint64_t now = now_ms();
+	uint64_t now = mig_clock_ms();
 	char kind[LOG_KIND] = "";
 	const char *colon, *why;
 	size_t k;
@@ -389,7 +382,7 @@ static struct peer *peer_find(struct mig_gate *gate, const uint8_t key[PEER_KEY]
 static uint64_t peer_wait(struct mig_gate *gate, const uint8_t key[PEER_KEY])
 {
 	struct peer *p = peer_find(gate, key, false);
-	uint64_t wait, now = now_ms();
+	uint64_t wait, now = mig_clock_ms();
 	unsigned int over;
 
 	if (!p || p->wrong < MIG_GATE_FREE_GUESSES)
@@ -470,7 +463,7 @@ static int pending_open(struct mig_gate *gate, struct slot *sl, struct mig_greet
 		pending_drop(old);
 		p = old;
 	}
-	*p = (struct pending){ .used = true, .first = *g, .n = 1, .since_ms = now_ms() };
+	*p = (struct pending){ .used = true, .first = *g, .n = 1, .since_ms = mig_clock_ms() };
 	p->conns = g->hello.conns ? g->hello.conns : 1;
 	p->end_ms = p->since_ms + mig_session_join_ms(&gate->o);
 	p->joined[0] = true;
@@ -501,14 +494,11 @@ static int join(struct mig_gate *gate, struct slot *sl, struct mig_greeting *g, 
 		return mig_errf(err, len, -ENOMEM, "out of memory");
 	}
 	pthread_mutex_lock(&gate->lock);
-	while (!(p = pending_find(gate, g->hello.session)) && !sl->cut && now_ms() < end) {
-		struct timespec ts;
-		uint64_t now = now_ms(), ms = now < end && end - now < 100 ? end - now : 100;
+	while (!(p = pending_find(gate, g->hello.session)) && !sl->cut && mig_clock_ms() < end) {
+		uint64_t now = mig_clock_ms(), ms = now < end && end - now < 100 ? end - now : 100;
+		uint64_t at = mig_clock_ns() + ms * 1000000u; /* the cond's clock is the engine's (mig_gate_new()) */
+		struct timespec ts = { .tv_sec = (time_t)(at / 1000000000u), .tv_nsec = (long)(at % 1000000000u) };
 
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += (long)(ms * 1000000);
-		ts.tv_sec += ts.tv_nsec / 1000000000;
-		ts.tv_nsec %= 1000000000;
 		pthread_cond_timedwait(&gate->opened, &gate->lock, &ts);
 	}
 	if (p) {
@@ -578,7 +568,7 @@ static void *slot_run(void *arg)
 		struct peer *p = peer_find(gate, sl->who, true);
 
 		p->wrong++;
-		p->last_ms = now_ms();
+		p->last_ms = mig_clock_ms();
 	} else if (ret == 0 && gate->o.psk) {
 		struct peer *p = peer_find(gate, sl->who, false);
 
@@ -682,7 +672,7 @@ static uint64_t grace_ms(const struct mig_gate *gate, const struct slot *sl)
 static uint64_t cut_oldest(struct mig_gate *gate)
 {
 	struct slot *sl, *old = NULL;
-	uint64_t now = now_ms(), grace, soon = 0;
+	uint64_t now = mig_clock_ms(), grace, soon = 0;
 	unsigned int most = 0, n;
 
 	if (cutting(gate))
@@ -719,7 +709,7 @@ static uint64_t cut_oldest(struct mig_gate *gate)
  */
 static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct sockaddr *sa, uint64_t since)
 {
-	uint64_t wait, now = now_ms(), budget = budget_ms(gate);
+	uint64_t wait, now = mig_clock_ms(), budget = budget_ms(gate);
 	pthread_attr_t attr;
 	char why[160];
 	uid_t uid;
@@ -1042,7 +1032,7 @@ static void room_enter(struct mig_gate *gate, int fd, const struct sockaddr_stor
 	w = &r->w[i];
 	w->fd = fd;
 	w->gen++;
-	w->since_ms = now_ms();
+	w->since_ms = mig_clock_ms();
 	w->ss = *ss;
 	w->rtt_us = 0;
 	room_append(r, i, UNHEARD);
@@ -1165,8 +1155,15 @@ int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **re
 	}
 	pthread_mutex_init(&gate->lock, NULL);
 	pthread_mutex_init(&gate->log.lock, NULL);
-	gate->log.since_ms = now_ms();
-	pthread_cond_init(&gate->opened, NULL);
+	gate->log.since_ms = mig_clock_ms();
+	{
+		pthread_condattr_t ca;
+
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_cond_init(&gate->opened, &ca);
+		pthread_condattr_destroy(&ca);
+	}
 	fl = fcntl(lfd, F_GETFL);
 	if (fl >= 0)
 		fcntl(lfd, F_SETFL, fl | O_NONBLOCK);
@@ -1233,7 +1230,7 @@ static void cut_all(struct mig_gate *gate, struct pending *keep)
 static struct pending *sweep(struct mig_gate *gate, uint64_t *next_ms)
 {
 	struct pending *p, *done = NULL;
-	uint64_t now = now_ms();
+	uint64_t now = mig_clock_ms();
 
 	*next_ms = 0;
 	for (p = gate->pending; p < gate->pending + MIG_GATE_PENDING; p++) {
@@ -1315,7 +1312,7 @@ static int drain(struct mig_gate *gate, char *err, size_t len)
 				pthread_mutex_lock(&gate->lock);
 				cut_oldest(gate);
 				pthread_mutex_unlock(&gate->lock);
-				gate->room.hold_ms = now_ms() + 10; /* not a spin on the listener meanwhile */
+				gate->room.hold_ms = mig_clock_ms() + 10; /* not a spin on the listener meanwhile */
 				return 0;
 			}
 			return mig_errf(err, len, -errno, "accept: %s", strerror(errno));
@@ -1358,7 +1355,7 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 			return 0;
 		}
 		room_events(gate);
-		now = now_ms();
+		now = mig_clock_ms();
 		next_ms = earliest(next_ms, room_expire(gate, now));
 		seat(gate);
 		if (gate->room.head[HEARD] >= 0 || gate->room.head[JOINING] >= 0) {
@@ -1374,13 +1371,13 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 		/* refusals only counted: told once their interval is over, even if nothing else comes */
 		log_tell(gate, false);
 		next_ms = earliest(next_ms, log_due(gate));
-		if (gate->room.hold_ms > now_ms()) {
+		if (gate->room.hold_ms > mig_clock_ms()) {
 			pfd[1].events = 0;
 			next_ms = earliest(next_ms, gate->room.hold_ms);
 		}
 		timeout = -1;
 		if (next_ms) {
-			now = now_ms();
+			now = mig_clock_ms();
 			timeout = next_ms > now ? (int)(next_ms - now > INT32_MAX ? INT32_MAX : next_ms - now) : 0;
 		}
 		ret = poll(pfd, 3, timeout);

@@ -12,16 +12,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "errf.h"
 #include "handoff.h"
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static int msg_send(const struct mig_handoff *h, uint32_t kind, int32_t status, const char *text)
 {
@@ -162,7 +155,7 @@ static enum mig_outcome source_keeps(const struct mig_handoff *h, const char *wh
 enum mig_outcome mig_handoff_source(const struct mig_handoff *h, struct mig_handoff_times *ret_t, char *err,
 				    size_t len)
 {
-	double t0 = now_ms(), t1;
+	double t0 = mig_clock_msf(), t1;
 	enum mig_outcome o;
 	struct mig_ack m;
 	char why[200];
@@ -179,7 +172,7 @@ enum mig_outcome mig_handoff_source(const struct mig_handoff *h, struct mig_hand
 		snprintf(why, sizeof(why), "expected READY, got %s (status %d)", mig_msg_name(m.kind), m.status);
 		o = source_keeps(h, why, true);
 	} else {
-		t1 = now_ms();
+		t1 = mig_clock_msf();
 		ret_t->ready_ms = t1 - t0;
 		mig_status_event(h->st, "ready", "\"side\":\"source\",\"ready_ms\":%.1f", ret_t->ready_ms);
 		if (!mig_status_commit_point(h->st)) {
@@ -196,7 +189,7 @@ enum mig_outcome mig_handoff_source(const struct mig_handoff *h, struct mig_hand
 			/* an ACK decides; a message that is not one (a READY repeated) is passed over */
 			o = await(h, "the ACK of COMMIT", "COMMIT sent, awaiting its ACK", source_decide, source_resolved);
 		}
-		ret_t->commit_ms = now_ms() - t1;
+		ret_t->commit_ms = mig_clock_msf() - t1;
 	}
 	mig_status_why(h->st, err, len);
 	return o;

@@ -28,6 +28,7 @@
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
+#include "clock.h"
 #include "errf.h"
 #include "kex.h"
 #include "session.h"
@@ -209,14 +210,6 @@ static int fresh(uint8_t *buf, size_t n)
 }
 
 /* ---- both ends ---- */
-
-static uint64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
 
 /*
  * The budget of one connection's handshake (hellos and proofs), whole: a
@@ -507,7 +500,7 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 		goto out;
 	}
 	/* the whole handshake, every connection's, within one bound: a trickling peer cannot hold the source */
-	end = now_ms() + 2 * handshake_ms(o);
+	end = mig_clock_ms() + 2 * handshake_ms(o);
 	mig_conn_set_deadline(s->conn[0], 2 * handshake_ms(o));
 	ret = source_hello(s, 0, o, session, secret, name, err, len);
 	/* the key is not needed again: the session's keys exist, and joins prove the session's secret */
@@ -527,7 +520,7 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 			mig_errf(err, len, ret, "io_uring: %s", strerror(-ret));
 			break;
 		}
-		mig_conn_set_deadline(s->conn[i], end > now_ms() ? end - now_ms() : 1);
+		mig_conn_set_deadline(s->conn[i], end > mig_clock_ms() ? end - mig_clock_ms() : 1);
 		ret = source_hello(s, i, o, session, secret, name, err, len);
 	}
 	for (i = 0; ret == 0 && i < s->conns; i++)
@@ -919,12 +912,12 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	if (ret < 0)
 		return ret;
 	/* the other connections, all within one bound; whoever connects meanwhile and does not join is refused */
-	end = now_ms() + mig_session_join_ms(o);
+	end = mig_clock_ms() + mig_session_join_ms(o);
 	for (n = 1; n < first.hello.conns;) {
 		char why[256];
 		int cfd;
 
-		now = now_ms();
+		now = mig_clock_ms();
 		if (now >= end) {
 			ret = mig_errf(err, len, -ETIMEDOUT, "awaiting connection %u of the session's %u: not joined within "
 				       "%" PRIu64 " ms", n, first.hello.conns, mig_session_join_ms(o));

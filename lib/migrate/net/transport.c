@@ -24,6 +24,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "clock.h"
 #include "errf.h"
 #include "transport.h"
 
@@ -52,14 +53,6 @@ struct mig_conn {
 	uint64_t deadline_ns; /* CLOCK_MONOTONIC; 0: none */
 	bool torn;	      /* a read gave up part way: mig_conn_torn() */
 };
-
-static uint64_t now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /*
  * Submit the sqe just prepared, linked to a timeout of wait_ns (0: none),
@@ -106,7 +99,7 @@ static int wait_budget(const struct mig_conn *c, uint64_t *ret_ns)
 	uint64_t ns = c->timeout_ms * 1000000u, now;
 
 	if (c->deadline_ns) {
-		now = now_ns();
+		now = mig_clock_ns();
 		if (now >= c->deadline_ns)
 			return -ETIMEDOUT;
 		if (!ns || c->deadline_ns - now < ns)
@@ -163,7 +156,7 @@ void mig_conn_free(struct mig_conn *c)
 
 void mig_conn_set_deadline(struct mig_conn *c, uint64_t ms)
 {
-	c->deadline_ns = ms ? now_ns() + ms * 1000000u : 0;
+	c->deadline_ns = ms ? mig_clock_ns() + ms * 1000000u : 0;
 }
 
 void mig_conn_set_timeout(struct mig_conn *c, uint64_t ms)
@@ -207,7 +200,7 @@ void mig_conn_strerror(const struct mig_conn *c, int ret, char *buf, size_t len)
 {
 	if (ret != -ETIMEDOUT)
 		snprintf(buf, len, "%s", strerror(-ret));
-	else if (c->deadline_ns && now_ns() >= c->deadline_ns)
+	else if (c->deadline_ns && mig_clock_ns() >= c->deadline_ns)
 		snprintf(buf, len, "the connection's deadline passed");
 	else
 		snprintf(buf, len, "no progress with the peer for %llu ms", (unsigned long long)c->timeout_ms);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "clock.h"
 #include "errf.h"
 #include "rate.h"
 #include "stream.h"
@@ -25,14 +26,6 @@ struct mig_rate {
 	uint64_t *prev;	 /* [n] each vCPU's count at the sample before */
 	uint64_t *rates; /* [n] the last sample's rates */
 };
-
-static uint64_t mono_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* vCPU i's page faults so far (the bitmap modes); prev where the library cannot say. */
 static uint64_t vcpu_faults(const struct mig_rate *r, unsigned int i, uint64_t prev)
@@ -106,7 +99,7 @@ int mig_rate_new(struct kvmdirty_tracker *t, struct kvmdirty_vcpu *const *vcpus,
 		mig_rate_free(r);
 		return mig_errf(err, len, ret, "rate: counting vCPU %u's pages: %s", i - 1, strerror(-ret));
 	}
-	r->t0_ns = r->last_ns = mono_ns();
+	r->t0_ns = r->last_ns = mig_clock_ns();
 	*ret_r = r;
 	return 0;
 }
@@ -120,7 +113,7 @@ int mig_rate_sample(struct mig_rate *r, struct mig_rate_sample *ret_s)
 
 	if (ret < 0)
 		return ret;
-	now = mono_ns();
+	now = mig_clock_ns();
 	ns = now - r->last_ns ? now - r->last_ns : 1;
 	r->last_ns = now;
 	for (i = 0; i < r->n; i++)

@@ -20,6 +20,7 @@
 
 #include <openssl/evp.h>
 
+#include "clock.h"
 #include "errf.h"
 #include "snapfile.h"
 #include "worker.h"
@@ -314,22 +315,20 @@ static void copy_async(struct snap_writer *w, const uint8_t *p, uint64_t n, unsi
  */
 static bool copy_wait(struct snap_writer *w)
 {
-	struct timespec t0, t1;
+	uint64_t t0 = 0;
 	bool waited = false;
 
 	pthread_mutex_lock(&w->cw.lock);
 	while (w->job) {
 		if (!waited)
-			clock_gettime(CLOCK_MONOTONIC, &t0);
+			t0 = mig_clock_ns();
 		waited = true;
 		pthread_cond_wait(&w->cw.cond, &w->cw.lock);
 	}
 	pthread_mutex_unlock(&w->cw.lock);
 	if (waited) {
-		clock_gettime(CLOCK_MONOTONIC, &t1);
 		/* a millisecond: several times the copier's work on a chunk, so a wait for a CPU */
-		if ((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec) > 1000000 &&
-		    ++w->copier_waits > 4)
+		if (mig_clock_ns() - t0 > 1000000 && ++w->copier_waits > 4)
 			w->copier_late = true;
 	}
 	return !w->copier_late;

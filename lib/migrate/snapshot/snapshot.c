@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include "clock.h"
 #include "errf.h"
 #include "hostmem.h"
 #include "snapshot.h"
@@ -41,14 +42,6 @@ struct mig_snap {
 	uint64_t pages, bytes;
 	double write_ms;
 };
-
-static double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
 
 int mig_snap_new(const struct mig_guest *g, const struct mig_snap_opts *o, struct mig_snap **ret_s, char *err,
 		 size_t len)
@@ -191,7 +184,7 @@ static int put_range(struct mig_snap *s, const struct kvmdirty_range *rg, char *
 static int put_pending(struct mig_snap *s, uint64_t *ret_pages, char *err, size_t len)
 {
 	struct kvmdirty_range rg[NRANGES];
-	double t0 = now_ms();
+	double t0 = mig_clock_msf();
 	uint64_t pages = 0;
 	int n, i, ret;
 
@@ -205,10 +198,10 @@ static int put_pending(struct mig_snap *s, uint64_t *ret_pages, char *err, size_
 	}
 	if (n < 0)
 		return mig_errf(err, len, n, "taking dirty pages from the tracker: %s", strerror(-n));
-	s->write_ms += now_ms() - t0;
+	s->write_ms += mig_clock_msf() - t0;
 	s->pages += pages;
 	if (pages)
-		s->ns_per_page = (now_ms() - t0) * 1e6 / pages;
+		s->ns_per_page = (mig_clock_msf() - t0) * 1e6 / pages;
 	*ret_pages = pages;
 	return 0;
 }
@@ -271,7 +264,7 @@ static int passes(struct mig_snap *s, struct mig_snap_result *res, double *ret_t
 			if (res->passes >= 2 && pending * 2 > last)
 				throttle_step(s, res);
 		} else {
-			*ret_t_first = now_ms();
+			*ret_t_first = mig_clock_msf();
 		}
 		ret = put_pending(s, &pages, err, len);
 		if (ret < 0)
@@ -289,7 +282,7 @@ static int passes(struct mig_snap *s, struct mig_snap_result *res, double *ret_t
 static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char *err, size_t len)
 {
 	const struct mig_guest *g = s->g;
-	double t0 = now_ms();
+	double t0 = mig_clock_msf();
 	uint64_t pages = 0;
 	unsigned int i;
 	int64_t n;
@@ -297,23 +290,23 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 	double t;
 
 	g->ops->pause(g->ctx);
-	t = now_ms();
+	t = mig_clock_msf();
 	res->pause_stop_ms = t - t0;
 	n = kvmdirty_consumer_sync(s->cons);
-	res->pause_sync_ms = now_ms() - t;
+	res->pause_sync_ms = mig_clock_msf() - t;
 	if (n < 0)
 		ret = sync_fail(n, err, len);
-	t = now_ms();
+	t = mig_clock_msf();
 	if (ret == 0)
 		ret = put_pending(s, &pages, err, len);
-	res->pause_write_ms = now_ms() - t;
-	t = now_ms();
+	res->pause_write_ms = mig_clock_msf() - t;
+	t = mig_clock_msf();
 	for (i = 0; ret == 0 && i < g->nr_vcpus; i++) {
 		ret = g->ops->vcpu_save(g->ctx, i, &s->vs[i]);
 		if (ret < 0)
 			mig_errf(err, len, ret, "saving vCPU %u's state: %s", i, strerror(-ret));
 	}
-	res->pause_vcpu_ms = now_ms() - t;
+	res->pause_vcpu_ms = mig_clock_msf() - t;
 	/* every vCPU at its whole share again before it runs: none sits out a throttle's period after the pause */
 	unthrottle(s);
 	if (ret == 0) {
@@ -323,7 +316,7 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 			s->o.paused(s->o.paused_ctx, res);
 	}
 	g->ops->resume(g->ctx);
-	res->pause_ms = now_ms() - t0;
+	res->pause_ms = mig_clock_msf() - t0;
 	return ret;
 }
 
@@ -338,7 +331,7 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 				 .nr_vcpus = g->nr_vcpus,
 				 .gpa = s->gpa,
 				 .size = s->size };
-	double t0 = now_ms(), t_first = t0, t_last;
+	double t0 = mig_clock_msf(), t_first = t0, t_last;
 	struct snap_written wr;
 	uint8_t id[SNAP_ID];
 	uint64_t redirty = 0;
@@ -354,7 +347,7 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 	if (ret < 0)
 		return ret;
 	ret = passes(s, res, &t_first, &redirty, err, len);
-	t_last = now_ms();
+	t_last = mig_clock_msf();
 	if (ret == 0)
 		ret = pause_and_take(s, res, err, len);
 	/* the guest at full speed again, whatever happened (after the pause: lifted before it ended) */
@@ -366,16 +359,16 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 	if (ret < 0) {
 		snap_writer_abandon(s->w);
 	} else {
-		double tc = now_ms();
+		double tc = mig_clock_msf();
 
 		ret = snap_writer_commit(s->w, id, &wr, err, len);
-		res->fsync_ms = now_ms() - tc;
+		res->fsync_ms = mig_clock_msf() - tc;
 	}
 	s->w = NULL;
 	if (ret < 0) {
 		/* everything taken since the last snapshot that stands is pending again: the next one is whole */
 		kvmdirty_consumer_abort(s->cons);
-		res->total_ms = now_ms() - t0;
+		res->total_ms = mig_clock_msf() - t0;
 		return ret;
 	}
 	kvmdirty_consumer_commit(s->cons);
@@ -387,7 +380,7 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 	if (!s->seq)
 		memcpy(s->base, id, SNAP_ID);
 	s->seq++;
-	res->total_ms = now_ms() - t0;
+	res->total_ms = mig_clock_msf() - t0;
 	return 0;
 }
 

@@ -38,6 +38,7 @@
 #include <time.h>
 #include <sys/uio.h>
 
+#include "clock.h"
 #include "session.h"
 #include "source.h"
 #include "throttle.h"
@@ -154,17 +155,9 @@ struct source {
 	bool abandoned; /* pre-copy did not converge: the guest stays here */
 };
 
-static inline double now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static inline double now_rel(const struct source *s)
 {
-	return now_ms() - s->t0;
+	return mig_clock_msf() - s->t0;
 }
 
 /* source-send.c */

@@ -52,7 +52,7 @@ void src_throttle_init(struct source *s)
 		if (!kvmdirty_vcpu_stats(g->vcpu[i], &st, sizeof(st)))
 			s->vcpu_count[i] = s->ring ? st.dirtied : st.faults;
 	}
-	s->tick_ms = now_ms();
+	s->tick_ms = mig_clock_msf();
 }
 
 /* The throttle's limits or shares, on the vCPUs; a limit that moved by less than 1/16 stays. */
@@ -158,7 +158,7 @@ static int throttle_tick(struct source *s, double dt)
  */
 int src_tick(struct source *s)
 {
-	double t = now_ms(), dt = t - s->tick_ms;
+	double t = mig_clock_msf(), dt = t - s->tick_ms;
 	int ret = src_cancel_check(s);
 
 	if (ret < 0 || dt < SAMPLE_MS)
@@ -211,11 +211,11 @@ int src_drain(struct source *s, uint64_t max_pages)
  */
 static int settle(struct source *s)
 {
-	double t0 = now_ms(), wait = (double)mig_guest_wait_ms(s->g, s->o->peer_timeout_ms);
+	double t0 = mig_clock_msf(), wait = (double)mig_guest_wait_ms(s->g, s->o->peer_timeout_ms);
 	int ret;
 
 	while (mig_session_unacked(&s->sess)) {
-		if (wait > 0 && now_ms() - t0 > wait)
+		if (wait > 0 && mig_clock_msf() - t0 > wait)
 			return -ETIMEDOUT;
 		usleep(200);
 		ret = src_tick(s);
@@ -269,16 +269,16 @@ static int estimate(struct source *s, const struct pass_mark *m, struct mig_resu
 {
 	struct kvmdirty_tracker *t = s->g->tracker;
 	struct kvmdirty_stats st;
-	double ms = now_ms() - m->t, mib_s, est, link, ts;
+	double ms = mig_clock_msf() - m->t, mib_s, est, link, ts;
 	uint64_t pending;
 	int ret;
 
 	mib_s = ms > 0 ? (mig_session_sent(&s->sess) - m->bytes) / 1048576.0 / (ms / 1e3) : 0;
-	ts = now_ms();
+	ts = mig_clock_msf();
 	ret = (int)kvmdirty_consumer_sync(s->cons);
 	if (ret < 0)
 		return mig_errf(err, len, ret, "dirty log sync: %s", strerror(-ret));
-	ts = now_ms() - ts;
+	ts = mig_clock_msf() - ts;
 	pending = kvmdirty_consumer_pending(s->cons);
 	/* the link as measured, or the pass's rate; never above the cap */
 	link = s->link > 0 ? s->link / 1048576.0 : mib_s;
@@ -358,7 +358,7 @@ int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len)
 		m.zero = s->zero_pages;
 		m.untouched = s->untouched_pages;
 		m.bytes = mig_session_sent(&s->sess);
-		m.t = now_ms();
+		m.t = mig_clock_msf();
 		ret = send_pass(s, res, err, len);
 		if (ret == 0)
 			ret = estimate(s, &m, res, err, len);

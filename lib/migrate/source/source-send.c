@@ -34,7 +34,7 @@ int src_pace(struct source *s, uint64_t bytes)
 	pthread_mutex_lock(&s->pace_lock);
 	for (;;) {
 		uint64_t cap = __atomic_load_n(&s->cap_bps, __ATOMIC_RELAXED);
-		double now = now_ms();
+		double now = mig_clock_msf();
 
 		if (!cap) {
 			at = now;

@@ -34,9 +34,9 @@ int src_baseline(struct source *s, struct mig_result *res)
 	for (i = 0; i < g->nr_vcpus; i++)
 		s->progress0[i] = g->ops->progress(g->ctx, i);
 	if (s->o->baseline_ms) {
-		t = now_ms();
+		t = mig_clock_msf();
 		usleep((useconds_t)(s->o->baseline_ms * 1000));
-		t = now_ms() - t;
+		t = mig_clock_msf() - t;
 		for (i = 0; i < g->nr_vcpus; i++) {
 			uint64_t p = g->ops->progress(g->ctx, i);
 
@@ -143,7 +143,7 @@ static void flow_fields(struct source *s, double dt_ms)
 		st.dirty_rate, s->redirty, s->th.engaged ? "true" : "false");
 	vcpu_samples(s, dt_ms);
 	s->sample_bytes = sent;
-	s->sample_ms = now_ms();
+	s->sample_ms = mig_clock_msf();
 }
 
 /* A sample within a pass (src_tick()), dt_ms after the last line. */
@@ -159,7 +159,7 @@ void src_pass_line(struct source *s, uint64_t pages, uint64_t zero, uint64_t unt
 {
 	if (s->o->stats) {
 		src_line_start(s, "pass");
-		flow_fields(s, now_ms() - s->sample_ms);
+		flow_fields(s, mig_clock_msf() - s->sample_ms);
 		fprintf(s->o->stats,
 			",\"pass_pages\":%" PRIu64 ",\"pass_zero_pages\":%" PRIu64 ",\"pass_untouched_pages\":%" PRIu64
 			",\"pass_bytes\":%" PRIu64 ",\"pass_ms\":%.3f,\"pass_bytes_per_s\":%.0f,\"remaining_pages\":%"

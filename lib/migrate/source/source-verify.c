@@ -138,7 +138,7 @@ static void check_region(struct source *s, struct mig_result *res, unsigned int 
  */
 int src_check_sent(struct source *s, struct mig_result *res, char *err, size_t len)
 {
-	double t0 = now_ms();
+	double t0 = mig_clock_msf();
 	size_t at = 0;
 	unsigned int i;
 
@@ -150,7 +150,7 @@ int src_check_sent(struct source *s, struct mig_result *res, char *err, size_t l
 		check_region(s, res, i, err, len, &at);
 	if (res->lost_pages > LOST_NAMED && at < len)
 		snprintf(err + at, len - at, " and %" PRIu64 " more", res->lost_pages - LOST_NAMED);
-	res->verify_ms = now_ms() - t0;
+	res->verify_ms = mig_clock_msf() - t0;
 	if (s->o->stats)
 		fprintf(s->o->stats,
 			"],\"verified_pages\":%" PRIu64 ",\"lost_pages\":%" PRIu64 ",\"verify_ms\":%.3f}\n",

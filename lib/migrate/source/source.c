@@ -26,7 +26,7 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 	mig_status_init(&s->own, false);
 	s->st = o->status ? o->status : &s->own;
 	pthread_mutex_init(&s->pace_lock, NULL);
-	s->t0 = s->sample_ms = now_ms();
+	s->t0 = s->sample_ms = mig_clock_msf();
 	s->pagemap = -1;
 	if (o->max_bandwidth > MIG_MAX_BANDWIDTH_MIBPS)
 		return mig_errf(err, len, -EINVAL, "a bandwidth cap of %" PRIu64 " MiB/s: at most %d", o->max_bandwidth,
@@ -83,7 +83,7 @@ static int prepare(struct source *s, struct mig_result *res, char *err, size_t l
 	if (!s->vs || (o->verify && src_alloc_hashes(s) < 0) || src_baseline(s, res) < 0)
 		return mig_errf(err, len, -ENOMEM, "out of memory for page hashes and vCPU state");
 	s->before_ms = now_rel(s);
-	s->sample_ms = now_ms();
+	s->sample_ms = mig_clock_msf();
 	src_untouched_open(s);
 	s->zero_hash = mig_zero_page_hash();
 	return src_workers_start(s, err, len);
@@ -163,7 +163,7 @@ static int start(struct source *s, const struct mig_result *res, char *err, size
 static int switchover(struct source *s, struct mig_result *res, char *err, size_t len)
 {
 	const struct mig_guest *g = s->g;
-	double t0 = now_ms();
+	double t0 = mig_clock_msf();
 	uint64_t hashed0 = src_hashed(s), pages0 = s->pages;
 	int ret;
 
@@ -178,7 +178,7 @@ static int switchover(struct source *s, struct mig_result *res, char *err, size_
 	s->pass = 0;
 	ret = src_stop_and_copy(s, res, err, len);
 	if (ret == 0) {
-		res->downtime_ms = now_ms() - t0;
+		res->downtime_ms = mig_clock_msf() - t0;
 		res->downtime_hashed = src_hashed(s) - hashed0;
 		res->downtime_pages = s->pages - pages0;
 	}
@@ -196,7 +196,7 @@ static void results(struct source *s, struct mig_result *res, int ret)
 	if (s->o->progress)
 		fprintf(stderr, "\n");
 	/* the migration proper: from the start of tracking (a baseline measured before is not part of it) */
-	res->total_ms = now_ms() - (s->started ? s->t0 + s->before_ms : s->t0);
+	res->total_ms = mig_clock_msf() - (s->started ? s->t0 + s->before_ms : s->t0);
 	res->bytes = mig_session_sent(&s->sess);
 	res->pages = s->pages;
 	res->zero_pages = s->zero_pages;
