@@ -20,16 +20,21 @@
  * read, so it stays unpopulated here; the check after switchover leaves it
  * unread too.  Stats are JSON lines, format version 1 (doc/migrate-stats.md).
  *
- * The files, by job:
+ * The files, by job, each calling only the ones below it (a line, no
+ * circle: tests/check-engine-layers.py):
  *   source.c          mig_send(): setup, session, header, pre-copy,
  *                     stop-and-copy, teardown, one step each;
- *   source-send.c     lanes, batches, their worker threads, runs and
- *                     ranges onto the wire, zero and untouched pages;
+ *   source-stop.c     stop-and-copy, and the handoff after END;
  *   source-precopy.c  passes, drain, settle, tick (samples within a pass),
  *                     the throttle's plumbing, convergence;
- *   source-stop.c     stop-and-copy, and the handoff after END;
- *   source-verify.c   page hashes kept per page, the check after switchover;
- *   source-stats.c    the --stats lines, each vCPU's speed before and during.
+ *   source-send.c     lanes, batches, their worker threads, runs and
+ *                     ranges onto the wire, zero and untouched pages: the
+ *                     data path, which never calls up (a full batch marks
+ *                     the tick due; src_drain() runs it between ranges);
+ *   source-verify.c   page hashes kept per page, the check after
+ *                     switchover, which pages were never touched;
+ *   source-stats.c    the --stats lines, each vCPU's speed before and
+ *                     during, a cancel noted, why pre-copy did not converge.
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -49,6 +54,7 @@
 #define BATCH_BYTES (512u << 10) /* a batch, hashed while the one before is sent */
 #define BATCH_HASHES (BATCH_BYTES / MIG_PAGE_SIZE + MIG_RUN_PAGES)
 #define PM_BATCH 4096 /* pagemap entries read at once (32 KiB) */
+#define DOWNTIME_SHARE 0.9 /* of the downtime limit, what the rest may take at the link's rate */
 #define SAMPLE_MS 100.0 /* stats samples within a pass */
 
 /* Pages of a batch to hash: into out (the batch's hashes) and sent_hash. */
@@ -121,6 +127,7 @@ struct source {
 	 * (a sync) and what the throttle makes of them.
 	 */
 	double tick_ms;
+	bool tick_due; /* a batch went out since the last tick: src_drain() runs one between ranges */
 	uint64_t tick_acked, tick_unacked;
 	double link; /* bytes/s, measured while the socket never ran dry */
 	unsigned int nv; /* vCPUs measured: those the guest gave, at most MIG_THROTTLE_MAX_VCPUS */
@@ -165,10 +172,10 @@ int src_lanes_new(struct source *s, char *err, size_t len);
 int src_workers_start(struct source *s, char *err, size_t len);
 void src_lanes_free(struct source *s);
 int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t plen, const struct hash_run *run);
+uint64_t src_batch_bytes(const struct source *s);
 int src_flush(struct source *s);
 int src_send_range(struct source *s, const struct kvmdirty_range *rg);
 void src_untouched_open(struct source *s);
-uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n);
 void src_untouched_close(struct source *s);
 int src_net_fail(struct source *s, int ret, const char *what, char *err, size_t len);
 int src_pace(struct source *s, uint64_t bytes);
@@ -179,11 +186,8 @@ void src_throttle_off(struct source *s);
 int src_tick(struct source *s);
 int src_drain(struct source *s, uint64_t max_pages);
 int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len);
-void src_not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len);
 void src_take_params(struct source *s);
 double src_link(const struct source *s);
-int src_cancel_check(struct source *s);
-int src_cancelled(struct source *s, char *err, size_t len);
 
 /* source-stop.c */
 int src_stop_and_copy(struct source *s, struct mig_result *res, char *err, size_t len);
@@ -192,6 +196,7 @@ int src_stop_and_copy(struct source *s, struct mig_result *res, char *err, size_
 int src_alloc_hashes(struct source *s);
 void src_free_hashes(struct source *s);
 void src_hash_batch(struct lane *l, struct batch *b);
+uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n);
 uint64_t src_hashed(const struct source *s);
 int src_check_sent(struct source *s, struct mig_result *res, char *err, size_t len);
 
@@ -206,6 +211,9 @@ void src_pass_line(struct source *s, uint64_t pages, uint64_t zero, uint64_t unt
 		   uint64_t remaining, double mib_s, double est_ms);
 void src_end_line(struct source *s, const struct mig_result *res, int ret, const char *err);
 void src_unknown(void *ctx, const char *line);
+void src_not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len);
+int src_cancel_check(struct source *s);
+int src_cancelled(struct source *s, char *err, size_t len);
 /* The guest, paused, is about to run here again: the stats' resume line (flushed) and the event resumed. */
 void src_resumed(struct source *s);
 

@@ -26,9 +26,8 @@
  * sends what was pending when it began and ends once it is across the
  * link (settle()); then a sync, and the rest is judged at the link's rate
  * plus what that sync took (the final one, paused, takes as long) plus a
- * round trip, against DOWNTIME_SHARE of the limit.
+ * round trip, against DOWNTIME_SHARE (source-int.h) of the limit.
  */
-#define DOWNTIME_SHARE 0.9
 
 /*
  * The vCPUs to measure and, with o->throttle, to slow: those the guest
@@ -178,6 +177,18 @@ int src_tick(struct source *s)
 }
 
 /*
+ * Pages handed out at once: HAND_OUT, or under a cap about a batch's
+ * worth (at least 16), so that the tick between ranges (src_put() only
+ * marks it due) comes as often as a batch goes out.
+ */
+static uint64_t hand_out(const struct source *s)
+{
+	uint64_t pages = src_batch_bytes(s) / PAGE;
+
+	return pages >= HAND_OUT ? HAND_OUT : pages < 16 ? 16 : pages;
+}
+
+/*
  * Hand out and send what is pending, at most max_pages (0: all there is,
  * however long the guest keeps dirtying): a pass sends what was pending
  * when it began, while the ticks' syncs add what the guest re-dirties.
@@ -188,17 +199,24 @@ int src_drain(struct source *s, uint64_t max_pages)
 	uint64_t left = max_pages;
 	int n = 0, i, ret;
 
+	uint64_t hand = hand_out(s);
+
 	while ((!max_pages || left) &&
-	       (n = kvmdirty_consumer_next(s->cons, rg, 64, max_pages && left < HAND_OUT ? left : HAND_OUT)) > 0) {
+	       (n = kvmdirty_consumer_next(s->cons, rg, 64, max_pages && left < hand ? left : hand)) > 0) {
 		for (i = 0; i < n; i++) {
 			s->in_hand += rg[i].npages;
 			left -= max_pages ? rg[i].npages : 0;
 		}
 		for (i = 0; i < n; i++) {
 			ret = src_send_range(s, &rg[i]);
+			if (ret == 0 && s->tick_due) {
+				s->tick_due = false;
+				ret = src_tick(s);
+			}
 			if (ret < 0)
 				return ret;
 		}
+		hand = hand_out(s); /* a cap may have been set meanwhile */
 	}
 	return n < 0 ? n : src_flush(s);
 }
@@ -331,19 +349,6 @@ static bool precopy_done(struct source *s, struct mig_result *res)
 	return false;
 }
 
-/* Why pre-copy did not converge, in words: what was left, what the link took, what the guest dirtied. */
-void src_not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len)
-{
-	snprintf(buf, len, "after %" PRIu64 " passes the rest (%.1f MiB) needed %.0f ms at %.1f MiB/s, "
-		 "over the %.0f ms kept for it of the %" PRIu64 " ms limit; the guest dirtied %" PRIu64
-		 " pages/s (%.1f MiB/s)%s",
-		 res->passes, res->remaining_pages * PAGE / 1048576.0, res->est_downtime_ms,
-		 res->link_bytes_per_s / 1048576.0, DOWNTIME_SHARE * (double)s->par.downtime_ms, s->par.downtime_ms,
-		 res->dirty_pages_per_s,
-		 res->dirty_pages_per_s * PAGE / 1048576.0,
-		 !s->throttling ? ", not throttled" : "");
-}
-
 /*
  * Pre-copy to its end.  Not converged and force_switchover off: -ETIME,
  * with why in err, and the migration abandoned.
@@ -415,24 +420,3 @@ void src_take_params(struct source *s)
 	s->par = p;
 }
 
-/* A cancel asked for: noted (everything unwinds from here), -ECANCELED; else 0. */
-int src_cancel_check(struct source *s)
-{
-	if (!s->cancelled && mig_status_cancel_asked(s->st))
-		s->cancelled = true;
-	return s->cancelled ? -ECANCELED : 0;
-}
-
-/* The error a cancel ends the migration with, naming where it was. */
-int src_cancelled(struct source *s, char *err, size_t len)
-{
-	s->cancelled = s->cancel_told = true;
-	if (s->end_sent)
-		return mig_errf(err, len, -ECANCELED, "cancelled after END, before COMMIT: ABORT sent (best effort), "
-				"the guest runs on here");
-	if (s->paused)
-		return mig_errf(err, len, -ECANCELED, "cancelled in stop-and-copy: the guest runs on here");
-	if (s->pass)
-		return mig_errf(err, len, -ECANCELED, "cancelled in pre-copy pass %u: the guest runs on here", s->pass);
-	return mig_errf(err, len, -ECANCELED, "cancelled before the first pass: the guest runs on here");
-}

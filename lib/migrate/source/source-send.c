@@ -234,7 +234,7 @@ int src_flush(struct source *s)
  * in 10 ms (at least 64 KiB), so that the stream is paced in steps that
  * small: a second's bytes then stray from the cap by a step at most (1%).
  */
-static uint64_t batch_bytes(const struct source *s)
+uint64_t src_batch_bytes(const struct source *s)
 {
 	uint64_t cap = __atomic_load_n(&s->cap_bps, __ATOMIC_RELAXED), b = cap / 100;
 
@@ -250,13 +250,12 @@ int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t p
 	struct batch *b = l->cur;
 	int ret;
 
-	if (b->nh == BATCH_RECORDS || b->bytes >= batch_bytes(s)) {
+	if (b->nh == BATCH_RECORDS || b->bytes >= src_batch_bytes(s)) {
 		ret = ship(l);
 		if (ret < 0)
 			return ret;
-		ret = src_tick(s);
-		if (ret < 0)
-			return ret;
+		/* the data path never calls up: the pass loop runs the tick (src_drain()) */
+		s->tick_due = true;
 		b = l->cur;
 	}
 	b->hdr[b->nh] = rec;
@@ -404,22 +403,6 @@ void src_untouched_close(struct source *s)
 	free(s->slot_idx);
 	s->slot_idx = NULL;
 	s->nr_slot_idx = 0;
-}
-
-/*
- * Pagemap entries of up to PM_BATCH pages of region idx from page into
- * s->pme: how many, or 0 where the host cannot say which are untouched
- * (not private anonymous memory, no pagemap): every page is then read.
- */
-uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n)
-{
-	const uint8_t *hva = (const uint8_t *)s->g->regions[idx].hva + page * PAGE;
-
-	if (n > PM_BATCH)
-		n = PM_BATCH;
-	if (!s->anon || !s->anon[idx] || s->pagemap < 0 || mig_pagemap_read(s->pagemap, hva, n, s->pme) < 0)
-		return 0;
-	return n;
 }
 
 /*

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "errf.h"
 #include "source-int.h"
 
 #define STATS_VERSION 1
@@ -299,4 +300,39 @@ void src_unknown(void *ctx, const char *line)
 	}
 	if (s->o->unknown)
 		s->o->unknown(s->o->unknown_ctx, line);
+}
+
+/* Why pre-copy did not converge, in words: what was left, what the link took, what the guest dirtied. */
+void src_not_converged(const struct source *s, const struct mig_result *res, char *buf, size_t len)
+{
+	snprintf(buf, len, "after %" PRIu64 " passes the rest (%.1f MiB) needed %.0f ms at %.1f MiB/s, "
+		 "over the %.0f ms kept for it of the %" PRIu64 " ms limit; the guest dirtied %" PRIu64
+		 " pages/s (%.1f MiB/s)%s",
+		 res->passes, res->remaining_pages * PAGE / 1048576.0, res->est_downtime_ms,
+		 res->link_bytes_per_s / 1048576.0, DOWNTIME_SHARE * (double)s->par.downtime_ms, s->par.downtime_ms,
+		 res->dirty_pages_per_s,
+		 res->dirty_pages_per_s * PAGE / 1048576.0,
+		 !s->throttling ? ", not throttled" : "");
+}
+
+/* A cancel asked for: noted (everything unwinds from here), -ECANCELED; else 0. */
+int src_cancel_check(struct source *s)
+{
+	if (!s->cancelled && mig_status_cancel_asked(s->st))
+		s->cancelled = true;
+	return s->cancelled ? -ECANCELED : 0;
+}
+
+/* The error a cancel ends the migration with, naming where it was. */
+int src_cancelled(struct source *s, char *err, size_t len)
+{
+	s->cancelled = s->cancel_told = true;
+	if (s->end_sent)
+		return mig_errf(err, len, -ECANCELED, "cancelled after END, before COMMIT: ABORT sent (best effort), "
+				"the guest runs on here");
+	if (s->paused)
+		return mig_errf(err, len, -ECANCELED, "cancelled in stop-and-copy: the guest runs on here");
+	if (s->pass)
+		return mig_errf(err, len, -ECANCELED, "cancelled in pre-copy pass %u: the guest runs on here", s->pass);
+	return mig_errf(err, len, -ECANCELED, "cancelled before the first pass: the guest runs on here");
 }

@@ -157,3 +157,19 @@ int src_check_sent(struct source *s, struct mig_result *res, char *err, size_t l
 			res->verified_pages, res->lost_pages, res->verify_ms);
 	return res->lost_pages > INT32_MAX ? INT32_MAX : (int)res->lost_pages;
 }
+
+/*
+ * Pagemap entries of up to PM_BATCH pages of region idx from page into
+ * s->pme: how many, or 0 where the host cannot say which are untouched
+ * (not private anonymous memory, no pagemap): every page is then read.
+ */
+uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n)
+{
+	const uint8_t *hva = (const uint8_t *)s->g->regions[idx].hva + page * PAGE;
+
+	if (n > PM_BATCH)
+		n = PM_BATCH;
+	if (!s->anon || !s->anon[idx] || s->pagemap < 0 || mig_pagemap_read(s->pagemap, hva, n, s->pme) < 0)
+		return 0;
+	return n;
+}
