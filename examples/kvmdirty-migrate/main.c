@@ -155,7 +155,7 @@ static void usage(void)
 }
 
 /* --vcpu I=dirty:MIB[:PAGES_PER_SEC] | I=compute | I=idle */
-static int parse_work(const char *arg, struct args *a)
+static int parse_work(struct args *a, const char *arg)
 {
 	char buf[128], *eq, *spec, *rate;
 	struct mig_vcpu_work w = { 0 };
@@ -192,7 +192,7 @@ bad:
 	return -1;
 }
 
-static int parse_fill(const char *arg, struct args *a)
+static int parse_fill(struct args *a, const char *arg)
 {
 	if (!strcmp(arg, "ws"))
 		a->guest.fill = MIG_FILL_WS;
@@ -226,40 +226,300 @@ static int bad_name(const char *opt, const char *arg)
 	return 0;
 }
 
-static int parse(int argc, char **argv, struct args *a)
-{
-	static const struct option longopts[] = {
-		{ "run-ms", required_argument, NULL, 'R' },
-		{ "no-verify", no_argument, NULL, 'N' },
-		{ "stats", required_argument, NULL, 'S' },
-		{ "peer-timeout", required_argument, NULL, 'T' },
-		{ "deadline", required_argument, NULL, 'D' },
-		{ "vcpu", required_argument, NULL, 'V' },
-		{ "fill", required_argument, NULL, 'F' },
-		{ "regions", required_argument, NULL, OPT_REGIONS },
-		{ "lazy", no_argument, NULL, OPT_LAZY },
-		{ "baseline", required_argument, NULL, 'B' },
-		{ "no-throttle", no_argument, NULL, 'X' },
-		{ "force-switchover", no_argument, NULL, 'W' },
-		{ "once", no_argument, NULL, 'O' },
-		{ "psk", required_argument, NULL, 'K' },
-		{ "encrypt", no_argument, NULL, 'E' },
-		{ "connections", required_argument, NULL, 'C' },
-		{ "control", required_argument, NULL, 'Q' },
-		{ "name", required_argument, NULL, 'A' },
-		{ "peer-name", required_argument, NULL, 'P' },
-		{ "max-bandwidth", required_argument, NULL, 'Y' },
-		{ "interval", required_argument, NULL, 'I' },
-		{ "count", required_argument, NULL, 'J' },
-		{ "json", no_argument, NULL, 'G' },
-		{ "during-migration", no_argument, NULL, 'U' },
-		{ "every", required_argument, NULL, OPT_EVERY },
-		{ "help", no_argument, NULL, 'h' },
-		{ 0 },
-	};
-	uint64_t v;
-	int c;
+/* ---- the options: one table, a setter each ---- */
 
+#define NUMBER(opt, arg, lo, hi, out) cli_number("kvmdirty-migrate", opt, arg, lo, hi, out)
+
+static int set_mib(struct args *a, const char *arg)
+{
+	if (NUMBER("-m", arg, 4, 1 << 16, &a->guest.mib))
+		return -1;
+	if (a->guest.mib % 2) {
+		fprintf(stderr, "kvmdirty-migrate: -m '%s': must be a multiple of 2 MiB\n", arg);
+		return -1;
+	}
+	return 0;
+}
+
+static int set_vcpus(struct args *a, const char *arg)
+{
+	uint64_t v;
+
+	if (NUMBER("-v", arg, 1, GUEST_MAX_VCPUS, &v))
+		return -1;
+	a->guest.vcpus = (unsigned int)v;
+	return 0;
+}
+
+static int set_mode(struct args *a, const char *arg)
+{
+	if (!strcmp(arg, "dirty-log")) {
+		a->guest.mode = KVMDIRTY_MODE_DIRTY_LOG;
+	} else if (!strcmp(arg, "clear-log")) {
+		a->guest.mode = KVMDIRTY_MODE_CLEAR_LOG;
+	} else if (!strcmp(arg, "dirty-ring")) {
+		a->guest.mode = KVMDIRTY_MODE_DIRTY_RING;
+	} else {
+		fprintf(stderr, "kvmdirty-migrate: -M '%s': expected dirty-log, clear-log or dirty-ring\n", arg);
+		return -1;
+	}
+	a->mode = arg;
+	return 0;
+}
+
+static int set_ws(struct args *a, const char *arg)
+{
+	return NUMBER("-w", arg, 0, 1 << 16, &a->guest.ws_mib);
+}
+
+static int set_rate(struct args *a, const char *arg)
+{
+	return NUMBER("-r", arg, 0, UINT32_MAX, &a->guest.rate);
+}
+
+static int set_downtime(struct args *a, const char *arg)
+{
+	return NUMBER("-d", arg, 0, 3600000, &a->send.downtime_ms);
+}
+
+static int set_passes(struct args *a, const char *arg)
+{
+	uint64_t v;
+
+	if (NUMBER("-p", arg, 1, 100000, &v))
+		return -1;
+	a->send.max_passes = (unsigned int)v;
+	return 0;
+}
+
+static int set_timeout(struct args *a, const char *arg)
+{
+	uint64_t v;
+
+	if (NUMBER("-t", arg, 1, 86400, &v))
+		return -1;
+	a->send.timeout_ms = v * 1000;
+	return 0;
+}
+
+static int set_peer_timeout(struct args *a, const char *arg)
+{
+	uint64_t v;
+
+	if (NUMBER("-T", arg, 1, 86400000, &v))
+		return -1;
+	a->send.peer_timeout_ms = a->recv.timeout_ms = v;
+	return 0;
+}
+
+static int set_deadline(struct args *a, const char *arg)
+{
+	uint64_t v;
+
+	if (NUMBER("--deadline", arg, 0, 864000, &v))
+		return -1;
+	a->recv.deadline_ms = v * 1000;
+	return 0;
+}
+
+static int set_run_ms(struct args *a, const char *arg)
+{
+	return NUMBER("--run-ms", arg, 0, 3600000, &a->run_ms);
+}
+
+static int set_regions(struct args *a, const char *arg)
+{
+	uint64_t v;
+
+	if (NUMBER("--regions", arg, 1, MIG_MAX_REGIONS - 1, &v))
+		return -1;
+	a->guest.regions = (unsigned int)v;
+	return 0;
+}
+
+static int set_baseline(struct args *a, const char *arg)
+{
+	a->baseline_set = true;
+	return NUMBER("--baseline", arg, 0, 60000, &a->send.baseline_ms);
+}
+
+static int set_bandwidth(struct args *a, const char *arg)
+{
+	return NUMBER("--max-bandwidth", arg, 0, MIG_MAX_BANDWIDTH_MIBPS, &a->send.max_bandwidth);
+}
+
+static int set_connections(struct args *a, const char *arg)
+{
+	uint64_t v;
+
+	if (NUMBER("--connections", arg, 1, MIG_MAX_CONNS, &v))
+		return -1;
+	a->send.connections = (unsigned int)v;
+	return 0;
+}
+
+static int set_control(struct args *a, const char *arg)
+{
+	size_t most = sizeof(((struct mig_daemon *)0)->path) - 1;
+
+	if (!arg[0] || strlen(arg) > most) {
+		fprintf(stderr, "kvmdirty-migrate: --control '%s': a socket path of 1 to %zu bytes\n", arg, most);
+		return -1;
+	}
+	a->control = arg;
+	return 0;
+}
+
+static int set_name(struct args *a, const char *arg)
+{
+	a->recv.name = arg;
+	return bad_name("--name", arg);
+}
+
+static int set_peer_name(struct args *a, const char *arg)
+{
+	a->send.peer_name = arg;
+	return bad_name("--peer-name", arg);
+}
+
+static int set_interval(struct args *a, const char *arg)
+{
+	a->rate_opts = true;
+	return NUMBER("--interval", arg, 10, 3600000, &a->rate_interval_ms);
+}
+
+/* --count: snapshot's (files), else rate's (samples) */
+static int set_count(struct args *a, const char *arg)
+{
+	if (!strcmp(a->cmd, "snapshot"))
+		return NUMBER("--count", arg, 1, 1000000, &a->snap_count);
+	a->rate_opts = true;
+	return NUMBER("--count", arg, 0, UINT32_MAX, &a->rate_count);
+}
+
+/* -o and --every: snapshot's only */
+static int set_prefix(struct args *a, const char *arg)
+{
+	if (strcmp(a->cmd, "snapshot")) {
+		fprintf(stderr, "kvmdirty-migrate: -o and --every are snapshot's options\n");
+		return -1;
+	}
+	if (!arg[0]) {
+		fprintf(stderr, "kvmdirty-migrate: -o '': a prefix for the snapshot files\n");
+		return -1;
+	}
+	a->snap_prefix = arg;
+	return 0;
+}
+
+static int set_every(struct args *a, const char *arg)
+{
+	if (strcmp(a->cmd, "snapshot")) {
+		fprintf(stderr, "kvmdirty-migrate: -o and --every are snapshot's options\n");
+		return -1;
+	}
+	return NUMBER("--every", arg, 0, 86400000, &a->snap_every_ms);
+}
+
+static int set_stats(struct args *a, const char *arg)
+{
+	a->stats = arg;
+	return 0;
+}
+
+static int set_psk(struct args *a, const char *arg)
+{
+	a->psk_file = arg;
+	return 0;
+}
+
+/* The options without an argument: each sets its flag. */
+static int set_flag(struct args *a, int key)
+{
+	switch (key) {
+	case 'N':
+		a->send.verify = false;
+		break;
+	case 'X':
+		a->send.throttle = false;
+		break;
+	case 'W':
+		a->send.force_switchover = true;
+		break;
+	case 'O':
+		a->once = true;
+		break;
+	case OPT_LAZY:
+		a->guest.lazy = true;
+		break;
+	case 'E':
+		a->send.encrypt = a->recv.encrypt = true;
+		break;
+	case 'G':
+		a->rate_json = a->rate_opts = true;
+		break;
+	case 'U':
+		a->rate_migrate = a->rate_opts = true;
+		break;
+	case 'h':
+		usage();
+		exit(0);
+	}
+	return 0;
+}
+
+/*
+ * Every option of every command that takes its options here (listen,
+ * send, demo, rate, snapshot): its long name (NULL: a short one only),
+ * whether it takes an argument, its key (a short option's letter, or
+ * OPT_*), and what sets it (NULL: a flag, set_flag()).
+ */
+static const struct opt {
+	const char *name;
+	int has_arg, key;
+	int (*set)(struct args *a, const char *arg);
+} opts[] = {
+	{ NULL, required_argument, 'm', set_mib },
+	{ NULL, required_argument, 'v', set_vcpus },
+	{ NULL, required_argument, 'M', set_mode },
+	{ NULL, required_argument, 'w', set_ws },
+	{ NULL, required_argument, 'r', set_rate },
+	{ NULL, required_argument, 'd', set_downtime },
+	{ NULL, required_argument, 'p', set_passes },
+	{ NULL, required_argument, 't', set_timeout },
+	{ NULL, required_argument, 'o', set_prefix },
+	{ "run-ms", required_argument, 'R', set_run_ms },
+	{ "no-verify", no_argument, 'N', NULL },
+	{ "stats", required_argument, 'S', set_stats },
+	{ "peer-timeout", required_argument, 'T', set_peer_timeout },
+	{ "deadline", required_argument, 'D', set_deadline },
+	{ "vcpu", required_argument, 'V', parse_work },
+	{ "fill", required_argument, 'F', parse_fill },
+	{ "regions", required_argument, OPT_REGIONS, set_regions },
+	{ "lazy", no_argument, OPT_LAZY, NULL },
+	{ "baseline", required_argument, 'B', set_baseline },
+	{ "no-throttle", no_argument, 'X', NULL },
+	{ "force-switchover", no_argument, 'W', NULL },
+	{ "once", no_argument, 'O', NULL },
+	{ "psk", required_argument, 'K', set_psk },
+	{ "encrypt", no_argument, 'E', NULL },
+	{ "connections", required_argument, 'C', set_connections },
+	{ "control", required_argument, 'Q', set_control },
+	{ "name", required_argument, 'A', set_name },
+	{ "peer-name", required_argument, 'P', set_peer_name },
+	{ "max-bandwidth", required_argument, 'Y', set_bandwidth },
+	{ "interval", required_argument, 'I', set_interval },
+	{ "count", required_argument, 'J', set_count },
+	{ "json", no_argument, 'G', NULL },
+	{ "during-migration", no_argument, 'U', NULL },
+	{ "every", required_argument, OPT_EVERY, set_every },
+	{ "help", no_argument, 'h', NULL },
+};
+
+#define NR_OPTS (sizeof(opts) / sizeof(opts[0]))
+
+static void defaults(struct args *a)
+{
 	a->guest = (struct mig_testvm_opts){ .mib = 256, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG };
 	/*
 	 * Hashing on threads of their own pays where the host has CPUs to
@@ -276,185 +536,13 @@ static int parse(int argc, char **argv, struct args *a)
 	a->rate_count = 10;
 	a->snap_every_ms = 1000;
 	a->snap_count = 1;
-	optind = 2;
-	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:T:o:h", longopts, NULL)) != -1) {
-		/* snapshot's own: -o, --every, --count */
-		if (!strcmp(a->cmd, "snapshot") && (c == 'o' || c == OPT_EVERY || c == 'J')) {
-			if (c == 'o' && !optarg[0]) {
-				fprintf(stderr, "kvmdirty-migrate: -o '': a prefix for the snapshot files\n");
-				return -1;
-			}
-			if (c == 'o')
-				a->snap_prefix = optarg;
-			else if (cli_number("kvmdirty-migrate", c == 'J' ? "--count" : "--every", optarg, c == 'J' ? 1 : 0,
-					    c == 'J' ? 1000000 : 86400000, c == 'J' ? &a->snap_count : &a->snap_every_ms))
-				return -1;
-			continue;
-		}
-		switch (c) {
-		case 'm':
-			if (cli_number("kvmdirty-migrate", "-m", optarg, 4, 1 << 16, &a->guest.mib))
-				return -1;
-			if (a->guest.mib % 2) {
-				fprintf(stderr, "kvmdirty-migrate: -m '%s': must be a multiple of 2 MiB\n", optarg);
-				return -1;
-			}
-			break;
-		case 'v':
-			if (cli_number("kvmdirty-migrate", "-v", optarg, 1, GUEST_MAX_VCPUS, &v))
-				return -1;
-			a->guest.vcpus = (unsigned int)v;
-			break;
-		case 'M':
-			if (!strcmp(optarg, "dirty-log"))
-				a->guest.mode = KVMDIRTY_MODE_DIRTY_LOG;
-			else if (!strcmp(optarg, "clear-log"))
-				a->guest.mode = KVMDIRTY_MODE_CLEAR_LOG;
-			else if (!strcmp(optarg, "dirty-ring"))
-				a->guest.mode = KVMDIRTY_MODE_DIRTY_RING;
-			else {
-				fprintf(stderr, "kvmdirty-migrate: -M '%s': expected dirty-log, clear-log or dirty-ring\n",
-					optarg);
-				return -1;
-			}
-			a->mode = optarg;
-			break;
-		case 'w':
-			if (cli_number("kvmdirty-migrate", "-w", optarg, 0, 1 << 16, &a->guest.ws_mib))
-				return -1;
-			break;
-		case 'r':
-			if (cli_number("kvmdirty-migrate", "-r", optarg, 0, UINT32_MAX, &a->guest.rate))
-				return -1;
-			break;
-		case 'd':
-			if (cli_number("kvmdirty-migrate", "-d", optarg, 0, 3600000, &a->send.downtime_ms))
-				return -1;
-			break;
-		case 'p':
-			if (cli_number("kvmdirty-migrate", "-p", optarg, 1, 100000, &v))
-				return -1;
-			a->send.max_passes = (unsigned int)v;
-			break;
-		case 't':
-			if (cli_number("kvmdirty-migrate", "-t", optarg, 1, 86400, &v))
-				return -1;
-			a->send.timeout_ms = v * 1000;
-			break;
-		case 'T':
-			if (cli_number("kvmdirty-migrate", "-T", optarg, 1, 86400000, &v))
-				return -1;
-			a->send.peer_timeout_ms = a->recv.timeout_ms = v;
-			break;
-		case 'D':
-			if (cli_number("kvmdirty-migrate", "--deadline", optarg, 0, 864000, &v))
-				return -1;
-			a->recv.deadline_ms = v * 1000;
-			break;
-		case 'R':
-			if (cli_number("kvmdirty-migrate", "--run-ms", optarg, 0, 3600000, &a->run_ms))
-				return -1;
-			break;
-		case 'N':
-			a->send.verify = false;
-			break;
-		case 'V':
-			if (parse_work(optarg, a))
-				return -1;
-			break;
-		case 'F':
-			if (parse_fill(optarg, a))
-				return -1;
-			break;
-		case OPT_REGIONS:
-			if (cli_number("kvmdirty-migrate", "--regions", optarg, 1, MIG_MAX_REGIONS - 1, &v))
-				return -1;
-			a->guest.regions = (unsigned int)v;
-			break;
-		case 'B':
-			if (cli_number("kvmdirty-migrate", "--baseline", optarg, 0, 60000, &a->send.baseline_ms))
-				return -1;
-			a->baseline_set = true;
-			break;
-		case 'S':
-			a->stats = optarg;
-			break;
-		case 'X':
-			a->send.throttle = false;
-			break;
-		case 'Y':
-			if (cli_number("kvmdirty-migrate", "--max-bandwidth", optarg, 0, MIG_MAX_BANDWIDTH_MIBPS,
-				       &a->send.max_bandwidth))
-				return -1;
-			break;
-		case 'W':
-			a->send.force_switchover = true;
-			break;
-		case 'O':
-			a->once = true;
-			break;
-		case OPT_LAZY:
-			a->guest.lazy = true;
-			break;
-		case 'K':
-			a->psk_file = optarg;
-			break;
-		case 'E':
-			a->send.encrypt = a->recv.encrypt = true;
-			break;
-		case 'C':
-			if (cli_number("kvmdirty-migrate", "--connections", optarg, 1, MIG_MAX_CONNS, &v))
-				return -1;
-			a->send.connections = (unsigned int)v;
-			break;
-		case 'Q':
-			if (!optarg[0] || strlen(optarg) >= sizeof(((struct mig_daemon *)0)->path)) {
-				fprintf(stderr, "kvmdirty-migrate: --control '%s': a socket path of 1 to %zu bytes\n",
-					optarg, sizeof(((struct mig_daemon *)0)->path) - 1);
-				return -1;
-			}
-			a->control = optarg;
-			break;
-		case 'A':
-		case 'P':
-			if (bad_name(c == 'A' ? "--name" : "--peer-name", optarg))
-				return -1;
-			if (c == 'A')
-				a->recv.name = optarg;
-			else
-				a->send.peer_name = optarg;
-			break;
-		case 'I':
-			if (cli_number("kvmdirty-migrate", "--interval", optarg, 10, 3600000, &a->rate_interval_ms))
-				return -1;
-			a->rate_opts = true;
-			break;
-		case 'J':
-			if (cli_number("kvmdirty-migrate", "--count", optarg, 0, UINT32_MAX, &a->rate_count))
-				return -1;
-			a->rate_opts = true;
-			break;
-		case 'G':
-			a->rate_json = a->rate_opts = true;
-			break;
-		case 'U':
-			a->rate_migrate = a->rate_opts = true;
-			break;
-		case 'o':
-		case OPT_EVERY:
-			fprintf(stderr, "kvmdirty-migrate: -o and --every are snapshot's options\n");
-			return -1;
-		case 'h':
-			usage();
-			exit(0);
-		default: /* getopt said what was wrong */
-			return -1;
-		}
-	}
-	if (optind != argc) {
-		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[optind]);
-		return -1;
-	}
+}
+
+/* What no single option can tell: options that do not go together, or not with the command. */
+static int check_args(struct args *a)
+{
+	uint64_t v;
+
 	for (v = 0; v < GUEST_MAX_VCPUS; v++) {
 		if (a->guest.work[v].kind != MIG_WORK_SHARE && v >= a->guest.vcpus) {
 			fprintf(stderr, "kvmdirty-migrate: --vcpu %" PRIu64 ": the guest has %u vCPUs (-v)\n", v,
@@ -491,6 +579,33 @@ static int parse(int argc, char **argv, struct args *a)
 		return -1;
 	}
 	return 0;
+}
+
+static int parse(int argc, char **argv, struct args *a)
+{
+	struct option longopts[NR_OPTS + 1];
+	size_t i, n = 0;
+	int c;
+
+	for (i = 0; i < NR_OPTS; i++)
+		if (opts[i].name)
+			longopts[n++] = (struct option){ opts[i].name, opts[i].has_arg, NULL, opts[i].key };
+	longopts[n] = (struct option){ 0 };
+	defaults(a);
+	optind = 2;
+	while ((c = getopt_long(argc, argv, "m:v:M:w:r:d:p:t:T:o:h", longopts, NULL)) != -1) {
+		for (i = 0; i < NR_OPTS && opts[i].key != c; i++)
+			;
+		if (i == NR_OPTS) /* getopt said what was wrong */
+			return -1;
+		if ((opts[i].set ? opts[i].set(a, optarg) : set_flag(a, c)) < 0)
+			return -1;
+	}
+	if (optind != argc) {
+		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[optind]);
+		return -1;
+	}
+	return check_args(a);
 }
 
 static void sleep_ms(uint64_t ms)
@@ -1249,11 +1364,119 @@ static void room_for_fds(void)
 	}
 }
 
+/* ---- the commands ---- */
+
+static int run_demo(int argc, char **argv, struct args *a)
+{
+	int ret;
+
+	if (parse(argc, argv, a) || load_key(a))
+		return 2;
+	/* what the demo sets itself, checked with the rest */
+	a->guest.ws_mib = 64;
+	a->run_ms = 500;
+	/* the one peer is the source: a stream it gave up on must not leave the destination waiting */
+	a->once = true;
+	ret = before_guest(a, NULL);
+	if (!ret)
+		ret = cmd_demo(a);
+	mig_psk_clear(&a->psk);
+	return ret;
+}
+
+static int run_rate(int argc, char **argv, struct args *a)
+{
+	int ret;
+
+	if (parse(argc, argv, a) || load_key(a))
+		return 2;
+	/* one migration at most, from here: the destination takes the first stream */
+	a->once = true;
+	ret = before_guest(a, NULL);
+	if (!ret)
+		ret = cmd_rate(a);
+	mig_psk_clear(&a->psk);
+	return ret;
+}
+
+static int run_snapshot(int argc, char **argv, struct args *a)
+{
+	char err[256];
+	int ret;
+
+	if (parse(argc, argv, a))
+		return 2;
+	if (mig_snap_prefix_check(a->snap_prefix, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
+		return 1;
+	}
+	ret = before_guest(a, NULL);
+	return ret ? ret : cmd_snapshot(a);
+}
+
+/* listen and send: ADDR, then the options */
+static int run_migration(int argc, char **argv, struct args *a)
+{
+	int ret;
+
+	if (argc < 3) {
+		fprintf(stderr, "kvmdirty-migrate: %s needs an address (tcp:HOST:PORT or unix:PATH)\n", a->cmd);
+		return 2;
+	}
+	a->addr = argv[2];
+	argv[2] = argv[1]; /* options start after ADDR */
+	if (parse(argc - 1, argv + 1, a))
+		return 2;
+	if (load_key(a))
+		return 2;
+	ret = before_guest(a, a->addr);
+	if (!ret)
+		ret = with_daemon(a, !strcmp(a->cmd, "listen") ? cmd_listen : cmd_send);
+	mig_psk_clear(&a->psk);
+	return ret;
+}
+
+static int run_restore(int argc, char **argv, struct args *a)
+{
+	return mig_snap_restore_cmd(argc, argv);
+}
+
+static int run_plot(int argc, char **argv, struct args *a)
+{
+	return cmd_plot(argc, argv);
+}
+
+static int run_probe(int argc, char **argv, struct args *a)
+{
+	return cmd_probe(argc);
+}
+
+static int run_genkey(int argc, char **argv, struct args *a)
+{
+	return cmd_genkey(argc, argv);
+}
+
+static int run_help(int argc, char **argv, struct args *a)
+{
+	usage();
+	return 0;
+}
+
+static const struct command {
+	const char *name;
+	int (*run)(int argc, char **argv, struct args *a);
+} commands[] = {
+	{ "listen", run_migration }, { "send", run_migration }, { "demo", run_demo },
+	{ "rate", run_rate },	     { "snapshot", run_snapshot }, { "restore", run_restore },
+	{ "plot", run_plot },	     { "probe", run_probe },	   { "genkey", run_genkey },
+	{ "-h", run_help },	     { "--help", run_help },
+};
+
 int main(int argc, char **argv)
 {
 	struct args a = { 0 };
 	char err[256];
-	int ret;
+	size_t i;
 
 	/* pagemap first: once not dumpable, a process that is not root cannot open it (hostmem.h) */
 	mig_pagemap_keep();
@@ -1267,70 +1490,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	a.cmd = argv[1];
-	if (!strcmp(a.cmd, "demo")) {
-		if (parse(argc, argv, &a) || load_key(&a))
-			return 2;
-		/* what the demo sets itself, checked with the rest */
-		a.guest.ws_mib = 64;
-		a.run_ms = 500;
-		/* the one peer is the source: a stream it gave up on must not leave the destination waiting */
-		a.once = true;
-		ret = before_guest(&a, NULL);
-		if (!ret)
-			ret = cmd_demo(&a);
-		mig_psk_clear(&a.psk);
-		return ret;
-	}
-	if (!strcmp(a.cmd, "rate")) {
-		if (parse(argc, argv, &a) || load_key(&a))
-			return 2;
-		/* one migration at most, from here: the destination takes the first stream */
-		a.once = true;
-		ret = before_guest(&a, NULL);
-		if (!ret)
-			ret = cmd_rate(&a);
-		mig_psk_clear(&a.psk);
-		return ret;
-	}
-	if (!strcmp(a.cmd, "snapshot")) {
-		if (parse(argc, argv, &a))
-			return 2;
-		if (mig_snap_prefix_check(a.snap_prefix, err, sizeof(err)) < 0) {
-			fprintf(stderr, "kvmdirty-migrate: %s\n", err);
-			return 1;
-		}
-		ret = before_guest(&a, NULL);
-		return ret ? ret : cmd_snapshot(&a);
-	}
-	if (!strcmp(a.cmd, "restore"))
-		return mig_snap_restore_cmd(argc, argv);
-	if (!strcmp(a.cmd, "plot"))
-		return cmd_plot(argc, argv);
-	if (!strcmp(a.cmd, "probe"))
-		return cmd_probe(argc);
-	if (!strcmp(a.cmd, "genkey"))
-		return cmd_genkey(argc, argv);
-	if (!strcmp(a.cmd, "-h") || !strcmp(a.cmd, "--help")) {
-		usage();
-		return 0;
-	}
-	if (strcmp(a.cmd, "listen") && strcmp(a.cmd, "send")) {
-		fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, rate, snapshot, restore, plot, probe or genkey; --help for more)\n", a.cmd);
-		return 2;
-	}
-	if (argc < 3) {
-		fprintf(stderr, "kvmdirty-migrate: %s needs an address (tcp:HOST:PORT or unix:PATH)\n", a.cmd);
-		return 2;
-	}
-	a.addr = argv[2];
-	argv[2] = argv[1]; /* options start after ADDR */
-	if (parse(argc - 1, argv + 1, &a))
-		return 2;
-	if (load_key(&a))
-		return 2;
-	ret = before_guest(&a, a.addr);
-	if (!ret)
-		ret = with_daemon(&a, !strcmp(a.cmd, "listen") ? cmd_listen : cmd_send);
-	mig_psk_clear(&a.psk);
-	return ret;
+	for (i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		if (!strcmp(a.cmd, commands[i].name))
+			return commands[i].run(argc, argv, &a);
+	fprintf(stderr, "kvmdirty-migrate: unknown command '%s' (listen, send, demo, rate, snapshot, restore, plot, probe "
+			"or genkey; --help for more)\n", a.cmd);
+	return 2;
 }
