@@ -1150,27 +1150,51 @@ static char *slurp(const char *path, size_t *ret_len)
 }
 
 /* kvmdirty-migrate plot STATS [-o OUT]: 0 drawn, 1 refused or not written, 2 a bad command line. */
-static int cmd_plot(int argc, char **argv)
+/* The picture written to out ("-": standard output), and what it lacked said; 0, or -errno. */
+static int plot_write(struct mig_plot *p, const char *in, const char *out)
+{
+	FILE *f = strcmp(out, "-") ? fopen(out, "w") : stdout;
+	int ret = f ? mig_plot_svg(p, in, f) : -errno;
+
+	if (f && f != stdout && fclose(f) && ret == 0)
+		ret = -errno;
+	if (f == stdout && fflush(f) && ret == 0)
+		ret = -errno;
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: plot: writing '%s': %s\n", out, strerror(-ret));
+		if (f && f != stdout)
+			unlink(out);
+		return ret;
+	}
+	if (p->cut_line)
+		fprintf(stderr, "kvmdirty-migrate: plot: '%s': line %u is cut short; the picture is marked "
+				"incomplete\n", in, p->cut_line);
+	else if (!p->has_end)
+		fprintf(stderr, "kvmdirty-migrate: plot: '%s': no end line; the picture is marked incomplete\n", in);
+	if (f != stdout)
+		printf("plot: %s: %zu samples, %s\n", out, p->n,
+		       p->incomplete ? "incomplete" : p->converged ? "converged" : "not converged");
+	return 0;
+}
+
+/* plot's IN and -o OUT (by default IN with .svg for .json; "-" for IN "-"); 0, 1 (out of memory) or 2. */
+static int plot_args(int argc, char **argv, const char **in, const char **out, char **def)
 {
 	static const struct option longopts[] = {
 		{ "output", required_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
-	const char *in, *out = NULL;
-	char err[256], *buf, *def = NULL;
-	struct mig_plot *p;
 	size_t len;
-	FILE *f;
-	int c, ret;
+	int c;
 
 	optind = 2;
 	while ((c = getopt_long(argc, argv, "o:h", longopts, NULL)) != -1) {
 		if (c == 'o') {
-			out = optarg;
+			*out = optarg;
 		} else if (c == 'h') {
 			usage();
-			return 0;
+			exit(0);
 		} else {
 			return 2;
 		}
@@ -1183,21 +1207,35 @@ static int cmd_plot(int argc, char **argv)
 		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[optind + 1]);
 		return 2;
 	}
-	in = argv[optind];
-	if (!out && strcmp(in, "-")) {
-		len = strlen(in);
-		def = malloc(len + 5);
-		if (!def) {
+	*in = argv[optind];
+	if (!*out && strcmp(*in, "-")) {
+		len = strlen(*in);
+		*def = malloc(len + 5);
+		if (!*def) {
 			fprintf(stderr, "kvmdirty-migrate: plot: out of memory\n");
 			return 1;
 		}
-		if (len > 5 && !strcmp(in + len - 5, ".json"))
+		if (len > 5 && !strcmp(*in + len - 5, ".json"))
 			len -= 5;
-		snprintf(def, len + 5, "%.*s.svg", (int)len, in);
-		out = def;
+		snprintf(*def, len + 5, "%.*s.svg", (int)len, *in);
+		*out = *def;
 	}
-	if (!out)
-		out = "-";
+	if (!*out)
+		*out = "-";
+	return 0;
+}
+
+static int cmd_plot(int argc, char **argv)
+{
+	const char *in = NULL, *out = NULL;
+	char err[256], *buf, *def = NULL;
+	struct mig_plot *p;
+	size_t len;
+	int ret;
+
+	ret = plot_args(argc, argv, &in, &out, &def);
+	if (ret)
+		return ret;
 	buf = slurp(in, &len);
 	if (!buf) {
 		fprintf(stderr, "kvmdirty-migrate: plot: '%s': %s\n", in, strerror(errno));
@@ -1211,27 +1249,7 @@ static int cmd_plot(int argc, char **argv)
 		free(def);
 		return 1;
 	}
-	f = strcmp(out, "-") ? fopen(out, "w") : stdout;
-	ret = f ? mig_plot_svg(p, in, f) : -errno;
-	if (f && f != stdout && fclose(f) && ret == 0)
-		ret = -errno;
-	if (f == stdout && fflush(f) && ret == 0)
-		ret = -errno;
-	if (ret < 0) {
-		fprintf(stderr, "kvmdirty-migrate: plot: writing '%s': %s\n", out, strerror(-ret));
-		if (f && f != stdout)
-			unlink(out);
-	} else {
-		if (p->cut_line)
-			fprintf(stderr, "kvmdirty-migrate: plot: '%s': line %u is cut short; the picture is marked "
-					"incomplete\n", in, p->cut_line);
-		else if (!p->has_end)
-			fprintf(stderr, "kvmdirty-migrate: plot: '%s': no end line; the picture is marked incomplete\n",
-				in);
-		if (f != stdout)
-			printf("plot: %s: %zu samples, %s\n", out, p->n,
-			       p->incomplete ? "incomplete" : p->converged ? "converged" : "not converged");
-	}
+	ret = plot_write(p, in, out);
 	mig_plot_free(p);
 	free(def);
 	return ret < 0;
