@@ -539,6 +539,75 @@ static int save_fresh(struct dest *d)
  * threads of their own (each hashing what it lands), all into the same
  * bitmaps, whose words no two connections share (stream.h).
  */
+/* The destination's own maps of the guest: its regions, which pages are still missing and which bad. */
+static int dest_maps(struct dest *d)
+{
+	const struct mig_guest *g = d->g;
+	unsigned int i;
+
+	d->vs = calloc(g->nr_vcpus, sizeof(*d->vs));
+	d->own = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->own));
+	d->missing = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->missing));
+	d->bad = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->bad));
+	for (i = 0; d->own && d->missing && d->bad && i < g->nr_regions; i++) {
+		uint64_t np = g->regions[i].size / PAGE;
+
+		d->own[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
+		d->missing[i] = malloc(KVMDIRTY_BITMAP_WORDS(np) * sizeof(uint64_t));
+		d->bad[i] = calloc(KVMDIRTY_BITMAP_WORDS(np), sizeof(uint64_t));
+		if (!d->missing[i] || !d->bad[i])
+			break;
+		kvmdirty_bitmap_set(d->missing[i], 0, np);
+	}
+	if (!d->vs || i < g->nr_regions)
+		return fail(d, -ENOMEM, "this destination: out of memory");
+	return 0;
+}
+
+/* The connections after the first, each a lane of its own sharing d's maps (sh: theirs and d's). */
+static int lanes_new(struct dest *d, const struct mig_reader *rd, unsigned int n, struct lanes *sh)
+{
+	unsigned int i;
+
+	pthread_mutex_init(&sh->lock, NULL);
+	d->sh = sh;
+	d->dec.lanes = n;
+	sh->d[0] = d;
+	for (i = 1; i < n; i++) {
+		struct dest *l = calloc(1, sizeof(*l));
+
+		if (!l)
+			return fail(d, -ENOMEM, "this destination: out of memory");
+		*l = (struct dest){ .g = d->g, .rd = &rd[i], .inline_hash = true, .sh = sh, .lane = i, .handoff_fd = -1,
+				    .err = l->lane_err, .len = sizeof(l->lane_err) };
+		l->res = &l->lane_res;
+		l->own = d->own;
+		l->missing = d->missing;
+		l->bad = d->bad;
+		sh->d[i] = l;
+	}
+	return 0;
+}
+
+static void dest_free(struct dest *d, unsigned int n, struct lanes *sh)
+{
+	unsigned int i;
+
+	for (i = 1; i < n && i < MIG_MAX_LANES; i++)
+		free(sh->d[i]);
+	if (d->sh)
+		pthread_mutex_destroy(&sh->lock);
+	for (i = 0; i < d->g->nr_regions && d->missing && d->bad; i++) {
+		free(d->missing[i]);
+		free(d->bad[i]);
+	}
+	free(d->own);
+	free(d->missing);
+	free(d->bad);
+	free(d->vs);
+	free(d);
+}
+
 static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, unsigned int n, bool inline_hash,
 		      struct mig_vcpu_state *fresh, int handoff_fd, struct mig_chan *handoff_ch,
 		      void (*cancel)(void *ctx), void *cancel_ctx,
@@ -567,49 +636,15 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 			   MIG_MAX_LANES);
 		goto out;
 	}
-	d->vs = calloc(g->nr_vcpus, sizeof(*d->vs));
-	d->own = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->own));
-	d->missing = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->missing));
-	d->bad = calloc(g->nr_regions ? g->nr_regions : 1, sizeof(*d->bad));
-	for (i = 0; d->own && d->missing && d->bad && i < g->nr_regions; i++) {
-		uint64_t np = g->regions[i].size / PAGE;
-
-		d->own[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
-		d->missing[i] = malloc(KVMDIRTY_BITMAP_WORDS(np) * sizeof(uint64_t));
-		d->bad[i] = calloc(KVMDIRTY_BITMAP_WORDS(np), sizeof(uint64_t));
-		if (!d->missing[i] || !d->bad[i])
-			break;
-		kvmdirty_bitmap_set(d->missing[i], 0, np);
-	}
-	if (!d->vs || i < g->nr_regions) {
-		ret = fail(d, -ENOMEM, "this destination: out of memory");
-		goto out;
-	}
-	mig_decoder_init(&d->dec, d->own, g->nr_regions, g->nr_vcpus);
-	ret = save_fresh(d);
+	ret = dest_maps(d);
 	if (ret < 0)
 		goto out;
-	if (n > 1) {
-		pthread_mutex_init(&sh.lock, NULL);
-		d->sh = &sh;
-		d->dec.lanes = n;
-		sh.d[0] = d;
-		for (i = 1; i < n; i++) {
-			struct dest *l = calloc(1, sizeof(*l));
-
-			if (!l) {
-				ret = fail(d, -ENOMEM, "this destination: out of memory");
-				goto out;
-			}
-			*l = (struct dest){ .g = g, .rd = &rd[i], .inline_hash = true, .sh = &sh, .lane = i, .handoff_fd = -1,
-					    .err = l->lane_err, .len = sizeof(l->lane_err) };
-			l->res = &l->lane_res;
-			l->own = d->own;
-			l->missing = d->missing;
-			l->bad = d->bad;
-			sh.d[i] = l;
-		}
-	}
+	mig_decoder_init(&d->dec, d->own, g->nr_regions, g->nr_vcpus);
+	ret = save_fresh(d);
+	if (ret == 0 && n > 1)
+		ret = lanes_new(d, rd, n, &sh);
+	if (ret < 0)
+		goto out;
 	ret = receive(d);
 	if (ret < 0)
 		lane_failed(d, ret);
@@ -624,19 +659,7 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 	}
 	mig_worker_stop(&d->w);
 out:
-	for (i = 1; i < n && i < MIG_MAX_LANES; i++)
-		free(sh.d[i]);
-	if (d->sh)
-		pthread_mutex_destroy(&sh.lock);
-	for (i = 0; i < g->nr_regions && d->missing && d->bad; i++) {
-		free(d->missing[i]);
-		free(d->bad[i]);
-	}
-	free(d->own);
-	free(d->missing);
-	free(d->bad);
-	free(d->vs);
-	free(d);
+	dest_free(d, n, &sh);
 	return ret;
 }
 
