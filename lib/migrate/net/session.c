@@ -738,6 +738,34 @@ void mig_greeting_free(struct mig_greeting *g)
 	g->wrong_proof = wrong_proof;
 }
 
+/*
+ * A connection whose first got bytes (in h) are not a session's magic: a
+ * plain stream (or not a stream: the decoder says what is wrong with it),
+ * opened on s's connection 0 with those bytes to read again; or refused
+ * (-errno, why in err): a key required, or only joins taken now.
+ */
+static int greet_plain(struct mig_session *s, struct mig_hello *h, int got, const struct mig_session_opts *o,
+		       unsigned int how, char *err, size_t len)
+{
+	struct mig_conn *c = s->conn[0];
+	char head[sizeof(h->magic)];
+	int ret;
+
+	if (o->psk)
+		return mig_errf(err, len, -EACCES, "authentication: the peer %s, this destination requires a key "
+				"(--psk)", got ? "sent a stream without a key" : "closed without a word");
+	if (how & MIG_GREET_ONLY_JOINS)
+		return mig_errf(err, len, -EBUSY, "a session is waiting for its connections to join: not a stream");
+	memcpy(head, h->magic, sizeof(head));
+	memset(h, 0, sizeof(*h));
+	/* a plain stream: bounded as a stream is, from when it was taken */
+	mig_conn_set_deadline(c, o->deadline_ms);
+	ret = mig_chan_new(c, NULL, &s->chan[0]);
+	if (ret == 0)
+		ret = mig_chan_unread(s->chan[0], head, (size_t)got);
+	return ret < 0 ? mig_errf(err, len, ret, "out of memory") : 0;
+}
+
 int mig_session_greet(int fd, const struct mig_session_opts *o, unsigned int how, struct mig_greeting *g, char *err,
 		      size_t len)
 {
@@ -766,27 +794,9 @@ int mig_session_greet(int fd, const struct mig_session_opts *o, unsigned int how
 		goto plain_refusal;
 	}
 	if (ret < (int)sizeof(h->magic) || memcmp(h->magic, MIG_SESSION_MAGIC, sizeof(h->magic))) {
-		int got = ret;
-		char head[sizeof(h->magic)];
-
-		/* a plain stream (or not a stream): the decoder says what is wrong with it */
-		if (o->psk) {
-			ret = mig_errf(err, len, -EACCES, "authentication: the peer %s, this destination requires a key "
-				       "(--psk)", ret ? "sent a stream without a key" : "closed without a word");
-			goto plain_refusal;
-		}
-		if (how & MIG_GREET_ONLY_JOINS) {
-			ret = mig_errf(err, len, -EBUSY, "a session is waiting for its connections to join: not a stream");
-			goto plain_refusal;
-		}
-		memcpy(head, h->magic, sizeof(head));
-		memset(h, 0, sizeof(*h));
-		/* a plain stream: bounded as a stream is, from when it was taken */
-		mig_conn_set_deadline(c, o->deadline_ms);
-		ret = mig_chan_new(c, NULL, &s->chan[0]);
-		if (ret == 0 && (ret = mig_chan_unread(s->chan[0], head, (size_t)got)) == 0)
+		ret = greet_plain(s, h, ret, o, how, err, len);
+		if (ret == 0)
 			return 0;
-		mig_errf(err, len, ret, "out of memory");
 		goto plain_refusal;
 	}
 	ret = recv_all(c, (uint8_t *)h + sizeof(h->magic), sizeof(*h) - sizeof(h->magic), "the hello", err, len);
