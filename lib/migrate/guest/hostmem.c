@@ -142,3 +142,32 @@ int mig_pagemap_read(int fd, const void *hva, uint64_t n, uint64_t *ret_entries)
 	}
 	return 0;
 }
+
+int mig_walk_touched(int pagemap, bool anon, const void *hva, uint64_t n, uint64_t *pme,
+		     int (*fn)(void *ctx, uint64_t first, uint64_t count, bool untouched), void *ctx)
+{
+	uint64_t done = 0, k, i, j;
+	int ret;
+
+	while (done < n) {
+		k = n - done < MIG_PM_BATCH ? n - done : MIG_PM_BATCH;
+		if (!anon || pagemap < 0 || mig_pagemap_read(pagemap, (const uint8_t *)hva + done * 4096, k, pme) < 0) {
+			ret = fn(ctx, done, k, false);
+			if (ret < 0)
+				return ret;
+			done += k;
+			continue;
+		}
+		for (i = 0; i < k; i = j) {
+			bool untouched = mig_pm_untouched(pme[i]);
+
+			for (j = i + 1; j < k && mig_pm_untouched(pme[j]) == untouched; j++)
+				;
+			ret = fn(ctx, done + i, j - i, untouched);
+			if (ret < 0)
+				return ret;
+		}
+		done += k;
+	}
+	return 0;
+}

@@ -72,4 +72,21 @@ int mig_pagemap_open(void);
  */
 int mig_pagemap_read(int fd, const void *hva, uint64_t n, uint64_t *ret_entries);
 
+#define MIG_PM_BATCH 4096 /* pagemap entries read at once (32 KiB) */
+
+/*
+ * The one page walk that sorts touched pages from pages never touched
+ * (the source's sender and the snapshot writer both go through it): n
+ * pages from page-aligned hva, in runs of at most MIG_PM_BATCH pages all
+ * touched or all never touched, fn(ctx, first, count, untouched) for
+ * each in order (first: from hva, in pages).  Where the host cannot say
+ * (anon false: not wholly private anonymous memory; pagemap < 0; a read
+ * that fails) every page counts as touched.  pme: scratch of MIG_PM_BATCH
+ * entries.  0, or fn's first negative return.  Read after the pages were
+ * handed out (write-protected): a page faulted in later is reported by a
+ * later sync.
+ */
+int mig_walk_touched(int pagemap, bool anon, const void *hva, uint64_t n, uint64_t *pme,
+		     int (*fn)(void *ctx, uint64_t first, uint64_t count, bool untouched), void *ctx);
+
 #endif

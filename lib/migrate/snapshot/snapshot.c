@@ -33,7 +33,7 @@ struct mig_snap {
 	/* pages never touched (private anonymous memory, pagemap) are zero without being read */
 	bool *anon;
 	int pagemap;
-	uint64_t pme[4096];
+	uint64_t pme[MIG_PM_BATCH];
 	uint32_t last_idx;  /* the region of the last range: ranges come in region order */
 	unsigned int share; /* the run share the throttle gave every vCPU, permille (1000: none) */
 	/* the snapshot under way */
@@ -138,46 +138,37 @@ static uint32_t region_index(struct mig_snap *s, const struct kvmdirty_range *rg
 	return s->last_idx = i;
 }
 
+/* A run of a handed-out range, to the writer (put_range()). */
+struct put_run {
+	struct mig_snap *s;
+	const struct kvmdirty_range *rg;
+	uint32_t idx;
+	char *err;
+	size_t len;
+};
+
+static int put_run(void *ctx, uint64_t first, uint64_t count, bool untouched)
+{
+	struct put_run *r = ctx;
+	uint64_t bytes = 0;
+	int ret;
+
+	if (untouched)
+		return snap_writer_zero(r->s->w, r->idx, r->rg->page + first, count, r->err, r->len);
+	ret = snap_writer_put(r->s->w, r->idx, r->rg->page + first, count, (const uint8_t *)r->rg->hva + first * SNAP_PAGE,
+			      &bytes, r->err, r->len);
+	r->s->bytes += bytes;
+	return ret;
+}
+
 /* One handed-out range (protected by now): pages never touched noted as zero, unread; the rest put. */
 static int put_range(struct mig_snap *s, const struct kvmdirty_range *rg, char *err, size_t len)
 {
-	uint32_t idx = region_index(s, rg);
-	uint64_t done = 0, k, i, j, bytes;
-	const uint8_t *p = rg->hva;
-	int ret;
+	struct put_run r = { .s = s, .rg = rg, .idx = region_index(s, rg), .err = err, .len = len };
 
-	if (idx == s->g->nr_regions)
+	if (r.idx == s->g->nr_regions)
 		return mig_errf(err, len, -ENOENT, "the tracker reported a region the guest lacks");
-	while (done < rg->npages) {
-		k = rg->npages - done < 4096 ? rg->npages - done : 4096;
-		/* the page tables, read after the hand-out: a page faulted in later is reported again */
-		if (!s->anon[idx] || s->pagemap < 0 ||
-		    mig_pagemap_read(s->pagemap, p + done * SNAP_PAGE, k, s->pme) < 0) {
-			ret = snap_writer_put(s->w, idx, rg->page + done, k, p + done * SNAP_PAGE, &bytes, err, len);
-			s->bytes += bytes;
-			if (ret < 0)
-				return ret;
-			done += k;
-			continue;
-		}
-		for (i = 0; i < k; i = j) {
-			bool untouched = mig_pm_untouched(s->pme[i]);
-
-			for (j = i + 1; j < k && mig_pm_untouched(s->pme[j]) == untouched; j++)
-				;
-			bytes = 0;
-			if (untouched)
-				ret = snap_writer_zero(s->w, idx, rg->page + done + i, j - i, err, len);
-			else
-				ret = snap_writer_put(s->w, idx, rg->page + done + i, j - i, p + (done + i) * SNAP_PAGE,
-						      &bytes, err, len);
-			s->bytes += bytes;
-			if (ret < 0)
-				return ret;
-		}
-		done += k;
-	}
-	return 0;
+	return mig_walk_touched(s->pagemap, s->anon[r.idx], rg->hva, rg->npages, s->pme, put_run, &r);
 }
 
 /* Every page pending now, put; how many in *ret_pages. */

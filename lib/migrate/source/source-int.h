@@ -32,7 +32,7 @@
  *                     data path, which never calls up (a full batch marks
  *                     the tick due; src_drain() runs it between ranges);
  *   source-verify.c   page hashes kept per page, the check after
- *                     switchover, which pages were never touched;
+ *                     switchover;
  *   source-stats.c    the --stats lines, each vCPU's speed before and
  *                     during, a cancel noted, why pre-copy did not converge.
  */
@@ -44,6 +44,7 @@
 #include <sys/uio.h>
 
 #include "clock.h"
+#include "hostmem.h"
 #include "session.h"
 #include "source.h"
 #include "throttle.h"
@@ -53,7 +54,6 @@
 #define BATCH_RECORDS 256
 #define BATCH_BYTES (512u << 10) /* a batch, hashed while the one before is sent */
 #define BATCH_HASHES (BATCH_BYTES / MIG_PAGE_SIZE + MIG_RUN_PAGES)
-#define PM_BATCH 4096 /* pagemap entries read at once (32 KiB) */
 #define DOWNTIME_SHARE 0.9 /* of the downtime limit, what the rest may take at the link's rate */
 #define SAMPLE_MS 100.0 /* stats samples within a pass */
 
@@ -113,7 +113,7 @@ struct source {
 	uint32_t *slot_idx;
 	uint32_t nr_slot_idx;
 	int pagemap;
-	uint64_t pme[PM_BATCH];
+	uint64_t pme[MIG_PM_BATCH]; /* mig_walk_touched()'s scratch */
 	/* stats: start, last sample, and each vCPU's progress then */
 	double t0, sample_ms;
 	uint64_t sample_bytes;
@@ -196,7 +196,6 @@ int src_stop_and_copy(struct source *s, struct mig_result *res, char *err, size_
 int src_alloc_hashes(struct source *s);
 void src_free_hashes(struct source *s);
 void src_hash_batch(struct lane *l, struct batch *b);
-uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n);
 uint64_t src_hashed(const struct source *s);
 int src_check_sent(struct source *s, struct mig_result *res, char *err, size_t len);
 

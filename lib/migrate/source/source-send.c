@@ -405,41 +405,34 @@ void src_untouched_close(struct source *s)
 	s->nr_slot_idx = 0;
 }
 
+/* A run of a handed-out range, onto the wire (src_send_range()). */
+struct send_walk {
+	struct source *s;
+	const struct kvmdirty_range *rg;
+	uint32_t idx;
+};
+
+static int send_walked(void *ctx, uint64_t first, uint64_t count, bool untouched)
+{
+	struct send_walk *w = ctx;
+
+	if (!untouched)
+		return send_read(w->s, w->idx, w->rg->page + first, count, (const uint8_t *)w->rg->hva + first * PAGE);
+	w->s->untouched_pages += count;
+	return send_run(w->s, w->idx, w->rg->page + first, count, NULL, true);
+}
+
 /*
  * One handed-out range (protected by now): pages never touched as ZERO
  * runs, unread; the others read, as zero runs and data runs.
  */
 int src_send_range(struct source *s, const struct kvmdirty_range *rg)
 {
-	const uint8_t *p = rg->hva;
-	uint64_t done = 0, k, i, j;
-	uint32_t idx;
-	int ret;
+	struct send_walk w = { .s = s, .rg = rg, .idx = region_index(s, rg) };
 
-	idx = region_index(s, rg);
-	if (idx == s->g->nr_regions)
+	if (w.idx == s->g->nr_regions)
 		return -ENOENT;
-	while (done < rg->npages) {
-		k = src_untouched_map(s, idx, rg->page + done, rg->npages - done);
-		if (!k)
-			return send_read(s, idx, rg->page + done, rg->npages - done, p + done * PAGE);
-		for (i = 0; i < k; i = j) {
-			bool untouched = mig_pm_untouched(s->pme[i]);
-
-			for (j = i + 1; j < k && mig_pm_untouched(s->pme[j]) == untouched; j++)
-				;
-			if (untouched) {
-				s->untouched_pages += j - i;
-				ret = send_run(s, idx, rg->page + done + i, j - i, NULL, true);
-			} else {
-				ret = send_read(s, idx, rg->page + done + i, j - i, p + (done + i) * PAGE);
-			}
-			if (ret < 0)
-				return ret;
-		}
-		done += k;
-	}
-	return 0;
+	return mig_walk_touched(s->pagemap, s->anon && s->anon[w.idx], rg->hva, rg->npages, s->pme, send_walked, &w);
 }
 
 /* A failure to send or to hear from the destination, in one line. */

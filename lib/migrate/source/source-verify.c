@@ -111,23 +111,36 @@ static void lost(struct source *s, struct mig_result *res, unsigned int i, uint6
 }
 
 /* Region i against what was sent; a page never touched is zero without being read. */
+/* A run of a region checked against what was sent (check_region()). */
+struct check_walk {
+	struct source *s;
+	struct mig_result *res;
+	unsigned int i;
+	char *err;
+	size_t len, *at;
+};
+
+static int check_walked(void *ctx, uint64_t first, uint64_t count, bool untouched)
+{
+	struct check_walk *w = ctx;
+	const uint8_t *p = w->s->g->regions[w->i].hva;
+	uint64_t page;
+
+	for (page = first; page < first + count; page++) {
+		uint64_t h = untouched ? w->s->zero_hash : mig_page_hash(p + page * PAGE);
+
+		if (h != expected(w->s, w->i, page))
+			lost(w->s, w->res, w->i, page, w->err, w->len, w->at);
+	}
+	return 0;
+}
+
 static void check_region(struct source *s, struct mig_result *res, unsigned int i, char *err, size_t len, size_t *at)
 {
-	const uint8_t *p = s->g->regions[i].hva;
-	uint64_t n = s->g->regions[i].size / PAGE, k, m, b;
+	struct check_walk w = { .s = s, .res = res, .i = i, .err = err, .len = len, .at = at };
+	uint64_t n = s->g->regions[i].size / PAGE;
 
-	for (k = 0; k < n; k += b) {
-		b = src_untouched_map(s, i, k, n - k);
-		for (m = 0; m < (b ? b : 1); m++) {
-			uint64_t page = k + m;
-			uint64_t h = b && mig_pm_untouched(s->pme[m]) ? s->zero_hash : mig_page_hash(p + page * PAGE);
-
-			if (h != expected(s, i, page))
-				lost(s, res, i, page, err, len, at);
-		}
-		if (!b)
-			b = 1;
-	}
+	mig_walk_touched(s->pagemap, s->anon && s->anon[i], s->g->regions[i].hva, n, s->pme, check_walked, &w);
 	res->verified_pages += n;
 }
 
@@ -158,18 +171,3 @@ int src_check_sent(struct source *s, struct mig_result *res, char *err, size_t l
 	return res->lost_pages > INT32_MAX ? INT32_MAX : (int)res->lost_pages;
 }
 
-/*
- * Pagemap entries of up to PM_BATCH pages of region idx from page into
- * s->pme: how many, or 0 where the host cannot say which are untouched
- * (not private anonymous memory, no pagemap): every page is then read.
- */
-uint64_t src_untouched_map(struct source *s, uint32_t idx, uint64_t page, uint64_t n)
-{
-	const uint8_t *hva = (const uint8_t *)s->g->regions[idx].hva + page * PAGE;
-
-	if (n > PM_BATCH)
-		n = PM_BATCH;
-	if (!s->anon || !s->anon[idx] || s->pagemap < 0 || mig_pagemap_read(s->pagemap, hva, n, s->pme) < 0)
-		return 0;
-	return n;
-}
