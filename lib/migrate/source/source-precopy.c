@@ -177,15 +177,18 @@ int src_tick(struct source *s)
 }
 
 /*
- * Pages handed out at once: HAND_OUT, or under a cap about a batch's
- * worth (at least 16), so that the tick between ranges (src_put() only
- * marks it due) comes as often as a batch goes out.
+ * Pages handed out at once: HAND_OUT (4 MiB: at the link's speed a few
+ * ms between ticks), or under a cap about a batch's worth (at least 16),
+ * so that the tick between ranges (src_put() only marks it due) comes as
+ * often as a paced batch goes out.
  */
 static uint64_t hand_out(const struct source *s)
 {
 	uint64_t pages = src_batch_bytes(s) / PAGE;
 
-	return pages >= HAND_OUT ? HAND_OUT : pages < 16 ? 16 : pages;
+	if (!__atomic_load_n(&s->cap_bps, __ATOMIC_RELAXED) || pages >= HAND_OUT)
+		return HAND_OUT;
+	return pages < 16 ? 16 : pages;
 }
 
 /*
