@@ -86,6 +86,7 @@ struct slot {
 	struct mig_session_opts o; /* the gate's, its handshake's budget what the waiting room left of it */
 	enum slot_state state;
 	bool cut;	   /* shut down by the gate */
+	bool joining;	   /* a join of a session open here when seated: never cut, its session waits for it */
 	int fd;		   /* -1 once a session owns it */
 	uint64_t since_ms; /* accepted */
 	uint64_t start_ms; /* given its slot, its hello whole */
@@ -678,7 +679,7 @@ static uint64_t cut_oldest(struct mig_gate *gate)
 	if (cutting(gate))
 		return 0;
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++) {
-		if (sl->state != SLOT_BUSY || sl->fd < 0)
+		if (sl->state != SLOT_BUSY || sl->fd < 0 || sl->joining)
 			continue;
 		grace = grace_ms(gate, sl);
 		if (now < sl->start_ms + grace && slots_of(gate, sl, true) == 1) {
@@ -707,7 +708,8 @@ static uint64_t cut_oldest(struct mig_gate *gate)
  * address must wait, else a slot of its own, its handshake within what is
  * left of the budget.  1: the slot taken; 0: turned away, the slot free.
  */
-static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct sockaddr *sa, uint64_t since)
+static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct sockaddr *sa, uint64_t since,
+		 bool joining)
 {
 	uint64_t wait, now = mig_clock_ms(), budget = budget_ms(gate);
 	pthread_attr_t attr;
@@ -715,7 +717,7 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 	uid_t uid;
 	int ret;
 
-	*sl = (struct slot){ .gate = gate, .o = gate->o, .fd = fd, .since_ms = since, .start_ms = now };
+	*sl = (struct slot){ .gate = gate, .o = gate->o, .fd = fd, .since_ms = since, .start_ms = now, .joining = joining };
 	sl->o.handshake_ms = now - since < budget ? budget - (now - since) : 1;
 	uid = sa->sa_family == AF_UNIX ? peer_uid(fd) : 0;
 	peer_key(sa, uid, false, sl->peer);
@@ -1261,7 +1263,8 @@ static void seat(struct mig_gate *gate)
 	struct slot *sl = gate->slot;
 
 	while (sl < gate->slot + MIG_GATE_SLOTS && (r->head[JOINING] >= 0 || r->head[HEARD] >= 0)) {
-		int i = r->head[JOINING] >= 0 ? r->head[JOINING] : r->head[HEARD];
+		bool joining = r->head[JOINING] >= 0;
+		int i = joining ? r->head[JOINING] : r->head[HEARD];
 		struct sockaddr_storage ss = r->w[i].ss;
 		uint64_t since = r->w[i].since_ms;
 		int fd = r->w[i].fd;
@@ -1272,7 +1275,7 @@ static void seat(struct mig_gate *gate)
 		}
 		r->w[i].fd = -1; /* the slot's now */
 		room_release(r, i);
-		sl += start(gate, sl, fd, (struct sockaddr *)&ss, since); /* turned away: the slot for the next */
+		sl += start(gate, sl, fd, (struct sockaddr *)&ss, since, joining); /* turned away: the slot for the next */
 	}
 }
 

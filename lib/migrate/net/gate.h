@@ -29,7 +29,9 @@
  *   MIG_GATE_SLOTS at once, within what is left of one handshake's budget
  *   from accept (mig_session_opts.handshake_ms, a few seconds, whatever
  *   the peer does).  With every slot taken and a whole hello waiting, a
- *   handshake still in progress is cut (which one: below).
+ *   handshake still in progress is cut (which one: below), never a join
+ *   of a session open here (its session waits for it; its id, the
+ *   session's, is not to be guessed).
  * - A session's first connection, proven, waits for its others to join:
  *   all within mig_session_join_ms() (which --deadline also bounds), or
  *   it is dropped, its connections closed.  A join is matched to its
