@@ -43,6 +43,7 @@
 #include "clock.h"
 #include "errf.h"
 #include "gate.h"
+#include "hooks.h"
 
 #define PEER_KEY 17 /* a family byte, and up to 16 bytes of address */
 
@@ -86,6 +87,7 @@ struct slot {
 	struct mig_session_opts o; /* the gate's, its handshake's budget what the waiting room left of it */
 	enum slot_state state;
 	bool cut;	   /* shut down by the gate */
+	int claim;	   /* o.claim's (session.h): answered, or cut */
 	bool joining;	   /* a join of a session open here when seated: never cut, its session waits for it */
 	int fd;		   /* -1 once a session owns it */
 	uint64_t since_ms; /* accepted */
@@ -145,6 +147,8 @@ struct mig_gate {
 	struct peer peer[MIG_GATE_PEERS];
 	struct log_limit log;
 	bool taken; /* under lock: a stream was taken; handshakes still going are cut, and told so */
+	unsigned int filed; /* under lock: sessions filed so far (pending_open()) */
+	unsigned int promoted; /* the taker's: ... as far as room_promote() has looked */
 };
 
 static void wake(struct mig_gate *gate)
@@ -472,7 +476,9 @@ static int pending_open(struct mig_gate *gate, struct slot *sl, struct mig_greet
 	snprintf(p->name, sizeof(p->name), "%s", sl->name);
 	OPENSSL_cleanse(g, sizeof(*g));
 	sl->fd = -1;
+	gate->filed++;
 	pthread_cond_broadcast(&gate->opened);
+	wake(gate); /* joins whose hellos came whole before it was filed move up (room_promote()) */
 	return 0;
 }
 
@@ -548,6 +554,7 @@ static void *slot_run(void *arg)
 	if (ret == 0 && g->join) {
 		ret = join(gate, sl, g, err, sizeof(err));
 	} else if (ret == 0) {
+		MIG_HOOK_POINT(MIG_HOOK_GATE_ANSWERED, gate);
 		pthread_mutex_lock(&gate->lock);
 		ret = pending_open(gate, sl, g, err, sizeof(err));
 		if (ret < 0 && sl->cut && gate->taken && sl->fd >= 0) {
@@ -679,7 +686,8 @@ static uint64_t cut_oldest(struct mig_gate *gate)
 	if (cutting(gate))
 		return 0;
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++) {
-		if (sl->state != SLOT_BUSY || sl->fd < 0 || sl->joining)
+		if (sl->state != SLOT_BUSY || sl->fd < 0 || sl->joining ||
+		    __atomic_load_n(&sl->claim, __ATOMIC_ACQUIRE) == MIG_CLAIM_ANSWERED)
 			continue;
 		grace = grace_ms(gate, sl);
 		if (now < sl->start_ms + grace && slots_of(gate, sl, true) == 1) {
@@ -693,6 +701,9 @@ static uint64_t cut_oldest(struct mig_gate *gate)
 			most = n;
 		}
 	}
+	if (old && !__atomic_compare_exchange_n(&old->claim, &(int){ MIG_CLAIM_OPEN }, MIG_CLAIM_CUT, false,
+						 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+		return 0; /* answered meantime: never cut now; its thread wakes the taker once it is filed */
 	if (old) {
 		old->cut = true;
 		__atomic_add_fetch(&gate->stats.cut, 1, __ATOMIC_RELAXED);
@@ -719,6 +730,7 @@ static int start(struct mig_gate *gate, struct slot *sl, int fd, const struct so
 
 	*sl = (struct slot){ .gate = gate, .o = gate->o, .fd = fd, .since_ms = since, .start_ms = now, .joining = joining };
 	sl->o.handshake_ms = now - since < budget ? budget - (now - since) : 1;
+	sl->o.claim = &sl->claim;
 	uid = sa->sa_family == AF_UNIX ? peer_uid(fd) : 0;
 	peer_key(sa, uid, false, sl->peer);
 	peer_key(sa, uid, true, sl->who);
@@ -899,6 +911,33 @@ static int hello_list(struct mig_gate *gate, int fd)
 	open = pending_find(gate, h.session) != NULL;
 	pthread_mutex_unlock(&gate->lock);
 	return open ? JOINING : HEARD;
+}
+
+/*
+ * Sessions filed since the last look: joins naming one of them, whose
+ * hellos came whole before it was (its source had its answer first), out
+ * of HEARD into JOINING.  A look at every whole hello waiting, once a
+ * session proven by its key (or, without one, a first connection) opens.
+ */
+static void room_promote(struct mig_gate *gate)
+{
+	struct room *r = &gate->room;
+	unsigned int opened;
+	int i, next;
+
+	pthread_mutex_lock(&gate->lock);
+	opened = gate->filed;
+	pthread_mutex_unlock(&gate->lock);
+	if (opened == gate->promoted)
+		return;
+	gate->promoted = opened;
+	for (i = r->head[HEARD]; i >= 0; i = next) {
+		next = r->w[i].next;
+		if (hello_list(gate, r->w[i].fd) == JOINING) {
+			room_unlink(r, i);
+			room_append(r, i, JOINING);
+		}
+	}
 }
 
 /* An UNHEARD waiter looked at again: to a list of whole hellos, turned away, or left. */
@@ -1358,6 +1397,7 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 			return 0;
 		}
 		room_events(gate);
+		room_promote(gate);
 		now = mig_clock_ms();
 		next_ms = earliest(next_ms, room_expire(gate, now));
 		seat(gate);

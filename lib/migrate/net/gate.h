@@ -31,7 +31,11 @@
  *   the peer does).  With every slot taken and a whole hello waiting, a
  *   handshake still in progress is cut (which one: below), never a join
  *   of a session open here (its session waits for it; its id, the
- *   session's, is not to be guessed).
+ *   session's, is not to be guessed), nor one that has answered its
+ *   source "ok" (mig_session_opts.claim: the answer and the cut exclude
+ *   each other, so a source that had its answer finds its session filed).
+ *   A join whose hello came whole before its session was filed (its
+ *   source had the answer first) moves up with the joins once it is.
  * - A session's first connection, proven, waits for its others to join:
  *   all within mig_session_join_ms() (which --deadline also bounds), or
  *   it is dropped, its connections closed.  A join is matched to its

@@ -702,6 +702,11 @@ static int dest_hello(struct mig_conn *c, int fd, const struct mig_hello *theirs
 			goto out;
 		}
 	}
+	if (o->claim && !__atomic_compare_exchange_n(o->claim, &(int){ MIG_CLAIM_OPEN }, MIG_CLAIM_ANSWERED, false,
+						     __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+		ret = mig_errf(err, len, -ECONNABORTED, "cut as it was proven: the house was full");
+		goto out;
+	}
 	ret = answer(c, 0, "ok");
 	if (ret < 0)
 		mig_errf(err, len, ret, "sending the answer: %s", strerror(-ret));

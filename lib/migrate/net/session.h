@@ -118,7 +118,18 @@ struct mig_session_opts {
 	 * source's, every connection's together, within twice that.
 	 */
 	uint64_t handshake_ms;
+	/*
+	 * destination, a gate's (NULL: none): taken (MIG_CLAIM_OPEN ->
+	 * MIG_CLAIM_ANSWERED, __atomic) just before a proven handshake's
+	 * answer "ok" goes out, as the gate takes it (-> MIG_CLAIM_CUT)
+	 * before it cuts the connection: whichever comes first, the other
+	 * does not happen.  A source that had its answer is never cut before
+	 * its session is filed; one that is cut never had it (-ECONNABORTED).
+	 */
+	int *claim;
 };
+
+enum { MIG_CLAIM_OPEN, MIG_CLAIM_ANSWERED, MIG_CLAIM_CUT };
 
 /* The connections of a session, each with its channel; [0] carries the stream's header. */
 struct mig_session {
