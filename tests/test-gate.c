@@ -1445,6 +1445,69 @@ START_TEST(joins_before_filed)
 END_TEST
 
 /*
+ * The hook of joins_seated_before_filed: as hold_filing, but with no one
+ * else about, so that the join has a slot (and waits in it for its
+ * session); then 2,000 stallers start, whose whole hellos make every
+ * handshake not a join's cuttable, and the session is filed.
+ */
+static struct stallers *seated_stallers; /* __atomic */
+static uint16_t seated_port;
+
+static void hold_filing_then_stall(enum mig_hook_point p, void *obj)
+{
+	unsigned int k;
+
+	(void)obj;
+	if (p != MIG_HOOK_GATE_ANSWERED || __atomic_add_fetch(&filed_holds, 1, __ATOMIC_ACQ_REL) != 1)
+		return;
+	for (k = 0; k < 5000 && !__atomic_load_n(&relay_hellos, __ATOMIC_ACQUIRE); k++)
+		sleep_ms(1);
+	sleep_ms(200); /* the join seated in a free slot, waiting in join() */
+	__atomic_store_n(&seated_stallers, stallers_start(seated_port, 2000, 90), __ATOMIC_RELEASE);
+	sleep_ms(1000); /* every slot taken, whole hellos waiting: every handshake but a join's cuttable */
+}
+
+/*
+ * A join seated before its session is filed (a free slot when its hello
+ * came whole) is a join once the session is: not cut while its link holds
+ * the proof, though stallers came meanwhile; nor is it cut while it waits
+ * for its session, which was answered and is being filed.  Without the
+ * first: "awaiting the destination's answer: the connection ended";
+ * without the second: "awaiting the destination's hello: the connection
+ * ended".
+ */
+START_TEST(joins_seated_before_filed)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .handshake_ms = 15000, .name = "gate" };
+	struct source src = { .o = { .psk = &key_a, .conns = 2, .timeout_ms = 15000, .handshake_ms = 15000,
+				     .name = "gate" },
+			      .tag = 909, .join_hold_ms = 100 };
+	struct mig_gate_stats st;
+	struct taker t = { 0 };
+	pthread_t th;
+	int lfd = tcp_listener(&seated_port);
+	double ms;
+
+	raise_nofile();
+	__atomic_store_n(&mig_test_hook, hold_filing_then_stall, __ATOMIC_RELEASE);
+	taker_start(&t, lfd, &o, &th);
+	dial_tcp_port = seated_port;
+	ms = source_ms(&src, seated_port);
+	mig_gate_stats(t.gate, &st);
+	__atomic_store_n(&mig_test_hook, NULL, __ATOMIC_RELEASE);
+	if (__atomic_load_n(&seated_stallers, __ATOMIC_ACQUIRE))
+		stallers_stop(__atomic_load_n(&seated_stallers, __ATOMIC_ACQUIRE));
+	printf("joins seated before filed: the source %s in %.1f ms; the gate cut %" PRIu64 "\n",
+	       src.ret == 0 ? "served" : "FAILED", ms, st.cut);
+	ck_assert_uint_eq(__atomic_load_n(&filed_holds, __ATOMIC_ACQUIRE), 1);
+	ck_assert_msg(src.ret == 0, "a join seated before its session was filed: %s", src.err);
+	taker_check(&t, th, 2, src.tag);
+	dial_tcp_port = 0;
+	close(lfd);
+}
+END_TEST
+
+/*
  * ATTACK 2: a connect/close (or connect/RST) flood from many addresses,
  * no byte sent: the peer gone counts as a whole hello, so every one of
  * them gets a slot (a thread, an io_uring) instead of being dropped in the
@@ -2216,6 +2279,7 @@ int main(void)
 	tcase_add_test(tc, many_tricklers_hold_no_slot);
 	tcase_add_test(tc, joins_never_cut);
 	tcase_add_test(tc, joins_before_filed);
+	tcase_add_test(tc, joins_seated_before_filed);
 	tcase_add_test(tc, refusals_rate_limited);
 	tcase_add_test(tc, wrong_proofs_slowed_down);
 	tcase_add_test(tc, other_user_cannot_hold_back);

@@ -88,7 +88,9 @@ struct slot {
 	enum slot_state state;
 	bool cut;	   /* shut down by the gate */
 	int claim;	   /* o.claim's (session.h): answered, or cut */
-	bool joining;	   /* a join of a session open here when seated: never cut, its session waits for it */
+	bool joining;	   /* a join of a session open here: never cut, its session waits for it */
+	uint8_t session[32]; /* a join's, once join() found its session: the session it names */
+	bool awaiting;	     /* a join in join(), waiting for its session to be filed */
 	int fd;		   /* -1 once a session owns it */
 	uint64_t since_ms; /* accepted */
 	uint64_t start_ms; /* given its slot, its hello whole */
@@ -476,7 +478,8 @@ static int pending_open(struct mig_gate *gate, struct slot *sl, struct mig_greet
 	snprintf(p->name, sizeof(p->name), "%s", sl->name);
 	OPENSSL_cleanse(g, sizeof(*g));
 	sl->fd = -1;
-	gate->filed++;
+	if (p->conns > 1)
+		gate->filed++; /* only a session with joins to come has joins to move up */
 	pthread_cond_broadcast(&gate->opened);
 	wake(gate); /* joins whose hellos came whole before it was filed move up (room_promote()) */
 	return 0;
@@ -501,12 +504,31 @@ static int join(struct mig_gate *gate, struct slot *sl, struct mig_greeting *g, 
 		return mig_errf(err, len, -ENOMEM, "out of memory");
 	}
 	pthread_mutex_lock(&gate->lock);
+	sl->awaiting = true;
 	while (!(p = pending_find(gate, g->hello.session)) && !sl->cut && mig_clock_ms() < end) {
 		uint64_t now = mig_clock_ms(), ms = now < end && end - now < 100 ? end - now : 100;
 		uint64_t at = mig_clock_ns() + ms * 1000000u; /* the cond's clock is the engine's (mig_gate_new()) */
 		struct timespec ts = { .tv_sec = (time_t)(at / 1000000000u), .tv_nsec = (long)(at % 1000000000u) };
 
 		pthread_cond_timedwait(&gate->opened, &gate->lock, &ts);
+	}
+	sl->awaiting = false;
+	if (p && !sl->cut) {
+		/*
+		 * Its session waits for it: never cut from now, as one seated
+		 * from JOINING is not (it may have been seated before its
+		 * session was filed), up to as many as the session still lacks:
+		 * copies of its hello (whose id goes in the clear) hold no more.
+		 */
+		unsigned int others = 0;
+		struct slot *o;
+
+		memcpy(sl->session, g->hello.session, 32);
+		for (o = gate->slot; o < gate->slot + MIG_GATE_SLOTS; o++)
+			if (o != sl && o->state == SLOT_BUSY && o->joining && !memcmp(o->session, sl->session, 32))
+				others++;
+		if (others < p->conns - p->n)
+			sl->joining = true;
 	}
 	if (p) {
 		first->hello = p->first.hello;
@@ -557,7 +579,8 @@ static void *slot_run(void *arg)
 		MIG_HOOK_POINT(MIG_HOOK_GATE_ANSWERED, gate);
 		pthread_mutex_lock(&gate->lock);
 		ret = pending_open(gate, sl, g, err, sizeof(err));
-		if (ret < 0 && sl->cut && gate->taken && sl->fd >= 0) {
+		if (ret < 0 && sl->cut && gate->taken && sl->fd >= 0 &&
+		    __atomic_load_n(&sl->claim, __ATOMIC_ACQUIRE) != MIG_CLAIM_ANSWERED) {
 			/*
 			 * Cut because another stream was taken: the handshake
 			 * ended at its read without an answer of its own; say why
@@ -671,7 +694,9 @@ static uint64_t grace_ms(const struct mig_gate *gate, const struct slot *sl)
 
 /*
  * Under the lock: cut a handshake in progress, unless one is being cut
- * already (or a slot is free in a moment): the oldest of the peer (an
+ * already (or a slot is free in a moment), never a join of a session
+ * open here, one answered "ok" (its claim taken) nor, while a session
+ * answered is not filed yet, a join waiting for its session: the oldest of the peer (an
  * IPv6 /64) that holds the most slots, so that one peer opening
  * connections as fast as it can cuts its own, never everyone else's; a
  * handshake alone from its whole address only once past its grace.
@@ -682,11 +707,17 @@ static uint64_t cut_oldest(struct mig_gate *gate)
 	struct slot *sl, *old = NULL;
 	uint64_t now = mig_clock_ms(), grace, soon = 0;
 	unsigned int most = 0, n;
+	bool unfiled = false;
 
 	if (cutting(gate))
 		return 0;
+	/* a session answered "ok" and not filed yet: the joins waiting for one may be its */
+	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++)
+		if (sl->state == SLOT_BUSY && sl->fd >= 0 && !sl->awaiting &&
+		    __atomic_load_n(&sl->claim, __ATOMIC_ACQUIRE) == MIG_CLAIM_ANSWERED)
+			unfiled = true;
 	for (sl = gate->slot; sl < gate->slot + MIG_GATE_SLOTS; sl++) {
-		if (sl->state != SLOT_BUSY || sl->fd < 0 || sl->joining ||
+		if (sl->state != SLOT_BUSY || sl->fd < 0 || sl->joining || (sl->awaiting && unfiled) ||
 		    __atomic_load_n(&sl->claim, __ATOMIC_ACQUIRE) == MIG_CLAIM_ANSWERED)
 			continue;
 		grace = grace_ms(gate, sl);
@@ -1020,13 +1051,25 @@ static uint64_t room_expire(struct mig_gate *gate, uint64_t now)
 		}
 		i = after;
 	}
-	/* whole hellos that found no slot within the budget (roughly in the order of accept) */
+	/*
+	 * Whole hellos that found no slot within the budget: HEARD in the
+	 * order of accept; JOINING (short: joins of open sessions) looked at
+	 * whole, a join moved up from HEARD being older than those before it.
+	 */
 	for (list = HEARD; list <= JOINING; list++) {
-		while ((i = r->head[list]) >= 0 && r->w[i].since_ms + budget_ms(gate) <= now)
+		int next_i;
+
+		for (i = r->head[list]; i >= 0; i = next_i) {
+			next_i = r->w[i].next;
+			if (r->w[i].since_ms + budget_ms(gate) > now) {
+				next = earliest(next, r->w[i].since_ms + budget_ms(gate));
+				if (list == HEARD)
+					break;
+				continue;
+			}
 			room_refuse(gate, i, -ETIMEDOUT, "no slot for its handshake within %" PRIu64 " ms (%u "
 				    "connections waiting)", budget_ms(gate), room_count(r));
-		if (i >= 0)
-			next = earliest(next, r->w[i].since_ms + budget_ms(gate));
+		}
 	}
 	return next;
 }
