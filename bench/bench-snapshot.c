@@ -206,7 +206,7 @@ static int writer_once(uint64_t *mem, uint64_t size, struct mig_snap_result *r, 
 {
 	uint64_t gpa = 0, bytes = 0;
 	struct snap_layout l = { .kind = SNAP_FULL, .nr_regions = 1, .nr_vcpus = 1, .gpa = &gpa, .size = &size };
-	struct mig_vcpu_state vs = { .msrs = { { .index = mig_msr_index[0] } } };
+	struct mig_vcpu_state vs = { .nr_msrs = 1, .msrs = { { .index = 0x10 } } }; /* IA32_TSC */
 	struct snap_written wr;
 	struct snap_writer *w;
 	uint8_t id[SNAP_ID];
@@ -223,7 +223,7 @@ static int writer_once(uint64_t *mem, uint64_t size, struct mig_snap_result *r, 
 		snap_writer_abandon(w);
 		return ret;
 	}
-	snap_writer_vcpus(w, &vs);
+	snap_writer_vcpus(w, &vs, &(struct mig_vm_state){ 0 });
 	t0 = now_ms();
 	ret = snap_writer_commit(w, id, &wr, err, len);
 	r->fsync_ms = now_ms() - t0;

@@ -42,12 +42,16 @@ struct fake_guest {
 	int fail_load; /* vCPU whose next load fails with -EIO, or -1 */
 };
 
+/* A VM's own state as a stream of the fake guest carries it: the clock alone. */
+static const struct mig_vm_state fake_vm = { .parts = MIG_VMS_CLOCK, .clock.clock = 1000000 };
+
 /* A vCPU's state as a new guest has it. */
 static inline void fake_fresh(unsigned int i, struct mig_vcpu_state *st)
 {
 	memset(st, 0, sizeof(*st));
 	st->regs.rip = 0x100000 + i;
-	st->msrs[0].index = mig_msr_index[0];
+	st->nr_msrs = 1;
+	st->msrs[0].index = 0x10; /* IA32_TSC */
 }
 
 static inline int fake_vcpu_load(void *ctx, unsigned int i, const struct mig_vcpu_state *st)

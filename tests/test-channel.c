@@ -1076,6 +1076,9 @@ static size_t data_stream(uint8_t *buf, size_t *page_at)
 		PUT(&rec, sizeof(rec));
 		PUT(&st, sizeof(st));
 	}
+	rec = mig_encode_vm(&e, &fake_vm);
+	PUT(&rec, sizeof(rec));
+	PUT(&fake_vm, sizeof(fake_vm));
 	rec = mig_encode_end(&e);
 	PUT(&rec, sizeof(rec));
 #undef PUT
@@ -1224,15 +1227,14 @@ static void fake_stream(unsigned int conns, struct iovec lane[2], uint8_t *buf0,
 		PUT(buf0, n0, &rec, sizeof(rec));
 	}
 	for (i = 0; i < FAKE_NR_VCPUS; i++) {
-		unsigned int m;
-
 		fake_fresh(i, &st);
-		for (m = 0; m < MIG_NR_MSRS; m++)
-			st.msrs[m].index = mig_msr_index[m];
 		rec = mig_encode_vcpu(&e0, i, &st);
 		PUT(buf0, n0, &rec, sizeof(rec));
 		PUT(buf0, n0, &st, sizeof(st));
 	}
+	rec = mig_encode_vm(&e0, &fake_vm);
+	PUT(buf0, n0, &rec, sizeof(rec));
+	PUT(buf0, n0, &fake_vm, sizeof(fake_vm));
 	rec = mig_encode_end(&e0);
 	PUT(buf0, n0, &rec, sizeof(rec));
 	rec = mig_encode_end(&e1);

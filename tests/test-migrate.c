@@ -541,8 +541,11 @@ START_TEST(bad_fields)
 	u32 = 2;
 	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 2 (no commit at the handoff",
 		     "version 2");
+	u32 = 3;
+	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true,
+		     "header.version: 3 (a vCPU's registers, XSAVE and TSC only", "version 3");
 	u32 = MIG_VERSION + 1;
-	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 4", "unknown version");
+	refuse_patch(offsetof(struct mig_header, version), &u32, 4, true, "header.version: 5", "unknown version");
 	u32 = 8192;
 	refuse_patch(offsetof(struct mig_header, page_size), &u32, 4, true, "header.page_size", "page size");
 	u32 = 3;
@@ -581,13 +584,24 @@ START_TEST(bad_fields)
 	refuse_patch(vcpu + offsetof(struct mig_record, first), u64, 8, true, "(VCPU).first: 3", "VCPU first");
 	u32 = 5;
 	refuse_patch(vcpu + offsetof(struct mig_record, index), &u32, 4, true, "(VCPU).index: vCPU 5", "vCPU index");
-	/* the stream chooses no MSR: only the one the engine sends */
-	u32 = 0x1b; /* IA32_APIC_BASE */
-	refuse_patch(vcpu + sizeof(struct mig_record) + offsetof(struct mig_vcpu_state, msrs), &u32, 4, true,
-		     "(VCPU).msrs[0].index: 0x1b", "MSR index");
+	/* a vCPU state's MSR list out of form: out of order, too long, an MSR no KVM saves */
+	u32 = 0;
+	refuse_patch(vcpu + sizeof(struct mig_record) + offsetof(struct mig_vcpu_state, msrs) + 16, &u32, 4, true,
+		     "(VCPU).msrs[1].index: 0x0 after", "MSR order");
+	u32 = MIG_VCPU_MSRS + 44;
+	refuse_patch(vcpu + sizeof(struct mig_record) + offsetof(struct mig_vcpu_state, nr_msrs), &u32, 4, true,
+		     "(VCPU).nr_msrs: 300, at most 256", "MSR count");
+	u32 = 1u << 9;
+	refuse_patch(vcpu + sizeof(struct mig_record) + offsetof(struct mig_vcpu_state, parts), &u32, 4, true,
+		     "(VCPU).parts: 0x200", "vCPU state parts");
 	u32 = 1;
 	refuse_patch(vcpu + sizeof(struct mig_record) + offsetof(struct mig_vcpu_state, msrs) + 4, &u32, 4, true,
 		     "(VCPU).msrs[0].reserved", "MSR reserved");
+	u64[0] = 4;
+	refuse_patch(rec_off(MIG_VM) + offsetof(struct mig_record, first), u64, 8, true, "(VM).first: 4", "VM first");
+	u32 = 1u << 5;
+	refuse_patch(rec_off(MIG_VM) + sizeof(struct mig_record) + offsetof(struct mig_vm_state, parts), &u32, 4, true,
+		     "(VM).parts: 0x20", "VM state parts");
 	pass = rec_off(MIG_PASS);
 	u32 = 1;
 	refuse_patch(pass + offsetof(struct mig_record, index), &u32, 4, true, "(PASS).index", "PASS index");
@@ -627,6 +641,10 @@ START_TEST(incomplete_streams)
 	b = without_record(nth_record(MIG_VCPU, 1), &len);
 	expect_refused(b, len, "no VCPU record for vCPU 1", "a VCPU record dropped");
 	free(b);
+	/* ... and the VM's */
+	b = without_record(nth_record(MIG_VM, 0), &len);
+	expect_refused(b, len, "no VM record before it", "the VM record dropped");
+	free(b);
 
 	/* anything after END */
 	b = malloc(rec.len + 1);
@@ -642,7 +660,7 @@ START_TEST(incomplete_streams)
 
 		expect_refused(rec.buf, off, "the stream ended before END", "cut before a record");
 		expect_refused(rec.buf, off + 10, "the stream ended after 10 of 24", "cut inside a record header");
-		if (rec.recs[i].r.kind == MIG_DATA || rec.recs[i].r.kind == MIG_VCPU)
+		if (rec.recs[i].r.kind == MIG_DATA || rec.recs[i].r.kind == MIG_VCPU || rec.recs[i].r.kind == MIG_VM)
 			expect_refused(rec.buf, off + sizeof(struct mig_record) + 7, "the stream ended after 7",
 				       "cut inside a payload");
 		feed_stream(rec.buf, off, err, sizeof(err));
@@ -659,7 +677,7 @@ START_TEST(incomplete_streams)
 	memcpy(b, rec.buf, rec.recs[0].off);
 	len = rec.recs[0].off;
 	for (i = 0; i < rec.nrec; i++) {
-		if (rec.recs[i].r.kind != MIG_VCPU)
+		if (rec.recs[i].r.kind != MIG_VCPU && rec.recs[i].r.kind != MIG_VM)
 			continue;
 		memcpy(b + len, rec.buf + rec.recs[i].off, rec.recs[i + 1].off - rec.recs[i].off);
 		len += rec.recs[i + 1].off - rec.recs[i].off;

@@ -38,6 +38,7 @@ static const uint64_t reg_size[NREG] = { 64 * 4096, 3ull << 20, 700 * 4096 }; /*
 struct mem {
 	uint8_t *r[NREG];
 	struct mig_vcpu_state vs[NV];
+	struct mig_vm_state vm;
 };
 
 static char dir[64];
@@ -53,9 +54,11 @@ static void mem_new(struct mem *m)
 	memset(m->vs, 0, sizeof(m->vs));
 	for (i = 0; i < NV; i++) {
 		m->vs[i].regs.rip = 0x1000 + i;
-		m->vs[i].msrs[0].index = mig_msr_index[0];
+		m->vs[i].nr_msrs = 1;
+		m->vs[i].msrs[0].index = 0x10; /* IA32_TSC */
 		m->vs[i].msrs[0].data = 1234 + i;
 	}
+	m->vm = (struct mig_vm_state){ .parts = MIG_VMS_CLOCK, .clock.clock = 987654321 };
 }
 
 static void mem_free(struct mem *m)
@@ -138,7 +141,7 @@ static int write_snap(const char *name, const struct mem *m, uint64_t seq, const
 		snap_writer_abandon(w);
 		return ret;
 	}
-	snap_writer_vcpus(w, m->vs);
+	snap_writer_vcpus(w, m->vs, &m->vm);
 	return snap_writer_commit(w, id, NULL, err, len);
 }
 
@@ -160,6 +163,8 @@ static int load_chain(const char *const *names, unsigned int n, struct mem *out,
 		ret = snap_chain_load(f, n, (void *const *)out->r, NULL, err, len);
 		if (ret == 0)
 			memcpy(out->vs, f[n - 1]->vcpus, sizeof(out->vs));
+		if (ret == 0)
+			out->vm = *f[n - 1]->vm;
 	}
 	for (i = 0; i < n; i++)
 		snap_file_close(f[i]);
@@ -176,6 +181,7 @@ static void expect_same(const struct mem *a, const struct mem *b, const char *wh
 			expect(!memcmp(a->r[i] + pg * 4096, b->r[i] + pg * 4096, 4096),
 			       "%s: region %u page %" PRIu64 " differs from memory at the snapshot", what, i, pg);
 	ck_assert_msg(!memcmp(a->vs, b->vs, sizeof(a->vs)), "%s: vCPU states differ", what);
+	ck_assert_msg(!memcmp(&a->vm, &b->vm, sizeof(a->vm)), "%s: the VM's states differ", what);
 }
 
 /* Memory with data and zero pages, its full snapshot s0, and diffs s1, s2 (m1, m2: memory at each). */
@@ -701,7 +707,7 @@ START_TEST(never_over_a_file)
 	fd = open(path, O_CREAT | O_WRONLY, 0600);
 	ck_assert_int_eq(write(fd, "mine", 4), 4);
 	close(fd);
-	snap_writer_vcpus(w, m.vs);
+	snap_writer_vcpus(w, m.vs, &m.vm);
 	ck_assert_int_eq(snap_writer_commit(w, id, NULL, err, sizeof(err)), -EEXIST);
 	fd = open(path, O_RDONLY);
 	ck_assert_int_eq(read(fd, buf, sizeof(buf)), 4);
@@ -915,7 +921,7 @@ START_TEST(stale_copies_never_come_back)
 		page_set(&m, 1, 5, &rng, true);
 		ck_assert_int_eq(snap_writer_put(w, 1, 3, 1, zero, NULL, err, sizeof(err)), 0);
 		ck_assert_int_eq(snap_writer_zero(w, 1, 5, 1, err, sizeof(err)), 0);
-		snap_writer_vcpus(w, m.vs);
+		snap_writer_vcpus(w, m.vs, &m.vm);
 		ck_assert_msg(snap_writer_commit(w, id[k], NULL, err, sizeof(err)) == 0, "%s", err);
 		mem_new(&out);
 		ck_assert_msg(load_chain(names, k + 1, &out, err, sizeof(err)) == 0, "%s", err);
@@ -979,7 +985,7 @@ START_TEST(page_changed_as_written)
 	ret = snap_writer_put(w, 1, 0, n, m.r[1], NULL, err, sizeof(err));
 	snap_pwrite = pwrite;
 	ck_assert_msg(ret == 0, "%s", err);
-	snap_writer_vcpus(w, m.vs);
+	snap_writer_vcpus(w, m.vs, &m.vm);
 	ck_assert_msg(snap_writer_commit(w, id, NULL, err, sizeof(err)) == 0, "%s", err);
 	mem_new(&out);
 	ret = load_chain(names, 1, &out, err, sizeof(err));

@@ -219,7 +219,8 @@ START_TEST(decode_header_fields)
 	} cases[] = {
 		{ offsetof(struct mig_header, magic), 0x4d4d4d4d, "header.magic" },
 		{ offsetof(struct mig_header, version), 1, "header.version: 1 (page digests" },
-		{ offsetof(struct mig_header, version), 9, "header.version: 9, this destination speaks 3" },
+		{ offsetof(struct mig_header, version), 9, "header.version: 9, this destination speaks 4" },
+		{ offsetof(struct mig_header, version), 3, "header.version: 3 (a vCPU's registers, XSAVE and TSC only" },
 		{ offsetof(struct mig_header, page_size), 2048, "header.page_size: 2048" },
 		{ offsetof(struct mig_header, nr_regions), 3, "header.nr_regions: 3" },
 		{ offsetof(struct mig_header, nr_vcpus), 4, "header.nr_vcpus: 4" },
@@ -412,7 +413,9 @@ static const struct {
 	{ "4-pass-index.bin", "(PASS).index: 1, must be 0" },
 	{ "4-version-1.bin", "header.version: 1 (page digests hashed in the downtime) is no longer accepted" },
 	{ "4-version-2.bin", "header.version: 2 (no commit at the handoff: both ends could run the guest) is no longer accepted" },
-	{ "5-msr-index.bin", "(VCPU).msrs[0].index: 0x1b, the engine sends 0x10" },
+	{ "4-version-3.bin", "header.version: 3 (a vCPU's registers, XSAVE and TSC only: no XCR0, LAPIC, events or MSRs) "
+			     "is no longer accepted" },
+	{ "5-nr-msrs.bin", "(VCPU).nr_msrs: 257, at most 256" },
 	{ "6-after-end.bin", "after END: more bytes" },
 	{ "6-ends-early.bin", "the stream ended before END" },
 };

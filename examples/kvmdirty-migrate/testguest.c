@@ -292,6 +292,20 @@ static int tg_vcpu_load(void *ctx, unsigned int i, const struct mig_vcpu_state *
 	return mig_vcpu_load_kvm(kvmdirty_vcpu_fd(tv->vcpu[i]), st);
 }
 
+static int tg_vm_save(void *ctx, struct mig_vm_state *st)
+{
+	struct testvm *tv = ctx;
+
+	return mig_vm_save_kvm(kvmdirty_vm_fd(tv->vm), st);
+}
+
+static int tg_vm_load(void *ctx, const struct mig_vm_state *st)
+{
+	struct testvm *tv = ctx;
+
+	return mig_vm_load_kvm(kvmdirty_vm_fd(tv->vm), st);
+}
+
 static void tg_pause(void *ctx)
 {
 	testvm_pause_all(ctx);
@@ -321,6 +335,8 @@ static const struct mig_guest_ops tg_ops = {
 	.vcpu_save = tg_vcpu_save,
 	.progress = tg_progress,
 	.vcpu_load = tg_vcpu_load,
+	.vm_save = tg_vm_save,
+	.vm_load = tg_vm_load,
 	.pause = tg_pause,
 	.resume = tg_resume,
 	.set_run_share = tg_set_run_share,

@@ -44,8 +44,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			fprintf(stderr, "accepted with %u vCPUs loaded, %zu of %zu bytes read\n", f.loads, used, size);
 			abort();
 		}
+		/* every state it loaded in form */
 		for (i = 0; i < FAKE_NR_VCPUS; i++)
-			if (f.loaded[i].msrs[0].index != mig_msr_index[0])
+			if (mig_vcpu_state_check(&f.loaded[i], "loaded", NULL, 0) < 0)
 				abort();
 	}
 	return 0;

@@ -46,6 +46,7 @@ struct dest {
 	uint64_t **missing; /* pages that have not arrived */
 	uint64_t **bad;	    /* pages whose latest copy did not match its hash */
 	struct mig_vcpu_state *vs;
+	struct mig_vm_state vm; /* connection 0's */
 	/* each vCPU as it was before the stream: loaded back on any refusal or drop */
 	struct mig_vcpu_state *fresh;
 	/* connection 0's socket and channel where the handoff follows END (its stream does not end there), else -1 */
@@ -280,7 +281,45 @@ static int recv_vcpu(struct dest *d, const struct mig_record *rec)
 {
 	int ret = get(d, &d->vs[rec->index], sizeof(d->vs[0]), "record %" PRIu64 " (VCPU) state", d->dec.nrec - 1);
 
-	return ret < 0 ? ret : mig_decode_vcpu_state(&d->dec, &d->vs[rec->index], d->err, d->len);
+	char what[48];
+
+	if (ret == 0)
+		ret = mig_decode_vcpu_state(&d->dec, &d->vs[rec->index], d->err, d->len);
+	snprintf(what, sizeof(what), "record %" PRIu64 " (VCPU)", d->dec.nrec - 1);
+	return ret < 0 ? ret : mig_vcpu_state_host_check(&d->vs[rec->index], what, d->err, d->len);
+}
+
+static int recv_vm(struct dest *d)
+{
+	int ret = get(d, &d->vm, sizeof(d->vm), "record %" PRIu64 " (VM) state", d->dec.nrec - 1);
+
+	return ret < 0 ? ret : mig_decode_vm_state(&d->dec, &d->vm, d->err, d->len);
+}
+
+/*
+ * A complete stream's state into the guest: each vCPU's, then the VM's.
+ * On a failure the vCPUs go back as they were (nothing of a refused
+ * stream stays in them; the VM's own state the next stream sets whole).
+ */
+static int load_state(struct dest *d)
+{
+	unsigned int i, n = d->g->nr_vcpus;
+	int ret = 0;
+
+	for (i = 0; i < d->g->nr_vcpus; i++) {
+		ret = d->g->ops->vcpu_load(d->g->ctx, i, &d->vs[i]);
+		if (ret < 0) {
+			fail(d, ret, "loading vCPU %u state: %s", i, strerror(-ret));
+			/* ... and it too: a load that failed part way may have set some of its state */
+			n = i + 1;
+			break;
+		}
+	}
+	if (ret == 0 && d->g->ops->vm_load && (ret = d->g->ops->vm_load(d->g->ctx, &d->vm)) < 0)
+		fail(d, ret, "loading the VM's state (irqchip, PIT, clock): %s", strerror(-ret));
+	if (ret < 0)
+		return mig_recv_restore(d->g, d->fresh, n, d->err, d->len) < 0 ? -ENOTRECOVERABLE : ret;
+	return 0;
 }
 
 /* After END: the end of this connection's stream. */
@@ -456,7 +495,6 @@ static int receive(struct dest *d)
 {
 	struct mig_header h;
 	struct mig_record rec;
-	unsigned int i;
 	int ret;
 
 	ret = get(d, &h, sizeof(h), "the header");
@@ -484,22 +522,17 @@ static int receive(struct dest *d)
 			recv_zero(d, &rec);
 		else if (rec.kind == MIG_VCPU)
 			ret = recv_vcpu(d, &rec);
+		else if (rec.kind == MIG_VM)
+			ret = recv_vm(d);
 		if (ret < 0)
 			return ret;
 	}
 	d->res->records += d->dec.nrec - 1;
 	ret = check_complete(d);
+	if (ret == 0)
+		ret = load_state(d);
 	if (ret < 0)
 		return ret;
-	for (i = 0; i < d->g->nr_vcpus; i++) {
-		ret = d->g->ops->vcpu_load(d->g->ctx, i, &d->vs[i]);
-		if (ret < 0) {
-			fail(d, ret, "loading vCPU %u state: %s", i, strerror(-ret));
-			/* the vCPUs loaded before it go back as they were: nothing of a refused stream stays */
-			/* ... and it too: a load that failed part way may have set some of its state */
-			return mig_recv_restore(d->g, d->fresh, i + 1, d->err, d->len) < 0 ? -ENOTRECOVERABLE : ret;
-		}
-	}
 	d->res->hashed = d->dec.flags & MIG_F_PAGE_HASH;
 	return 0;
 }

@@ -65,38 +65,3 @@ void mig_guest_release(struct mig_guest *g)
 	g->regions = NULL;
 	g->nr_regions = 0;
 }
-
-struct msrs {
-	struct kvm_msrs hdr;
-	struct kvm_msr_entry e[MIG_NR_MSRS];
-};
-
-int mig_vcpu_save_kvm(int fd, struct mig_vcpu_state *st)
-{
-	struct msrs msrs = { .hdr.nmsrs = MIG_NR_MSRS };
-	unsigned int i;
-
-	memset(st, 0, sizeof(*st));
-	for (i = 0; i < MIG_NR_MSRS; i++)
-		msrs.e[i].index = mig_msr_index[i];
-	if (ioctl(fd, KVM_GET_REGS, &st->regs) < 0 || ioctl(fd, KVM_GET_SREGS, &st->sregs) < 0 ||
-	    ioctl(fd, KVM_GET_XSAVE, &st->xsave) < 0)
-		return -errno;
-	if (ioctl(fd, KVM_GET_MSRS, &msrs) != MIG_NR_MSRS)
-		return -EIO;
-	memcpy(st->msrs, msrs.e, sizeof(st->msrs));
-	return 0;
-}
-
-int mig_vcpu_load_kvm(int fd, const struct mig_vcpu_state *st)
-{
-	struct msrs msrs = { .hdr.nmsrs = MIG_NR_MSRS };
-
-	memcpy(msrs.e, st->msrs, sizeof(st->msrs));
-	if (ioctl(fd, KVM_SET_SREGS, &st->sregs) < 0 || ioctl(fd, KVM_SET_REGS, &st->regs) < 0 ||
-	    ioctl(fd, KVM_SET_XSAVE, &st->xsave) < 0)
-		return -errno;
-	if (ioctl(fd, KVM_SET_MSRS, &msrs) != MIG_NR_MSRS)
-		return -EIO;
-	return 0;
-}

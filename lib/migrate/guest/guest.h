@@ -21,6 +21,14 @@ struct mig_guest_ops {
 	int (*vcpu_save)(void *ctx, unsigned int vcpu, struct mig_vcpu_state *ret_state);
 	int (*vcpu_load)(void *ctx, unsigned int vcpu, const struct mig_vcpu_state *state);
 	/*
+	 * Optional (NULL: the VM has no state of its own to move, a VM
+	 * record with no part saved goes): the VM's state (irqchip, PIT,
+	 * clock), saved on the source after its vCPUs', loaded on the
+	 * destination after its vCPUs'; 0 or -errno.
+	 */
+	int (*vm_save)(void *ctx, struct mig_vm_state *ret_state);
+	int (*vm_load)(void *ctx, const struct mig_vm_state *state);
+	/*
 	 * Source only.  pause takes every vCPU out of KVM_RUN and keeps it
 	 * out until resume, whatever the guest does (stop-and-copy, then a
 	 * final sync); resume lets them go on where they were (after a failed
@@ -118,11 +126,33 @@ int mig_guest_zero_known(struct mig_guest *g);
 void mig_guest_release(struct mig_guest *g);
 
 /*
- * The state a VCPU record carries, through KVM's ioctls on a vCPU fd
- * (registers, special registers, XSAVE, the MSRs of mig_msr_index): for
- * a VMM whose vcpu_save and vcpu_load need nothing else.
+ * A vCPU's whole state (stream.h: struct mig_vcpu_state) through KVM's
+ * ioctls on its fd, for a VMM whose vcpu_save and vcpu_load need nothing
+ * else: saved with the vCPU out of KVM_RUN (the parts it lacks, as an
+ * in-kernel LAPIC without an irqchip, left out), loaded in the order KVM
+ * requires before it runs.  0, or -errno of the ioctl that failed
+ * (-EINVAL: KVM took fewer MSRs than given; -E2BIG: more MSRs readable
+ * than a record holds).  Any thread; the first call reads the host's MSR
+ * list from /dev/kvm.
  */
 int mig_vcpu_save_kvm(int vcpu_fd, struct mig_vcpu_state *ret_state);
 int mig_vcpu_load_kvm(int vcpu_fd, const struct mig_vcpu_state *state);
+
+/*
+ * The VM's own state (stream.h: struct mig_vm_state) through KVM's
+ * ioctls on its fd: the in-kernel irqchip and PIT where the VM has them,
+ * the clock's value always; loaded in that order.  0, or -errno of the
+ * ioctl that failed.  Any thread, the vCPUs out of KVM_RUN.
+ */
+int mig_vm_save_kvm(int vm_fd, struct mig_vm_state *ret_state);
+int mig_vm_load_kvm(int vm_fd, const struct mig_vm_state *state);
+
+/*
+ * Whether this host's KVM can load st's MSRs: each one that its
+ * KVM_GET_MSR_INDEX_LIST names or a kernel sets (vcpu.c).  0, or -EPROTO
+ * naming the first other one ("WHAT.msrs[3]: MSR 0x...").  0 where there
+ * is no /dev/kvm to ask.
+ */
+int mig_vcpu_state_host_check(const struct mig_vcpu_state *st, const char *what, char *err, size_t len);
 
 #endif

@@ -70,7 +70,7 @@ static inline void clear_bit(uint64_t *map, uint64_t i)
 uint64_t snap_header_len(uint32_t nr_regions, uint32_t nr_vcpus)
 {
 	return ROUND_UP(sizeof(struct snap_header) + (uint64_t)nr_regions * sizeof(struct snap_region) +
-				(uint64_t)nr_vcpus * sizeof(struct mig_vcpu_state),
+				(uint64_t)nr_vcpus * sizeof(struct mig_vcpu_state) + sizeof(struct mig_vm_state),
 			SNAP_PAGE);
 }
 
@@ -89,6 +89,7 @@ struct snap_writer {
 	struct snap_header h;
 	struct wregion *r;
 	struct mig_vcpu_state *vcpus;
+	struct mig_vm_state vm;
 	uint64_t zero_hash;
 	/*
 	 * A put copies HCHUNK pages at a time into a buffer as it hashes
@@ -155,6 +156,7 @@ static int layout(struct snap_writer *w, const struct snap_layout *l, char *err,
 	h->nr_regions = l->nr_regions;
 	h->nr_vcpus = l->nr_vcpus;
 	h->vcpu_state_size = sizeof(struct mig_vcpu_state);
+	h->vm_state_size = sizeof(struct mig_vm_state);
 	h->seq = l->seq;
 	h->header_len = snap_header_len(l->nr_regions, l->nr_vcpus);
 	h->data_off = ROUND_UP(h->header_len, SNAP_ALIGN);
@@ -428,9 +430,10 @@ int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uin
 	return 0;
 }
 
-void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states)
+void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states, const struct mig_vm_state *vm)
 {
 	memcpy(w->vcpus, states, w->h.nr_vcpus * sizeof(*states));
+	w->vm = *vm;
 }
 
 /* The runs and hashes of what the file holds, in region and page order; a full lists no zero run. */
@@ -543,6 +546,7 @@ static void *header_bytes(struct snap_writer *w)
 	for (i = 0; i < w->h.nr_regions; i++)
 		reg[i] = (struct snap_region){ w->r[i].gpa, w->r[i].size, w->r[i].data_off, 0 };
 	memcpy(reg + w->h.nr_regions, w->vcpus, w->h.nr_vcpus * sizeof(*w->vcpus));
+	memcpy((uint8_t *)(reg + w->h.nr_regions) + w->h.nr_vcpus * sizeof(*w->vcpus), &w->vm, sizeof(w->vm));
 	return buf;
 }
 
@@ -675,6 +679,9 @@ static int check_trailer(struct snap_file *f, struct snap_trailer *t, char *err,
 	sha256(t, offsetof(struct snap_trailer, sha), sha);
 	if (memcmp(sha, t->sha, SNAP_ID))
 		return BAD("%s: trailer damaged (its checksum does not match)", f->path);
+	if (t->version == 1)
+		return BAD("%s: snapshot version 1 (a vCPU's registers, XSAVE and TSC only: no XCR0, LAPIC, events or "
+			   "MSRs) is no longer read; this reads version %d", f->path, SNAP_VERSION);
 	if (t->version != SNAP_VERSION)
 		return BAD("%s: trailer version %u, this reads %d", f->path, t->version, SNAP_VERSION);
 	if (t->reserved0 || !is_zero(t->reserved, sizeof(t->reserved)))
@@ -723,15 +730,15 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	uint64_t pages = 0;
 	uint32_t i;
 
-	if (h->page_size != SNAP_PAGE || h->flags || h->reserved0 || !is_zero(h->reserved, sizeof(h->reserved)))
+	if (h->page_size != SNAP_PAGE || h->flags || !is_zero(h->reserved, sizeof(h->reserved)))
 		return BAD("%s: header: page size %u, flags 0x%x or a reserved field set", f->path, h->page_size,
 			   h->flags);
 	if (h->kind != SNAP_FULL && h->kind != SNAP_DIFF)
 		return BAD("%s: header: kind %u, neither full (1) nor diff (2)", f->path, h->kind);
 	if (!h->nr_regions || h->nr_regions > SNAP_MAX_REGIONS || !h->nr_vcpus || h->nr_vcpus > SNAP_MAX_VCPUS ||
-	    h->vcpu_state_size != sizeof(struct mig_vcpu_state))
-		return BAD("%s: header: %u regions, %u vCPUs of %u bytes: outside the format", f->path, h->nr_regions,
-			   h->nr_vcpus, h->vcpu_state_size);
+	    h->vcpu_state_size != sizeof(struct mig_vcpu_state) || h->vm_state_size != sizeof(struct mig_vm_state))
+		return BAD("%s: header: %u regions, %u vCPUs of %u bytes, a VM state of %u: outside the format", f->path,
+			   h->nr_regions, h->nr_vcpus, h->vcpu_state_size, h->vm_state_size);
 	if (h->header_len != snap_header_len(h->nr_regions, h->nr_vcpus) || h->header_len != t->header_len ||
 	    h->data_off != ROUND_UP(h->header_len, SNAP_ALIGN))
 		return BAD("%s: header: length %" PRIu64 " or page area at %" PRIu64 ": not what %u regions and %u "
@@ -754,10 +761,19 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 			   " does not fit "
 			   "the file",
 			   f->path, h->nr_runs, h->data_pages, h->index_off);
-	for (i = 0; i < h->nr_vcpus; i++)
-		if (f->vcpus[i].msrs[0].index != mig_msr_index[0])
-			return BAD("%s: header: vCPU %u's state carries MSR 0x%x, not 0x%x", f->path, i,
-				   f->vcpus[i].msrs[0].index, mig_msr_index[0]);
+	for (i = 0; i < h->nr_vcpus; i++) {
+		char what[64], why[256];
+
+		snprintf(what, sizeof(what), "vCPU %u's state", i);
+		if (mig_vcpu_state_check(&f->vcpus[i], what, why, sizeof(why)) < 0)
+			return BAD("%s: header: %s", f->path, why);
+	}
+	{
+		char why[256];
+
+		if (mig_vm_state_check(f->vm, "the VM's state", why, sizeof(why)) < 0)
+			return BAD("%s: header: %s", f->path, why);
+	}
 	return 0;
 }
 
@@ -966,6 +982,9 @@ static int file_check(struct snap_file *f, char *err, size_t len)
 		return ret;
 	if (memcmp(f->h.magic, SNAP_MAGIC, sizeof(f->h.magic)))
 		return BAD("%s: not a snapshot file (no %s at its start)", f->path, SNAP_MAGIC);
+	if (f->h.version == 1)
+		return BAD("%s: snapshot version 1 (a vCPU's registers, XSAVE and TSC only: no XCR0, LAPIC, events or "
+			   "MSRs) is no longer read; this reads version %d", f->path, SNAP_VERSION);
 	if (f->h.version != SNAP_VERSION)
 		return BAD("%s: snapshot version %u, this reads version %d", f->path, f->h.version, SNAP_VERSION);
 	ret = check_trailer(f, &t, err, len);
@@ -993,6 +1012,7 @@ static int file_check(struct snap_file *f, char *err, size_t len)
 		f->regions = (struct snap_region *)hdr;
 		memmove(hdr, hdr + sizeof(f->h), t.header_len - sizeof(f->h));
 		f->vcpus = (struct mig_vcpu_state *)(f->regions + f->h.nr_regions);
+		f->vm = (struct mig_vm_state *)(f->vcpus + f->h.nr_vcpus);
 		hdr = NULL;
 		ret = check_header(f, &t, err, len);
 	}

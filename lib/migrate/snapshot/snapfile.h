@@ -3,13 +3,14 @@
 #define KVMDIRTY_MIGRATE_SNAPFILE_H
 
 /*
- * Snapshot files, version 1: the one writer and reader of them (the
+ * Snapshot files, version 2: the one writer and reader of them (the
  * snapshot engine, restore, the tests).  Byte by byte in
  * kvmdirty-snapshot(5); in short (integers little-endian):
  *
  *   0           header: struct snap_header, the region table (struct
- *               snap_region[nr_regions]) and the vCPU table (nr_vcpus
- *               struct mig_vcpu_state); header_len bytes in all
+ *               snap_region[nr_regions]), the vCPU table (nr_vcpus
+ *               struct mig_vcpu_state) and the VM's state (struct
+ *               mig_vm_state); header_len bytes in all
  *   data_off    the page area: region r's page p at regions[r].data_off +
  *               p * 4096, every region starting on a 2 MiB boundary.  Only
  *               the pages the file holds as data are written; every other
@@ -42,7 +43,7 @@
 
 #define SNAP_MAGIC	   "KVMDSNAP"
 #define SNAP_TRAILER_MAGIC "KVMDSEND"
-#define SNAP_VERSION	   1
+#define SNAP_VERSION	   2 /* 1: a vCPU's registers, XSAVE and TSC only (stream version 3's VCPU record) */
 #define SNAP_PAGE	   4096u
 #define SNAP_ALIGN	   (2ull << 20) /* each region's pages start on a 2 MiB boundary of the file */
 #define SNAP_MAX_REGIONS   MIG_MAX_REGIONS
@@ -68,7 +69,7 @@ struct snap_header {
 	uint32_t flags; /* 0 */
 	uint32_t nr_regions, nr_vcpus;
 	uint32_t vcpu_state_size; /* sizeof(struct mig_vcpu_state) */
-	uint32_t reserved0;
+	uint32_t vm_state_size;	  /* sizeof(struct mig_vm_state) */
 	uint64_t seq;	  /* 0: full; n: the nth diff of its chain */
 	uint64_t time_ns; /* CLOCK_REALTIME when the file was finished */
 	uint64_t header_len;
@@ -145,8 +146,8 @@ int snap_writer_put(struct snap_writer *w, uint32_t region, uint64_t first, uint
 		    uint64_t *ret_bytes, char *err, size_t len);
 int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uint64_t count, char *err, size_t len);
 
-/* Every vCPU's state (nr_vcpus of them, as the layout said), copied. */
-void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states);
+/* Every vCPU's state (nr_vcpus of them, as the layout said), and the VM's, copied. */
+void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states, const struct mig_vm_state *vm);
 
 /*
  * Finish: the index, the header, the trailer, fsync, the rename to the
@@ -179,6 +180,7 @@ struct snap_file {
 	struct snap_header h;
 	struct snap_region *regions;  /* [h.nr_regions] */
 	struct mig_vcpu_state *vcpus; /* [h.nr_vcpus] */
+	struct mig_vm_state *vm;
 	struct snap_run *runs;	      /* [h.nr_runs] */
 	uint64_t *hashes;	      /* [h.data_pages] */
 };

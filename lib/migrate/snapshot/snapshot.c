@@ -29,6 +29,7 @@ struct mig_snap {
 	uint64_t seq; /* the next snapshot's number */
 	uint8_t parent[SNAP_ID], base[SNAP_ID];
 	struct mig_vcpu_state *vs;
+	struct mig_vm_state vm;
 	uint64_t *gpa, *size;
 	/* pages never touched (private anonymous memory, pagemap) are zero without being read */
 	bool *anon;
@@ -297,11 +298,14 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 		if (ret < 0)
 			mig_errf(err, len, ret, "saving vCPU %u's state: %s", i, strerror(-ret));
 	}
+	memset(&s->vm, 0, sizeof(s->vm));
+	if (ret == 0 && g->ops->vm_save && (ret = g->ops->vm_save(g->ctx, &s->vm)) < 0)
+		mig_errf(err, len, ret, "saving the VM's state: %s", strerror(-ret));
 	res->pause_vcpu_ms = mig_clock_msf() - t;
 	/* every vCPU at its whole share again before it runs: none sits out a throttle's period after the pause */
 	unthrottle(s);
 	if (ret == 0) {
-		snap_writer_vcpus(s->w, s->vs);
+		snap_writer_vcpus(s->w, s->vs, &s->vm);
 		res->pause_pages = pages;
 		if (s->o.paused)
 			s->o.paused(s->o.paused_ctx, res);
@@ -403,9 +407,19 @@ int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, 
 	ret = snap_chain_load(files, n, hva, ret_pages, err, len);
 	free(hva);
 	for (i = 0; ret == 0 && i < g->nr_vcpus; i++) {
+		char what[SNAP_PATH_MAX + 32], why[SNAP_PATH_MAX + 256];
+
+		snprintf(what, sizeof(what), "%s: vCPU %u's state", last->path, i);
+		ret = mig_vcpu_state_host_check(&last->vcpus[i], what, why, sizeof(why));
+		if (ret < 0) {
+			mig_errf(err, len, ret, "%s", why);
+			break;
+		}
 		ret = g->ops->vcpu_load(g->ctx, i, &last->vcpus[i]);
 		if (ret < 0)
 			mig_errf(err, len, ret, "%s: loading vCPU %u's state: %s", last->path, i, strerror(-ret));
 	}
+	if (ret == 0 && g->ops->vm_load && (ret = g->ops->vm_load(g->ctx, last->vm)) < 0)
+		mig_errf(err, len, ret, "%s: loading the VM's state (irqchip, PIT, clock): %s", last->path, strerror(-ret));
 	return ret;
 }

@@ -105,6 +105,7 @@ struct source {
 	uint64_t **sent_data; /* ... whose latest copy was data (else zero); the hasher's */
 	uint64_t zero_hash;
 	struct mig_vcpu_state *vs;
+	struct mig_vm_state vm;
 	uint64_t pages, zero_pages, untouched_pages;
 	uint64_t in_hand; /* pages handed out by the tracker, not yet queued */
 	/* which pages were never touched: the regions wholly in private anonymous memory, and pagemap */

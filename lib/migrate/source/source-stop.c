@@ -32,6 +32,12 @@ static int send_rest(struct source *s, char *err, size_t len)
 		ret = src_put(&s->lane[0], mig_encode_vcpu(&s->lane[0].enc, i, &s->vs[i]), &s->vs[i], sizeof(s->vs[i]),
 			      NULL);
 	}
+	/* the VM's own state after its vCPUs' (a VMM with none sends one with no part saved) */
+	memset(&s->vm, 0, sizeof(s->vm));
+	if (ret >= 0 && g->ops->vm_save && (ret = g->ops->vm_save(g->ctx, &s->vm)) < 0)
+		return mig_errf(err, len, ret, "reading the VM's state: %s", strerror(-ret));
+	if (ret >= 0)
+		ret = src_put(&s->lane[0], mig_encode_vm(&s->lane[0].enc, &s->vm), &s->vm, sizeof(s->vm), NULL);
 	/* each connection's stream ends with its own END */
 	for (i = 0; ret >= 0 && i < s->nlanes; i++)
 		ret = src_put(&s->lane[i], mig_encode_end(&s->lane[i].enc), NULL, 0, NULL);

@@ -15,7 +15,6 @@
 #include "errf.h"
 #include "stream.h"
 
-const uint32_t mig_msr_index[MIG_NR_MSRS] = { 0x10 /* IA32_TSC */ };
 
 /* ---- page hash ---- */
 
@@ -192,6 +191,7 @@ uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec)
 	case MIG_DATA:
 		return __builtin_mul_overflow(rec->count, per, &n) ? UINT64_MAX : n;
 	case MIG_VCPU:
+	case MIG_VM:
 		return rec->count;
 	default:
 		return 0;
@@ -201,12 +201,12 @@ uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec)
 /* The payload bytes END's checksum covers: vCPU state; DATA payloads are the page hashes' job. */
 static uint64_t covered_len(const struct mig_record *rec)
 {
-	return rec->kind == MIG_VCPU ? rec->count : 0;
+	return rec->kind == MIG_VCPU || rec->kind == MIG_VM ? rec->count : 0;
 }
 
 const char *mig_kind_name(uint32_t kind)
 {
-	static const char *const n[] = { "?", "DATA", "ZERO", "PASS", "VCPU", "DIGEST", "END" };
+	static const char *const n[] = { "?", "DATA", "ZERO", "PASS", "VCPU", "DIGEST", "END", "VM" };
 
 	return kind < sizeof(n) / sizeof(n[0]) ? n[kind] : "?";
 }
@@ -253,6 +253,11 @@ struct mig_record mig_encode_vcpu(struct mig_encoder *e, uint32_t vcpu, const st
 	return encode(e, MIG_VCPU, vcpu, 0, sizeof(*st), st);
 }
 
+struct mig_record mig_encode_vm(struct mig_encoder *e, const struct mig_vm_state *st)
+{
+	return encode(e, MIG_VM, 0, 0, sizeof(*st), st);
+}
+
 struct mig_record mig_encode_end(struct mig_encoder *e)
 {
 	return (struct mig_record){ MIG_END, 0, e->sum, 0 };
@@ -292,6 +297,9 @@ int mig_decode_header(struct mig_decoder *d, const struct mig_header *h, char *e
 	if (h->version == 1)
 		return refuse(err, len, "header.version: 1 (page digests hashed in the downtime) is no longer accepted; "
 				       "this destination speaks %u", MIG_VERSION);
+	if (h->version == 3)
+		return refuse(err, len, "header.version: 3 (a vCPU's registers, XSAVE and TSC only: no XCR0, LAPIC, "
+			      "events or MSRs) is no longer accepted; this destination speaks %u", MIG_VERSION);
 	if (h->version == 2)
 		return refuse(err, len, "header.version: 2 (no commit at the handoff: both ends could run the guest) is "
 			      "no longer accepted; this destination speaks %u", MIG_VERSION);
@@ -417,6 +425,24 @@ int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *e
 	return 0;
 }
 
+int mig_decode_vm(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
+{
+	if (d->lane)
+		return on_first_lane(d, rec, err, len);
+	if (d->vm_seen)
+		return refuse_field(d, rec, "kind", err, len, "VM sent twice");
+	if (rec->index)
+		return refuse_field(d, rec, "index", err, len, "%" PRIu32 ", must be 0", rec->index);
+	if (rec->first)
+		return refuse_field(d, rec, "first", err, len, "%" PRIu64 ", must be 0", rec->first);
+	if (rec->count != sizeof(struct mig_vm_state))
+		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes, expected %zu", rec->count,
+				    sizeof(struct mig_vm_state));
+	d->vm_seen = true;
+	accept_record(d, rec);
+	return 0;
+}
+
 int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
 	uint32_t i;
@@ -432,6 +458,8 @@ int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *er
 		if (!(d->vcpu_seen[i / 64] & (1ull << (i % 64))))
 			return refuse(err, len, "record %" PRIu64 " (END): no VCPU record for vCPU %" PRIu32 " before it",
 				      d->nrec, i);
+	if (!d->lane && !d->vm_seen)
+		return refuse(err, len, "record %" PRIu64 " (END): no VM record before it", d->nrec);
 	d->nrec++;
 	return 0;
 }
@@ -449,6 +477,8 @@ int mig_decode_record(struct mig_decoder *d, const struct mig_record *rec, char 
 		return mig_decode_vcpu(d, rec, err, len);
 	case MIG_END:
 		return mig_decode_end(d, rec, err, len);
+	case MIG_VM:
+		return mig_decode_vm(d, rec, err, len);
 	case 5:
 		return refuse(err, len, "record %" PRIu64 ".kind: 5 (DIGEST) belongs to stream version 1", d->nrec);
 	default:
@@ -456,21 +486,83 @@ int mig_decode_record(struct mig_decoder *d, const struct mig_record *rec, char 
 	}
 }
 
-int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len)
+int mig_vcpu_state_check(const struct mig_vcpu_state *st, const char *what, char *err, size_t len)
 {
-	uint64_t nrec = d->nrec - 1; /* the record this payload belongs to */
+	const uint8_t *rest = (const uint8_t *)(st->msrs + (st->nr_msrs < MIG_VCPU_MSRS ? st->nr_msrs : MIG_VCPU_MSRS));
+	const uint8_t *end = (const uint8_t *)(st + 1);
 	unsigned int i;
 
-	for (i = 0; i < MIG_NR_MSRS; i++) {
-		if (st->msrs[i].index != mig_msr_index[i])
-			return refuse(err, len, "record %" PRIu64 " (VCPU).msrs[%u].index: 0x%" PRIx32
-				      ", the engine sends 0x%" PRIx32, nrec, i, st->msrs[i].index, mig_msr_index[i]);
+	if (st->parts & ~MIG_VS_ALL)
+		return refuse(err, len, "%s.parts: 0x%" PRIx32 ", parts this engine does not know", what, st->parts);
+	if (st->reserved)
+		return refuse(err, len, "%s.reserved: 0x%" PRIx32 ", must be 0", what, st->reserved);
+	if (st->nr_msrs > MIG_VCPU_MSRS)
+		return refuse(err, len, "%s.nr_msrs: %" PRIu32 ", at most %d", what, st->nr_msrs, MIG_VCPU_MSRS);
+	for (i = 0; i < st->nr_msrs; i++) {
 		if (st->msrs[i].reserved)
-			return refuse(err, len, "record %" PRIu64 " (VCPU).msrs[%u].reserved: 0x%" PRIx32 ", must be 0",
-				      nrec, i, st->msrs[i].reserved);
+			return refuse(err, len, "%s.msrs[%u].reserved: 0x%" PRIx32 ", must be 0", what, i,
+				      st->msrs[i].reserved);
+		if (i && st->msrs[i].index <= st->msrs[i - 1].index)
+			return refuse(err, len, "%s.msrs[%u].index: 0x%" PRIx32 " after 0x%" PRIx32
+				      ", not in ascending order", what, i, st->msrs[i].index, st->msrs[i - 1].index);
 	}
-	d->sum = mig_sum(d->sum, st, sizeof(*st));
+	for (; rest < end; rest++)
+		if (*rest)
+			return refuse(err, len, "%s.msrs[%" PRIu32 "..]: not zero past the list", what, st->nr_msrs);
 	return 0;
+}
+
+int mig_vm_state_check(const struct mig_vm_state *st, const char *what, char *err, size_t len)
+{
+	static const uint32_t ids[3] = { KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQCHIP_IOAPIC };
+	const struct kvm_irqchip *chip[3] = { &st->pic[0], &st->pic[1], &st->ioapic };
+	unsigned int i;
+
+	if (st->parts & ~MIG_VMS_ALL)
+		return refuse(err, len, "%s.parts: 0x%" PRIx32 ", parts this engine does not know", what, st->parts);
+	if (st->reserved)
+		return refuse(err, len, "%s.reserved: 0x%" PRIx32 ", must be 0", what, st->reserved);
+	for (i = 0; (st->parts & MIG_VMS_IRQCHIP) && i < 3; i++)
+		if (chip[i]->chip_id != ids[i] || chip[i]->pad)
+			return refuse(err, len, "%s: irqchip %u: chip_id %" PRIu32 " (pad %" PRIu32 "), must be %" PRIu32,
+				      what, i, chip[i]->chip_id, chip[i]->pad, ids[i]);
+	return 0;
+}
+
+/* A state payload (VCPU's or VM's) checked by check as "record N (KIND)", then summed. */
+static int decode_state(struct mig_decoder *d, const char *kind, const void *st, size_t size,
+			int (*check)(const void *st, const char *what, char *err, size_t len), char *err, size_t len)
+{
+	char what[48];
+	int ret;
+
+	/* the record this payload belongs to */
+	snprintf(what, sizeof(what), "record %" PRIu64 " (%s)", d->nrec - 1, kind);
+	ret = check(st, what, err, len);
+	if (ret < 0)
+		return ret;
+	d->sum = mig_sum(d->sum, st, size);
+	return 0;
+}
+
+static int check_vm(const void *st, const char *what, char *err, size_t len)
+{
+	return mig_vm_state_check(st, what, err, len);
+}
+
+static int check_vcpu(const void *st, const char *what, char *err, size_t len)
+{
+	return mig_vcpu_state_check(st, what, err, len);
+}
+
+int mig_decode_vm_state(struct mig_decoder *d, const struct mig_vm_state *st, char *err, size_t len)
+{
+	return decode_state(d, "VM", st, sizeof(*st), check_vm, err, len);
+}
+
+int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len)
+{
+	return decode_state(d, "VCPU", st, sizeof(*st), check_vcpu, err, len);
 }
 
 /* ---- streams in memory ---- */

@@ -3,7 +3,7 @@
 #define KVMDIRTY_MIGRATE_STREAM_H
 
 /*
- * The migration stream, version 3: everything the two ends exchange, and
+ * The migration stream, version 4: everything the two ends exchange, and
  * the one encoder and decoder of it (the source, the destination, the
  * tests and the fuzzer all use these).  Integers are little-endian (both
  * ends are x86-64).
@@ -20,8 +20,10 @@
  *     PASS      a pre-copy pass ended; first = pass number (1, 2, ...),
  *               index = count = 0; no payload
  *     VCPU      index = vCPU, first = 0, count = sizeof(struct
- *               mig_vcpu_state); payload: that state, whose msrs[i].index
- *               is mig_msr_index[i]
+ *               mig_vcpu_state); payload: that state (below)
+ *     VM        index = first = 0, count = sizeof(struct mig_vm_state);
+ *               payload: the VM's own state (below), once, after the
+ *               VCPU records
  *     END       index = count = 0; first = FNV-1a 64 of every byte before
  *               it except DATA payloads (which the page hashes check)
  *   handoff     struct mig_ack messages, on connection 0 (sealed like the
@@ -42,6 +44,11 @@
  *   destination between READY and COMMIT or ABORT) keeps its guest paused
  *   until told (status.h).
  *
+ * Version 3's VCPU record carried registers, special registers, XSAVE
+ * and one MSR (IA32_TSC) only: a guest's XCR0, its other MSRs, LAPIC,
+ * pending events, MP state and debug registers were lost.  It is refused
+ * by name.
+ *
  * Version 2 had no handoff: the destination answered once, with status
  * 0 or a refusal, and ran its guest, whether or not the answer arrived.
  * Versions 1 and 2 are refused by name.
@@ -55,7 +62,7 @@
  * one that is wrong: a magic, version, page size, flag or region table
  * other than its own, a reserved field set, a record kind, region, vCPU,
  * page range or length outside what it registered or what the kind fixes,
- * an MSR other than the one the engine sends, a VCPU record missing or
+ * a vCPU state's part or MSR list out of form, a VCPU record missing or
  * repeated, a pass out of order, a bad checksum, bytes missing before END
  * or present after it.  Memory is received straight into guest memory,
  * but only after the record header that places it was checked.  The guest
@@ -74,7 +81,7 @@
 #include <linux/kvm.h>
 
 #define MIG_MAGIC "KVMDMIG"
-#define MIG_VERSION 3
+#define MIG_VERSION 4
 #define MIG_PAGE_SIZE 4096u
 #define MIG_MAX_REGIONS 65535u /* the library's own limit (KVM's memslots, at most 65,535 ids) */
 #define MIG_MAX_VCPUS 1024 /* KVM's default KVM_MAX_VCPUS on x86 */
@@ -123,6 +130,7 @@ enum mig_kind {
 	MIG_VCPU = 4,
 	/* 5 was version 1's DIGEST */
 	MIG_END = 6,
+	MIG_VM = 7,
 };
 
 struct mig_record {
@@ -132,17 +140,75 @@ struct mig_record {
 	uint64_t count;
 };
 
-#define MIG_NR_MSRS 1 /* IA32_TSC: the guest paces itself with rdtsc */
+/*
+ * A vCPU's whole state, as KVM gives it (guest.h: mig_vcpu_save_kvm()):
+ * registers, special registers (the APIC base among them), XSAVE, XCR0,
+ * the in-kernel LAPIC, pending events, MP state, debug registers and the
+ * MSRs the host's KVM saves (KVM_GET_MSR_INDEX_LIST, and the ones a
+ * kernel sets: SYSCALL's, SYSENTER's, PAT, TSC_AUX, kvmclock's).  parts
+ * says which of the optional parts were saved (a VMM without an in-kernel
+ * LAPIC has none): a part not saved is all zero and left alone at load.
+ * msrs[0 .. nr_msrs) in ascending index, no two the same; every byte past
+ * them, and reserved, zero.  The load order is KVM's (guest.c).
+ */
+#define MIG_VCPU_MSRS 256 /* MSRs a record holds: a host's KVM saves 40 to 150 (its PMU's among them) */
 
-/* The MSRs a VCPU record carries, in order; the destination writes no other. */
-extern const uint32_t mig_msr_index[MIG_NR_MSRS];
+#define MIG_VS_XCRS (1u << 0)
+#define MIG_VS_LAPIC (1u << 1)
+#define MIG_VS_EVENTS (1u << 2)
+#define MIG_VS_MP_STATE (1u << 3)
+#define MIG_VS_DEBUGREGS (1u << 4)
+#define MIG_VS_ALL 0x1fu
 
 struct mig_vcpu_state {
 	struct kvm_regs regs;
 	struct kvm_sregs sregs;
 	struct kvm_xsave xsave;
-	struct kvm_msr_entry msrs[MIG_NR_MSRS];
+	struct kvm_xcrs xcrs;
+	struct kvm_lapic_state lapic;
+	struct kvm_vcpu_events events;
+	struct kvm_debugregs debugregs;
+	struct kvm_mp_state mp_state;
+	uint32_t parts; /* MIG_VS_* */
+	uint32_t nr_msrs;
+	uint32_t reserved;
+	struct kvm_msr_entry msrs[MIG_VCPU_MSRS];
 };
+
+_Static_assert(sizeof(struct mig_vcpu_state) == 10272, "the VCPU record's payload: no padding, the same everywhere");
+
+/*
+ * The VM's own state, as KVM gives it (guest.h: mig_vm_save_kvm()): the
+ * in-kernel irqchip (both PICs and the IOAPIC), the PIT and the clock
+ * (kvmclock's base).  parts says which were saved (a VMM without an
+ * in-kernel irqchip or PIT has none); a part not saved is all zero and
+ * left alone at load.  The load order is KVM's: irqchip, PIT, clock last.
+ */
+#define MIG_VMS_IRQCHIP (1u << 0)
+#define MIG_VMS_PIT (1u << 1)
+#define MIG_VMS_CLOCK (1u << 2)
+#define MIG_VMS_ALL 0x7u
+
+struct mig_vm_state {
+	uint32_t parts; /* MIG_VMS_* */
+	uint32_t reserved;
+	struct kvm_irqchip pic[2]; /* chip_id KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE */
+	struct kvm_irqchip ioapic; /* chip_id KVM_IRQCHIP_IOAPIC */
+	struct kvm_pit_state2 pit;
+	struct kvm_clock_data clock;
+};
+
+_Static_assert(sizeof(struct mig_vm_state) == 1728, "the VM record's payload: no padding, the same everywhere");
+
+/* Whether st is in form (parts known, each chip's id its place's, reserved zero): as mig_vcpu_state_check(). */
+int mig_vm_state_check(const struct mig_vm_state *st, const char *what, char *err, size_t len);
+
+/*
+ * Whether st is in form (parts known, the MSR list ascending and within
+ * bounds, nothing past it): 0, or -EPROTO with "what: field: why" in err
+ * (what: "record 7 (VCPU)", a snapshot's "vCPU 2", ...).
+ */
+int mig_vcpu_state_check(const struct mig_vcpu_state *st, const char *what, char *err, size_t len);
 
 /* Every 128-byte message after the stream, and every refusal, session's included. */
 enum mig_msg_kind {
@@ -228,6 +294,7 @@ struct mig_record mig_encode_data(struct mig_encoder *e, uint32_t region, uint64
 struct mig_record mig_encode_zero(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count);
 struct mig_record mig_encode_pass(struct mig_encoder *e, uint64_t pass);
 struct mig_record mig_encode_vcpu(struct mig_encoder *e, uint32_t vcpu, const struct mig_vcpu_state *st);
+struct mig_record mig_encode_vm(struct mig_encoder *e, const struct mig_vm_state *st);
 struct mig_record mig_encode_end(struct mig_encoder *e);
 
 /*
@@ -246,6 +313,7 @@ struct mig_decoder {
 	uint64_t nrec; /* records decoded so far */
 	uint64_t pass; /* last PASS */
 	uint64_t vcpu_seen[MIG_MAX_VCPUS / 64];
+	bool vm_seen;
 	uint32_t lane, lanes; /* which connection of how many this stream is on (0 of 1 unless set) */
 };
 
@@ -259,9 +327,12 @@ int mig_decode_data(struct mig_decoder *d, const struct mig_record *rec, char *e
 int mig_decode_zero(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_vm(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 /* A VCPU record's payload, after its record was decoded. */
 int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len);
+/* A VM record's payload, after its record was decoded. */
+int mig_decode_vm_state(struct mig_decoder *d, const struct mig_vm_state *st, char *err, size_t len);
 
 /*
  * ---- streams held in memory (tests, the fuzzer's corpus) ----
