@@ -1014,6 +1014,7 @@ START_TEST(connection_drop)
 	struct testvm *tv;
 	uint64_t pass;
 	int lfd, fd, ret;
+	unsigned int k;
 	pid_t pid;
 
 	make_addr("unix", addr, sizeof(addr));
@@ -1032,9 +1033,12 @@ START_TEST(connection_drop)
 	printf("drop: %s\n", err);
 	/* the source guest runs on, untracked */
 	ck_assert_uint_eq(kvmdirty_tracker_pending(tv->tracker), 0);
+	/* (a while for it on a loaded host: 200 ms at a time, up to 10 s) */
 	pass = testvm_mailbox(tv, 0)->pass;
-	nanosleep(&ts, NULL);
-	ck_assert_uint_gt(testvm_mailbox(tv, 0)->pass, pass);
+	for (k = 0; k < 50 && testvm_mailbox(tv, 0)->pass == pass; k++)
+		nanosleep(&ts, NULL);
+	ck_assert_msg(testvm_mailbox(tv, 0)->pass > pass, "the source's guest did not run on: pass %" PRIu64
+		      " after %u ms", pass, k * 200);
 	/* and moves on the second try */
 	drop_addr(addr);
 	make_addr("unix", addr, sizeof(addr));
