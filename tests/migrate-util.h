@@ -38,6 +38,10 @@ struct fake_guest {
 	void *mem[FAKE_NR_REGIONS]; /* the regions' memory (g.regions, which mig_guest_release() frees, points here) */
 	/* each vCPU's state: fresh (fake_fresh()) until a stream loads one */
 	struct mig_vcpu_state loaded[FAKE_NR_VCPUS];
+	/* with devices (fake_devices_ops): their state, as saved or last loaded */
+	void *dev;
+	size_t dev_len;
+	bool fail_devices; /* the next devices_load fails with -EINVAL, loading nothing */
 	unsigned int loads;
 	int fail_load; /* vCPU whose next load fails with -EIO, or -1 */
 };
@@ -93,6 +97,47 @@ static const struct mig_guest_ops fake_ops = {
 	.resume = fake_nothing,
 };
 
+static inline int fake_devices_save(void *ctx, void **ret, size_t *ret_len)
+{
+	struct fake_guest *f = ctx;
+
+	*ret = f->dev_len ? malloc(f->dev_len) : NULL;
+	if (f->dev_len && !*ret)
+		return -ENOMEM;
+	if (f->dev_len)
+		memcpy(*ret, f->dev, f->dev_len);
+	*ret_len = f->dev_len;
+	return 0;
+}
+
+static inline int fake_devices_load(void *ctx, const void *state, size_t len)
+{
+	struct fake_guest *f = ctx;
+
+	if (f->fail_devices) {
+		f->fail_devices = false;
+		return -EINVAL;
+	}
+	free(f->dev);
+	f->dev = len ? malloc(len) : NULL;
+	if (len && !f->dev)
+		return -ENOMEM;
+	if (len)
+		memcpy(f->dev, state, len);
+	f->dev_len = len;
+	return 0;
+}
+
+/* The fake guest with devices: its state a byte string in dev. */
+static const struct mig_guest_ops fake_devices_ops = {
+	.vcpu_save = fake_vcpu_save,
+	.vcpu_load = fake_vcpu_load,
+	.devices_save = fake_devices_save,
+	.devices_load = fake_devices_load,
+	.pause = fake_nothing,
+	.resume = fake_nothing,
+};
+
 static inline int fake_guest_init(struct fake_guest *f)
 {
 	unsigned int i;
@@ -125,6 +170,7 @@ static inline void fake_guest_free(struct fake_guest *f)
 	mig_guest_release(&f->g);
 	for (i = 0; i < FAKE_NR_REGIONS; i++)
 		free(f->mem[i]);
+	free(f->dev);
 }
 
 struct mem_stream {

@@ -1079,6 +1079,8 @@ static size_t data_stream(uint8_t *buf, size_t *page_at)
 	rec = mig_encode_vm(&e, &fake_vm);
 	PUT(&rec, sizeof(rec));
 	PUT(&fake_vm, sizeof(fake_vm));
+	rec = mig_encode_devices(&e, NULL, 0);
+	PUT(&rec, sizeof(rec));
 	rec = mig_encode_end(&e);
 	PUT(&rec, sizeof(rec));
 #undef PUT
@@ -1235,6 +1237,8 @@ static void fake_stream(unsigned int conns, struct iovec lane[2], uint8_t *buf0,
 	rec = mig_encode_vm(&e0, &fake_vm);
 	PUT(buf0, n0, &rec, sizeof(rec));
 	PUT(buf0, n0, &fake_vm, sizeof(fake_vm));
+	rec = mig_encode_devices(&e0, NULL, 0);
+	PUT(buf0, n0, &rec, sizeof(rec));
 	rec = mig_encode_end(&e0);
 	PUT(buf0, n0, &rec, sizeof(rec));
 	rec = mig_encode_end(&e1);

@@ -602,6 +602,9 @@ START_TEST(bad_fields)
 	u32 = 1u << 5;
 	refuse_patch(rec_off(MIG_VM) + sizeof(struct mig_record) + offsetof(struct mig_vm_state, parts), &u32, 4, true,
 		     "(VM).parts: 0x20", "VM state parts");
+	u64[0] = 2;
+	refuse_patch(rec_off(MIG_DEVICES) + offsetof(struct mig_record, first), u64, 8, true, "(DEVICES).first: 2",
+		     "DEVICES first");
 	pass = rec_off(MIG_PASS);
 	u32 = 1;
 	refuse_patch(pass + offsetof(struct mig_record, index), &u32, 4, true, "(PASS).index", "PASS index");
@@ -641,9 +644,12 @@ START_TEST(incomplete_streams)
 	b = without_record(nth_record(MIG_VCPU, 1), &len);
 	expect_refused(b, len, "no VCPU record for vCPU 1", "a VCPU record dropped");
 	free(b);
-	/* ... and the VM's */
+	/* ... and the VM's, and the devices' */
 	b = without_record(nth_record(MIG_VM, 0), &len);
 	expect_refused(b, len, "no VM record before it", "the VM record dropped");
+	free(b);
+	b = without_record(nth_record(MIG_DEVICES, 0), &len);
+	expect_refused(b, len, "no DEVICES record before it", "the DEVICES record dropped");
 	free(b);
 
 	/* anything after END */
@@ -677,7 +683,7 @@ START_TEST(incomplete_streams)
 	memcpy(b, rec.buf, rec.recs[0].off);
 	len = rec.recs[0].off;
 	for (i = 0; i < rec.nrec; i++) {
-		if (rec.recs[i].r.kind != MIG_VCPU && rec.recs[i].r.kind != MIG_VM)
+		if (rec.recs[i].r.kind != MIG_VCPU && rec.recs[i].r.kind != MIG_VM && rec.recs[i].r.kind != MIG_DEVICES)
 			continue;
 		memcpy(b + len, rec.buf + rec.recs[i].off, rec.recs[i + 1].off - rec.recs[i].off);
 		len += rec.recs[i + 1].off - rec.recs[i].off;

@@ -39,6 +39,8 @@ struct mem {
 	uint8_t *r[NREG];
 	struct mig_vcpu_state vs[NV];
 	struct mig_vm_state vm;
+	uint8_t dev[5000]; /* the devices' state */
+	size_t dev_len;
 };
 
 static char dir[64];
@@ -59,6 +61,9 @@ static void mem_new(struct mem *m)
 		m->vs[i].msrs[0].data = 1234 + i;
 	}
 	m->vm = (struct mig_vm_state){ .parts = MIG_VMS_CLOCK, .clock.clock = 987654321 };
+	m->dev_len = sizeof(m->dev);
+	for (i = 0; i < m->dev_len; i++)
+		m->dev[i] = (uint8_t)(i * 7 + 3);
 }
 
 static void mem_free(struct mem *m)
@@ -76,6 +81,9 @@ static void mem_copy(struct mem *dst, const struct mem *src)
 	for (i = 0; i < NREG; i++)
 		memcpy(dst->r[i], src->r[i], reg_size[i]);
 	memcpy(dst->vs, src->vs, sizeof(dst->vs));
+	dst->vm = src->vm;
+	memcpy(dst->dev, src->dev, sizeof(dst->dev));
+	dst->dev_len = src->dev_len;
 }
 
 /* Page pg of region r: random words, or zero. */
@@ -142,6 +150,13 @@ static int write_snap(const char *name, const struct mem *m, uint64_t seq, const
 		return ret;
 	}
 	snap_writer_vcpus(w, m->vs, &m->vm);
+	{
+		void *dev = malloc(m->dev_len);
+
+		ck_assert_ptr_nonnull(dev);
+		memcpy(dev, m->dev, m->dev_len);
+		snap_writer_devices(w, dev, m->dev_len);
+	}
 	return snap_writer_commit(w, id, NULL, err, len);
 }
 
@@ -165,6 +180,12 @@ static int load_chain(const char *const *names, unsigned int n, struct mem *out,
 			memcpy(out->vs, f[n - 1]->vcpus, sizeof(out->vs));
 		if (ret == 0)
 			out->vm = *f[n - 1]->vm;
+		if (ret == 0 && f[n - 1]->h.dev_len <= sizeof(out->dev)) {
+			out->dev_len = f[n - 1]->h.dev_len;
+			memcpy(out->dev, f[n - 1]->dev, out->dev_len);
+		}
+		if (ret == 0)
+			ck_assert_uint_le(f[n - 1]->h.dev_len, sizeof(out->dev));
 	}
 	for (i = 0; i < n; i++)
 		snap_file_close(f[i]);
@@ -182,6 +203,8 @@ static void expect_same(const struct mem *a, const struct mem *b, const char *wh
 			       "%s: region %u page %" PRIu64 " differs from memory at the snapshot", what, i, pg);
 	ck_assert_msg(!memcmp(a->vs, b->vs, sizeof(a->vs)), "%s: vCPU states differ", what);
 	ck_assert_msg(!memcmp(&a->vm, &b->vm, sizeof(a->vm)), "%s: the VM's states differ", what);
+	ck_assert_msg(a->dev_len == b->dev_len && !memcmp(a->dev, b->dev, a->dev_len), "%s: the devices' states differ",
+		      what);
 }
 
 /* Memory with data and zero pages, its full snapshot s0, and diffs s1, s2 (m1, m2: memory at each). */
@@ -511,6 +534,8 @@ START_TEST(flipped_byte_in_every_part)
 	/* a run: its structure fails first (the walk stops there, the hash unread); a hash: the hash */
 	flip_case(f->h.index_off + 1, "index: run 0", false);
 	flip_case(f->h.index_off + f->h.index_len - 1, "index damaged", false);
+	/* the devices' state */
+	flip_case(f->h.index_off + f->h.index_len + 4321, "the devices' state (5000 bytes) damaged", false);
 	/* the trailer, every part */
 	for (off = 0; off < sizeof(struct snap_trailer); off += 8)
 		flip_case(f->size - sizeof(struct snap_trailer) + off, off < 8 ? "no trailer" : "trailer damaged",
@@ -922,6 +947,7 @@ START_TEST(stale_copies_never_come_back)
 		ck_assert_int_eq(snap_writer_put(w, 1, 3, 1, zero, NULL, err, sizeof(err)), 0);
 		ck_assert_int_eq(snap_writer_zero(w, 1, 5, 1, err, sizeof(err)), 0);
 		snap_writer_vcpus(w, m.vs, &m.vm);
+		m.dev_len = 0; /* no devices: a file without their state */
 		ck_assert_msg(snap_writer_commit(w, id[k], NULL, err, sizeof(err)) == 0, "%s", err);
 		mem_new(&out);
 		ck_assert_msg(load_chain(names, k + 1, &out, err, sizeof(err)) == 0, "%s", err);
@@ -1094,6 +1120,7 @@ START_TEST(huge_claimed_index_refused_cheaply)
 	off = reg[2].data_off + reg[2].size;
 	h->data_len = off - h->data_off;
 	h->index_off = off;
+	h->dev_len = 0;
 	h->nr_runs = (512u << 20) / sizeof(struct snap_run);
 	h->data_pages = h->zero_pages = 0;
 	h->index_len = h->nr_runs * sizeof(struct snap_run);

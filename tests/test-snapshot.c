@@ -52,6 +52,8 @@ struct copy {
 	unsigned int nr;
 	struct mig_vcpu_state vs[2];
 	unsigned int share[2]; /* each vCPU's run share as the vCPUs were about to resume */
+	uint8_t dev[4096];     /* the rig's devices' state at the pause (dev_len bytes) */
+	size_t dev_len;
 	bool taken;
 };
 
@@ -69,7 +71,42 @@ static void sleep_ms(unsigned int ms)
 	nanosleep(&ts, NULL);
 }
 
-/* At the pause: all of memory and the vCPUs, as the snapshot must hold them. */
+/*
+ * The rig's devices: their state a few KiB whose length and bytes follow
+ * vCPU 0's passes at the pause, so that each snapshot's differs.
+ */
+static int rig_devices_save(void *ctx, void **ret, size_t *ret_len)
+{
+	uint64_t pass = testvm_mailbox(ctx, 0)->pass;
+	size_t n = 3000 + pass % 1000, i;
+	uint8_t *b = malloc(n);
+
+	if (!b)
+		return -ENOMEM;
+	for (i = 0; i < n; i++)
+		b[i] = (uint8_t)(pass * 31 + i * 7);
+	*ret = b;
+	*ret_len = n;
+	return 0;
+}
+
+static struct mig_guest_ops rig_ops;
+
+/* What a restore handed to the devices. */
+static uint8_t restored_dev[4096];
+static size_t restored_dev_len;
+
+static int restore_devices_load(void *ctx, const void *state, size_t len)
+{
+	(void)ctx;
+	if (len > sizeof(restored_dev))
+		return -EFBIG;
+	memcpy(restored_dev, state, len);
+	restored_dev_len = len;
+	return 0;
+}
+
+/* At the pause: all of memory, the vCPUs and the devices, as the snapshot must hold them. */
 static void on_paused(void *ctx, const struct mig_snap_result *res)
 {
 	struct rig *r = ctx;
@@ -93,6 +130,14 @@ static void on_paused(void *ctx, const struct mig_snap_result *res)
 		if (r->g.ops->vcpu_save(r->g.ctx, i, &c->vs[i]) < 0)
 			abort();
 		c->share[i] = __atomic_load_n(&r->tv->share[i], __ATOMIC_RELAXED);
+	}
+	{
+		void *dev;
+
+		if (r->g.ops->devices_save(r->g.ctx, &dev, &c->dev_len) < 0 || c->dev_len > sizeof(c->dev))
+			abort();
+		memcpy(c->dev, dev, c->dev_len);
+		free(dev);
 	}
 	c->taken = true;
 }
@@ -147,6 +192,9 @@ static void rig_new(struct rig *r, enum kvmdirty_mode mode, bool flat_out)
 	}
 	ck_assert_int_eq(testvm_spawn(r->tv), 0);
 	ck_assert_int_eq(mig_testvm_guest(r->tv, &r->g), 0);
+	rig_ops = *r->g.ops;
+	rig_ops.devices_save = rig_devices_save;
+	r->g.ops = &rig_ops;
 	sleep_ms(50);
 }
 
@@ -197,9 +245,20 @@ static void restore_and_compare(struct rig *r, unsigned int k, bool run, const c
 	ck_assert_msg(ret == 0, "%s: %s", mode, err);
 	ck_assert_msg(mig_testvm_new(&o, false, &tv, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(mig_testvm_guest(tv, &g), 0);
+	{
+		static struct mig_guest_ops ops;
+
+		ops = *g.ops;
+		ops.devices_load = restore_devices_load;
+		g.ops = &ops;
+	}
+	restored_dev_len = 0;
 	ret = mig_snap_restore(&g, f, k + 1, NULL, err, sizeof(err));
 	ck_assert_msg(ret == 0, "%s: restoring %u files: %s", mode, k + 1, err);
 	ck_assert(r->copy[k].taken);
+	ck_assert_msg(restored_dev_len == r->copy[k].dev_len && !memcmp(restored_dev, r->copy[k].dev, restored_dev_len),
+		      "%s: chain of %u: the devices' state (%zu bytes) is not as at the pause (%zu bytes)", mode, k + 1,
+		      restored_dev_len, r->copy[k].dev_len);
 	for (i = 0; i < g.nr_regions; i++) {
 		const uint8_t *a = g.regions[i].hva, *b = r->copy[k].mem[i];
 

@@ -277,6 +277,103 @@ START_TEST(seeds_accepted)
 }
 END_TEST
 
+/* Where the DEVICES record of a stream is (the walk's callback). */
+static int find_devices(size_t off, const struct mig_record *rec, void *opaque)
+{
+	if (rec->kind == MIG_DEVICES)
+		*(size_t *)opaque = off;
+	return 0;
+}
+
+/*
+ * The seed hashed.bin with n bytes of device state (a pattern from seed),
+ * resealed: *ret_len bytes, the caller's to free.
+ */
+static uint8_t *with_devices(size_t n, unsigned int seed, size_t *ret_len)
+{
+	size_t len, off = 0, k;
+	uint8_t *seedbuf = slurp("seeds", "hashed.bin", &len), *b;
+	struct mig_record rec = { .kind = MIG_DEVICES, .count = n }, end = { .kind = MIG_END };
+
+	ck_assert_int_eq(mig_stream_walk(seedbuf, len, find_devices, &off, NULL), 0);
+	ck_assert_uint_gt(off, 0);
+	b = malloc(off + sizeof(rec) + n + sizeof(end));
+	ck_assert_ptr_nonnull(b);
+	memcpy(b, seedbuf, off);
+	memcpy(b + off, &rec, sizeof(rec));
+	for (k = 0; k < n; k++)
+		b[off + sizeof(rec) + k] = (uint8_t)(k * 131 + seed + (k >> 12));
+	memcpy(b + off + sizeof(rec) + n, &end, sizeof(end));
+	*ret_len = off + sizeof(rec) + n + sizeof(end);
+	ck_assert_int_eq(mig_stream_reseal(b, *ret_len), 0);
+	free(seedbuf);
+	return b;
+}
+
+/*
+ * The devices' state crosses whole, of any size up to the bound: 3 MiB
+ * arrive byte for byte into a guest with devices.  A guest without them
+ * refuses it by name; a load that fails refuses the stream and leaves its
+ * vCPUs as they were; a byte of it changed fails END's checksum.
+ */
+START_TEST(devices_carried)
+{
+	struct mig_vcpu_state fresh;
+	struct fake_guest f;
+	size_t len, n = 3u << 20, k, off = 0;
+	uint8_t *b = with_devices(n, 7, &len);
+	char err[256];
+	int ret;
+
+	ck_assert_ok(fake_guest_init(&f));
+	f.g.ops = &fake_devices_ops;
+	ret = fake_receive(&f, b, len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == 0, "%s", err);
+	ck_assert_uint_eq(f.dev_len, n);
+	ck_assert_msg(!memcmp(f.dev, b + len - sizeof(struct mig_record) - n, n), "the devices' state differs");
+	/* a load that fails: refused, every vCPU back as it was */
+	fake_guest_free(&f);
+	ck_assert_ok(fake_guest_init(&f));
+	f.g.ops = &fake_devices_ops;
+	f.fail_devices = true;
+	ret = fake_receive(&f, b, len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == -EINVAL && strstr(err, "loading the devices' state (3145728 bytes)"), "%d '%s'", ret, err);
+	for (k = 0; k < FAKE_NR_VCPUS; k++) {
+		fake_fresh((unsigned int)k, &fresh);
+		ck_assert_msg(!memcmp(&f.loaded[k], &fresh, sizeof(fresh)), "vCPU %zu keeps the refused stream's state", k);
+	}
+	fake_guest_free(&f);
+	/* no devices here */
+	ck_assert_ok(fake_guest_init(&f));
+	ret = fake_receive(&f, b, len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == -EPROTO && strstr(err, "(DEVICES): 3145728 bytes of device state, and this destination's "
+						   "guest has no devices"), "%d '%s'", ret, err);
+	fake_guest_free(&f);
+	/* one byte of it changed */
+	ck_assert_ok(fake_guest_init(&f));
+	f.g.ops = &fake_devices_ops;
+	b[len - sizeof(struct mig_record) - n / 2] ^= 1;
+	ret = fake_receive(&f, b, len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == -EPROTO && strstr(err, "it was corrupted"), "%d '%s'", ret, err);
+	ck_assert_uint_eq(f.dev_len, 0);
+	fake_guest_free(&f);
+	/* past the bound: refused before a byte of it is read */
+	ck_assert_int_eq(mig_stream_walk(b, len, find_devices, &off, NULL), 0);
+	{
+		uint64_t c = MIG_DEVICES_MAX + 1;
+
+		memcpy(b + off + offsetof(struct mig_record, count), &c, sizeof(c));
+	}
+	ck_assert_ok(fake_guest_init(&f));
+	f.g.ops = &fake_devices_ops;
+	ret = fake_receive(&f, b, len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == -EPROTO && strstr(err, "(DEVICES).count: 268435457 bytes of device state, at most"),
+		      "%d '%s'", ret, err);
+	fake_guest_free(&f);
+	free(b);
+}
+END_TEST
+
 /*
  * A refusal leaves nothing behind: a stream refused because vCPU 1's state
  * would not load leaves vCPU 0 as it was before the stream (loaded back),
@@ -486,6 +583,7 @@ int main(int argc, char **argv)
 	tcase_add_loop_test(tc, seeds_accepted, 0, (int)(sizeof(seeds) / sizeof(seeds[0])));
 	tcase_add_test(tc, seed_pages_land);
 	tcase_add_test(tc, refusal_leaves_nothing);
+	tcase_add_test(tc, devices_carried);
 	tcase_add_loop_test(tc, regressions_refused, 0, (int)(sizeof(regressions) / sizeof(regressions[0])));
 	tcase_add_test(tc, regressions_listed);
 	suite_add_tcase(s, tc);

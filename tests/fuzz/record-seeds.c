@@ -176,6 +176,8 @@ static struct recorder synthesize(const struct mig_guest *g)
 		EMIT(&rec, sizeof(rec));
 		EMIT(&vm, sizeof(vm));
 	}
+	rec = mig_encode_devices(&e, NULL, 0);
+	EMIT(&rec, sizeof(rec));
 	rec = mig_encode_end(&e);
 	EMIT(&rec, sizeof(rec));
 	return r;

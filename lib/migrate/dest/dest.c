@@ -47,6 +47,8 @@ struct dest {
 	uint64_t **bad;	    /* pages whose latest copy did not match its hash */
 	struct mig_vcpu_state *vs;
 	struct mig_vm_state vm; /* connection 0's */
+	void *dev;		/* ... and the devices' state, dev_len bytes */
+	uint64_t dev_len;
 	/* each vCPU as it was before the stream: loaded back on any refusal or drop */
 	struct mig_vcpu_state *fresh;
 	/* connection 0's socket and channel where the handoff follows END (its stream does not end there), else -1 */
@@ -296,6 +298,24 @@ static int recv_vm(struct dest *d)
 	return ret < 0 ? ret : mig_decode_vm_state(&d->dec, &d->vm, d->err, d->len);
 }
 
+static int recv_devices(struct dest *d, const struct mig_record *rec)
+{
+	int ret;
+
+	if (rec->count && !d->g->ops->devices_load)
+		return fail(d, -EPROTO, "record %" PRIu64 " (DEVICES): %" PRIu64 " bytes of device state, and this "
+			    "destination's guest has no devices to load them into", d->dec.nrec - 1, rec->count);
+	d->dev = rec->count ? malloc(rec->count) : NULL;
+	if (rec->count && !d->dev)
+		return fail(d, -ENOMEM, "record %" PRIu64 " (DEVICES): out of memory for %" PRIu64 " bytes",
+			    d->dec.nrec - 1, rec->count);
+	d->dev_len = rec->count;
+	ret = get(d, d->dev, rec->count, "record %" PRIu64 " (DEVICES) state", d->dec.nrec - 1);
+	if (ret == 0)
+		mig_decode_devices_state(&d->dec, d->dev, d->dev_len);
+	return ret;
+}
+
 /*
  * A complete stream's state into the guest: each vCPU's, then the VM's.
  * On a failure the vCPUs go back as they were (nothing of a refused
@@ -317,6 +337,9 @@ static int load_state(struct dest *d)
 	}
 	if (ret == 0 && d->g->ops->vm_load && (ret = d->g->ops->vm_load(d->g->ctx, &d->vm)) < 0)
 		fail(d, ret, "loading the VM's state (irqchip, PIT, clock): %s", strerror(-ret));
+	if (ret == 0 && d->g->ops->devices_load &&
+	    (ret = d->g->ops->devices_load(d->g->ctx, d->dev, (size_t)d->dev_len)) < 0)
+		fail(d, ret, "loading the devices' state (%" PRIu64 " bytes): %s", d->dev_len, strerror(-ret));
 	if (ret < 0)
 		return mig_recv_restore(d->g, d->fresh, n, d->err, d->len) < 0 ? -ENOTRECOVERABLE : ret;
 	return 0;
@@ -524,6 +547,8 @@ static int receive(struct dest *d)
 			ret = recv_vcpu(d, &rec);
 		else if (rec.kind == MIG_VM)
 			ret = recv_vm(d);
+		else if (rec.kind == MIG_DEVICES)
+			ret = recv_devices(d, &rec);
 		if (ret < 0)
 			return ret;
 	}
@@ -638,6 +663,7 @@ static void dest_free(struct dest *d, unsigned int n, struct lanes *sh)
 	free(d->missing);
 	free(d->bad);
 	free(d->vs);
+	free(d->dev);
 	free(d);
 }
 

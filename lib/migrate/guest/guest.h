@@ -29,6 +29,20 @@ struct mig_guest_ops {
 	int (*vm_save)(void *ctx, struct mig_vm_state *ret_state);
 	int (*vm_load)(void *ctx, const struct mig_vm_state *state);
 	/*
+	 * Optional (NULL: no devices; a stream or snapshot of the guest then
+	 * carries none): the VMM's devices' state as one byte string, opaque
+	 * to the engine, of any size up to MIG_DEVICES_MAX (a serial port's
+	 * few bytes, a device's megabytes).  devices_save runs on the source
+	 * with the vCPUs paused, after vm_save; *ret_state is malloc()ed, the
+	 * engine frees it (NULL with *ret_len 0: nothing).  devices_load runs
+	 * on the destination after vm_load, before any vCPU runs; state is
+	 * the engine's, valid for the call.  A load that fails (-errno)
+	 * refuses the stream: the guest runs on at the source.  A stream
+	 * with device state to a guest without devices_load is refused.
+	 */
+	int (*devices_save)(void *ctx, void **ret_state, size_t *ret_len);
+	int (*devices_load)(void *ctx, const void *state, size_t len);
+	/*
 	 * Source only.  pause takes every vCPU out of KVM_RUN and keeps it
 	 * out until resume, whatever the guest does (stop-and-copy, then a
 	 * final sync); resume lets them go on where they were (after a failed

@@ -90,6 +90,7 @@ struct snap_writer {
 	struct wregion *r;
 	struct mig_vcpu_state *vcpus;
 	struct mig_vm_state vm;
+	void *dev;
 	uint64_t zero_hash;
 	/*
 	 * A put copies HCHUNK pages at a time into a buffer as it hashes
@@ -132,6 +133,7 @@ static void writer_free(struct snap_writer *w)
 	}
 	free(w->r);
 	free(w->vcpus);
+	free(w->dev);
 	free(w);
 }
 
@@ -430,6 +432,13 @@ int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uin
 	return 0;
 }
 
+void snap_writer_devices(struct snap_writer *w, void *dev, size_t len)
+{
+	free(w->dev);
+	w->dev = dev;
+	w->h.dev_len = len;
+}
+
 void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states, const struct mig_vm_state *vm)
 {
 	memcpy(w->vcpus, states, w->h.nr_vcpus * sizeof(*states));
@@ -565,11 +574,14 @@ static int finish(struct snap_writer *w, uint8_t id[SNAP_ID], struct snap_writte
 	w->h.time_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
 	w->h.index_len = ilen;
 	sha256(index, ilen, w->h.index_sha);
+	sha256(w->dev, w->h.dev_len, w->h.dev_sha);
 	hdr = header_bytes(w);
 	if (!hdr)
 		ret = mig_errf(err, len, -ENOMEM, "%s: out of memory for the header", w->path);
 	if (ret == 0)
 		ret = write_all(w, index, ilen, w->h.index_off, err, len);
+	if (ret == 0 && w->h.dev_len)
+		ret = write_all(w, w->dev, w->h.dev_len, w->h.index_off + ilen, err, len);
 	if (ret == 0)
 		ret = write_all(w, hdr, w->h.header_len, 0, err, len);
 	if (ret == 0) {
@@ -578,11 +590,11 @@ static int finish(struct snap_writer *w, uint8_t id[SNAP_ID], struct snap_writte
 		t.header_len = w->h.header_len;
 		t.index_off = w->h.index_off;
 		t.index_len = ilen;
-		t.file_len = w->h.index_off + ilen + sizeof(t);
+		t.file_len = w->h.index_off + ilen + w->h.dev_len + sizeof(t);
 		sha256(hdr, w->h.header_len, t.id);
 		sha256(&t, offsetof(struct snap_trailer, sha), t.sha);
 		/* last: until it is there, the file is not a snapshot */
-		ret = write_all(w, &t, sizeof(t), w->h.index_off + ilen, err, len);
+		ret = write_all(w, &t, sizeof(t), w->h.index_off + ilen + w->h.dev_len, err, len);
 	}
 	free(index);
 	free(hdr);
@@ -591,7 +603,7 @@ static int finish(struct snap_writer *w, uint8_t id[SNAP_ID], struct snap_writte
 	memcpy(id, t.id, SNAP_ID);
 	if (st)
 		*st = (struct snap_written){ w->h.data_pages, w->h.zero_pages, t.file_len,
-					     w->h.header_len + ilen + sizeof(t) };
+					     w->h.header_len + ilen + w->h.dev_len + sizeof(t) };
 	return 0;
 }
 
@@ -641,6 +653,7 @@ void snap_file_close(struct snap_file *f)
 		close(f->fd);
 	free(f->regions);
 	free(f->runs);
+	free(f->dev);
 	free(f);
 }
 
@@ -665,6 +678,8 @@ static int read_all(const struct snap_file *f, void *buf, uint64_t n, uint64_t o
 }
 
 #define BAD(...) mig_errf(err, len, -EPROTO, __VA_ARGS__)
+
+static int read_devices(struct snap_file *f, char *err, size_t len);
 
 /* The trailer: present, whole, its own checksum, the file's length. */
 static int check_trailer(struct snap_file *f, struct snap_trailer *t, char *err, size_t len)
@@ -730,7 +745,7 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	uint64_t pages = 0;
 	uint32_t i;
 
-	if (h->page_size != SNAP_PAGE || h->flags || !is_zero(h->reserved, sizeof(h->reserved)))
+	if (h->page_size != SNAP_PAGE || h->flags)
 		return BAD("%s: header: page size %u, flags 0x%x or a reserved field set", f->path, h->page_size,
 			   h->flags);
 	if (h->kind != SNAP_FULL && h->kind != SNAP_DIFF)
@@ -756,11 +771,10 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	if (h->index_off != t->index_off || h->index_len != t->index_len || h->nr_runs > pages ||
 	    h->data_pages > pages || h->zero_pages > pages || h->nr_runs > h->index_len / 32 ||
 	    h->data_pages > h->index_len / 8 || h->nr_runs * 32 + h->data_pages * 8 != h->index_len ||
-	    h->index_off + h->index_len + sizeof(*t) != f->size)
+	    h->dev_len > MIG_DEVICES_MAX || h->index_off + h->index_len + h->dev_len + sizeof(*t) != f->size)
 		return BAD("%s: header: an index of %" PRIu64 " runs and %" PRIu64 " hashes at %" PRIu64
-			   " does not fit "
-			   "the file",
-			   f->path, h->nr_runs, h->data_pages, h->index_off);
+			   " (and %" PRIu64 " bytes of device state) does not fit the file",
+			   f->path, h->nr_runs, h->data_pages, h->index_off, h->dev_len);
 	for (i = 0; i < h->nr_vcpus; i++) {
 		char what[64], why[256];
 
@@ -1033,7 +1047,30 @@ static int file_check(struct snap_file *f, char *err, size_t len)
 		ret = index_same(f, err, len);
 	if (ret == 0)
 		ret = check_holes(f, err, len);
+	if (ret == 0)
+		ret = read_devices(f, err, len);
 	return ret;
+}
+
+/* The devices' state after the index, read whole and checked against its hash. */
+static int read_devices(struct snap_file *f, char *err, size_t len)
+{
+	uint8_t sha[SNAP_ID];
+	int ret;
+
+	if (!f->h.dev_len)
+		return 0;
+	f->dev = malloc(f->h.dev_len);
+	if (!f->dev)
+		return mig_errf(err, len, -ENOMEM, "%s: out of memory for %" PRIu64 " bytes of device state", f->path,
+				f->h.dev_len);
+	ret = read_all(f, f->dev, f->h.dev_len, f->h.index_off + f->h.index_len, "the devices' state", err, len);
+	if (ret < 0)
+		return ret;
+	sha256(f->dev, f->h.dev_len, sha);
+	if (memcmp(sha, f->h.dev_sha, SNAP_ID))
+		return BAD("%s: the devices' state (%" PRIu64 " bytes) damaged (not its hash)", f->path, f->h.dev_len);
+	return 0;
 }
 
 int snap_file_open(const char *path, struct snap_file **ret_f, char *err, size_t len)

@@ -18,6 +18,7 @@
  *   index_off   the index: struct snap_run[nr_runs] (sorted by region and
  *               page, disjoint), then one mig_page_hash() a DATA page, in
  *               run order
+ *   + index_len the devices' state, dev_len bytes (SHA-256 dev_sha)
  *   file end    struct snap_trailer, written last: a file cut short has
  *               none, and is never taken for a snapshot
  *
@@ -79,7 +80,8 @@ struct snap_header {
 	uint8_t parent[SNAP_ID];    /* the parent's identity; zero in a full */
 	uint8_t base[SNAP_ID];	    /* the chain's full snapshot's identity; zero in the full itself */
 	uint8_t index_sha[SNAP_ID]; /* SHA-256 of the index */
-	uint8_t reserved[40];
+	uint64_t dev_len;	    /* the devices' state, after the index (at most MIG_DEVICES_MAX) */
+	uint8_t dev_sha[SNAP_ID];   /* SHA-256 of it */
 };
 
 struct snap_region {
@@ -148,6 +150,8 @@ int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uin
 
 /* Every vCPU's state (nr_vcpus of them, as the layout said), and the VM's, copied. */
 void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states, const struct mig_vm_state *vm);
+/* The devices' state: len bytes (at most MIG_DEVICES_MAX) of dev, the writer's from now (it frees them). */
+void snap_writer_devices(struct snap_writer *w, void *dev, size_t len);
 
 /*
  * Finish: the index, the header, the trailer, fsync, the rename to the
@@ -181,6 +185,7 @@ struct snap_file {
 	struct snap_region *regions;  /* [h.nr_regions] */
 	struct mig_vcpu_state *vcpus; /* [h.nr_vcpus] */
 	struct mig_vm_state *vm;
+	void *dev; /* h.dev_len bytes, checked against h.dev_sha */
 	struct snap_run *runs;	      /* [h.nr_runs] */
 	uint64_t *hashes;	      /* [h.data_pages] */
 };

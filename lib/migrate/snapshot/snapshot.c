@@ -301,6 +301,21 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 	memset(&s->vm, 0, sizeof(s->vm));
 	if (ret == 0 && g->ops->vm_save && (ret = g->ops->vm_save(g->ctx, &s->vm)) < 0)
 		mig_errf(err, len, ret, "saving the VM's state: %s", strerror(-ret));
+	if (ret == 0 && g->ops->devices_save) {
+		void *dev = NULL;
+		size_t dev_len = 0;
+
+		ret = g->ops->devices_save(g->ctx, &dev, &dev_len);
+		if (ret < 0)
+			mig_errf(err, len, ret, "saving the devices' state: %s", strerror(-ret));
+		else if (dev_len > MIG_DEVICES_MAX)
+			ret = mig_errf(err, len, -EFBIG, "the devices' state: %zu bytes, a snapshot holds at most %llu",
+				       dev_len, MIG_DEVICES_MAX);
+		if (ret == 0)
+			snap_writer_devices(s->w, dev, dev_len);
+		else
+			free(dev);
+	}
 	res->pause_vcpu_ms = mig_clock_msf() - t;
 	/* every vCPU at its whole share again before it runs: none sits out a throttle's period after the pause */
 	unthrottle(s);
@@ -421,5 +436,11 @@ int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, 
 	}
 	if (ret == 0 && g->ops->vm_load && (ret = g->ops->vm_load(g->ctx, last->vm)) < 0)
 		mig_errf(err, len, ret, "%s: loading the VM's state (irqchip, PIT, clock): %s", last->path, strerror(-ret));
+	if (ret == 0 && last->h.dev_len && !g->ops->devices_load)
+		ret = mig_errf(err, len, -EPROTO, "%s: %" PRIu64 " bytes of device state, and this guest has no devices "
+			       "to load them into", last->path, last->h.dev_len);
+	if (ret == 0 && g->ops->devices_load && (ret = g->ops->devices_load(g->ctx, last->dev, last->h.dev_len)) < 0)
+		mig_errf(err, len, ret, "%s: loading the devices' state (%" PRIu64 " bytes): %s", last->path,
+			 last->h.dev_len, strerror(-ret));
 	return ret;
 }

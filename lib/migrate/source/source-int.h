@@ -106,6 +106,8 @@ struct source {
 	uint64_t zero_hash;
 	struct mig_vcpu_state *vs;
 	struct mig_vm_state vm;
+	void *dev; /* the devices' state (guest ops' devices_save()), dev_len bytes: the stream's until freed */
+	size_t dev_len;
 	uint64_t pages, zero_pages, untouched_pages;
 	uint64_t in_hand; /* pages handed out by the tracker, not yet queued */
 	/* which pages were never touched: the regions wholly in private anonymous memory, and pagemap */

@@ -6,6 +6,7 @@
  * ACK, and where the guest runs after each (handoff.h).
  */
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
@@ -38,6 +39,21 @@ static int send_rest(struct source *s, char *err, size_t len)
 		return mig_errf(err, len, ret, "reading the VM's state: %s", strerror(-ret));
 	if (ret >= 0)
 		ret = src_put(&s->lane[0], mig_encode_vm(&s->lane[0].enc, &s->vm), &s->vm, sizeof(s->vm), NULL);
+	/* the devices' state last, whole: a VMM with no devices sends none */
+	if (ret >= 0 && g->ops->devices_save) {
+		free(s->dev);
+		s->dev = NULL;
+		s->dev_len = 0;
+		ret = g->ops->devices_save(g->ctx, &s->dev, &s->dev_len);
+		if (ret < 0)
+			return mig_errf(err, len, ret, "saving the devices' state: %s", strerror(-ret));
+		if (s->dev_len > MIG_DEVICES_MAX)
+			return mig_errf(err, len, -EFBIG, "the devices' state: %zu bytes, a stream carries at most %llu",
+					s->dev_len, MIG_DEVICES_MAX);
+	}
+	if (ret >= 0)
+		ret = src_put(&s->lane[0], mig_encode_devices(&s->lane[0].enc, s->dev, s->dev_len), s->dev, s->dev_len,
+			      NULL);
 	/* each connection's stream ends with its own END */
 	for (i = 0; ret >= 0 && i < s->nlanes; i++)
 		ret = src_put(&s->lane[i], mig_encode_end(&s->lane[i].enc), NULL, 0, NULL);

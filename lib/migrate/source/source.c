@@ -261,6 +261,7 @@ static void source_free(struct source *s)
 	mig_session_free(&s->sess);
 	src_untouched_close(s);
 	free(s->vs);
+	free(s->dev);
 	free(s->progress0);
 	free(s->progress_at);
 	src_free_hashes(s);

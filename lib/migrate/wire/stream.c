@@ -192,6 +192,7 @@ uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec)
 		return __builtin_mul_overflow(rec->count, per, &n) ? UINT64_MAX : n;
 	case MIG_VCPU:
 	case MIG_VM:
+	case MIG_DEVICES:
 		return rec->count;
 	default:
 		return 0;
@@ -201,12 +202,12 @@ uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec)
 /* The payload bytes END's checksum covers: vCPU state; DATA payloads are the page hashes' job. */
 static uint64_t covered_len(const struct mig_record *rec)
 {
-	return rec->kind == MIG_VCPU || rec->kind == MIG_VM ? rec->count : 0;
+	return rec->kind == MIG_VCPU || rec->kind == MIG_VM || rec->kind == MIG_DEVICES ? rec->count : 0;
 }
 
 const char *mig_kind_name(uint32_t kind)
 {
-	static const char *const n[] = { "?", "DATA", "ZERO", "PASS", "VCPU", "DIGEST", "END", "VM" };
+	static const char *const n[] = { "?", "DATA", "ZERO", "PASS", "VCPU", "DIGEST", "END", "VM", "DEVICES" };
 
 	return kind < sizeof(n) / sizeof(n[0]) ? n[kind] : "?";
 }
@@ -256,6 +257,11 @@ struct mig_record mig_encode_vcpu(struct mig_encoder *e, uint32_t vcpu, const st
 struct mig_record mig_encode_vm(struct mig_encoder *e, const struct mig_vm_state *st)
 {
 	return encode(e, MIG_VM, 0, 0, sizeof(*st), st);
+}
+
+struct mig_record mig_encode_devices(struct mig_encoder *e, const void *state, uint64_t len)
+{
+	return encode(e, MIG_DEVICES, 0, 0, len, state);
 }
 
 struct mig_record mig_encode_end(struct mig_encoder *e)
@@ -443,6 +449,31 @@ int mig_decode_vm(struct mig_decoder *d, const struct mig_record *rec, char *err
 	return 0;
 }
 
+int mig_decode_devices(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
+{
+	if (d->lane)
+		return on_first_lane(d, rec, err, len);
+	if (d->devices_seen)
+		return refuse_field(d, rec, "kind", err, len, "DEVICES sent twice");
+	if (!d->vm_seen)
+		return refuse_field(d, rec, "kind", err, len, "DEVICES before the VM record");
+	if (rec->index)
+		return refuse_field(d, rec, "index", err, len, "%" PRIu32 ", must be 0", rec->index);
+	if (rec->first)
+		return refuse_field(d, rec, "first", err, len, "%" PRIu64 ", must be 0", rec->first);
+	if (rec->count > MIG_DEVICES_MAX)
+		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes of device state, at most %llu",
+				    rec->count, MIG_DEVICES_MAX);
+	d->devices_seen = true;
+	accept_record(d, rec);
+	return 0;
+}
+
+void mig_decode_devices_state(struct mig_decoder *d, const void *state, uint64_t len)
+{
+	d->sum = mig_sum(d->sum, state, len);
+}
+
 int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
 	uint32_t i;
@@ -460,6 +491,8 @@ int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *er
 				      d->nrec, i);
 	if (!d->lane && !d->vm_seen)
 		return refuse(err, len, "record %" PRIu64 " (END): no VM record before it", d->nrec);
+	if (!d->lane && !d->devices_seen)
+		return refuse(err, len, "record %" PRIu64 " (END): no DEVICES record before it", d->nrec);
 	d->nrec++;
 	return 0;
 }
@@ -479,6 +512,8 @@ int mig_decode_record(struct mig_decoder *d, const struct mig_record *rec, char 
 		return mig_decode_end(d, rec, err, len);
 	case MIG_VM:
 		return mig_decode_vm(d, rec, err, len);
+	case MIG_DEVICES:
+		return mig_decode_devices(d, rec, err, len);
 	case 5:
 		return refuse(err, len, "record %" PRIu64 ".kind: 5 (DIGEST) belongs to stream version 1", d->nrec);
 	default:

@@ -24,6 +24,9 @@
  *     VM        index = first = 0, count = sizeof(struct mig_vm_state);
  *               payload: the VM's own state (below), once, after the
  *               VCPU records
+ *     DEVICES   index = first = 0, count = bytes (0 .. MIG_DEVICES_MAX);
+ *               payload: the VMM's devices' state, opaque to the engine,
+ *               once, after the VM record
  *     END       index = count = 0; first = FNV-1a 64 of every byte before
  *               it except DATA payloads (which the page hashes check)
  *   handoff     struct mig_ack messages, on connection 0 (sealed like the
@@ -131,7 +134,10 @@ enum mig_kind {
 	/* 5 was version 1's DIGEST */
 	MIG_END = 6,
 	MIG_VM = 7,
+	MIG_DEVICES = 8,
 };
+
+#define MIG_DEVICES_MAX (256ull << 20) /* device state a stream or snapshot carries at most */
 
 struct mig_record {
 	uint32_t kind;
@@ -295,6 +301,7 @@ struct mig_record mig_encode_zero(struct mig_encoder *e, uint32_t region, uint64
 struct mig_record mig_encode_pass(struct mig_encoder *e, uint64_t pass);
 struct mig_record mig_encode_vcpu(struct mig_encoder *e, uint32_t vcpu, const struct mig_vcpu_state *st);
 struct mig_record mig_encode_vm(struct mig_encoder *e, const struct mig_vm_state *st);
+struct mig_record mig_encode_devices(struct mig_encoder *e, const void *state, uint64_t len);
 struct mig_record mig_encode_end(struct mig_encoder *e);
 
 /*
@@ -313,7 +320,7 @@ struct mig_decoder {
 	uint64_t nrec; /* records decoded so far */
 	uint64_t pass; /* last PASS */
 	uint64_t vcpu_seen[MIG_MAX_VCPUS / 64];
-	bool vm_seen;
+	bool vm_seen, devices_seen;
 	uint32_t lane, lanes; /* which connection of how many this stream is on (0 of 1 unless set) */
 };
 
@@ -328,9 +335,12 @@ int mig_decode_zero(struct mig_decoder *d, const struct mig_record *rec, char *e
 int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_vm(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_devices(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 /* A VCPU record's payload, after its record was decoded. */
 int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len);
+/* A DEVICES record's payload, after its record was decoded: summed. */
+void mig_decode_devices_state(struct mig_decoder *d, const void *state, uint64_t len);
 /* A VM record's payload, after its record was decoded. */
 int mig_decode_vm_state(struct mig_decoder *d, const struct mig_vm_state *st, char *err, size_t len);
 
