@@ -502,6 +502,15 @@ static void mig_run_start(struct mig_run *m, struct rig *r)
 	mig_status_init(&m->st, false);
 	ck_assert_msg(mig_testvm_new(&o, false, &m->dtv, err, sizeof(err)) == 0, "%s", err);
 	ck_assert_int_eq(mig_testvm_guest(m->dtv, &m->dg), 0);
+	{
+		/* the destination's devices take what the source's had at its pause */
+		static struct mig_guest_ops ops;
+
+		ops = *m->dg.ops;
+		ops.devices_load = restore_devices_load;
+		m->dg.ops = &ops;
+	}
+	restored_dev_len = 0;
 	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, m->sv), 0);
 	ck_assert_int_eq(pthread_create(&m->dth, NULL, mig_run_dst, m), 0);
 	ck_assert_int_eq(pthread_create(&m->th, NULL, mig_run_src, m), 0);
@@ -535,6 +544,12 @@ static void mig_run_end(struct mig_run *m, bool cancel, const char *order)
 		ck_assert_msg(m->res.lost_pages == 0 && m->res.verified_pages == total,
 			      "%s: the migration lost %" PRIu64 " pages (%" PRIu64 " of %" PRIu64 " verified)", order,
 			      m->res.lost_pages, m->res.verified_pages, total);
+		/* the devices' state as the source's guest had it at the switchover (its vCPU 0's passes then) */
+		ck_assert_msg(restored_dev_len >= 3000 && restored_dev_len < 4000,
+			      "%s: the destination's devices got %zu bytes", order, restored_dev_len);
+		for (i = 0; i < restored_dev_len; i++)
+			ck_assert_msg((uint8_t)(restored_dev[i] - restored_dev[0]) == (uint8_t)(i * 7),
+				      "%s: the destination's devices' state differs at byte %u", order, i);
 	}
 	mig_guest_release(&m->dg);
 	mig_testvm_free(m->dtv);
