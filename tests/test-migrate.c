@@ -646,7 +646,7 @@ START_TEST(incomplete_streams)
 	free(b);
 	/* ... and the VM's, and the devices' */
 	b = without_record(nth_record(MIG_VM, 0), &len);
-	expect_refused(b, len, "no VM record before it", "the VM record dropped");
+	expect_refused(b, len, "DEVICES before the VM record", "the VM record dropped");
 	free(b);
 	b = without_record(nth_record(MIG_DEVICES, 0), &len);
 	expect_refused(b, len, "no DEVICES record before it", "the DEVICES record dropped");
