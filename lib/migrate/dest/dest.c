@@ -310,6 +310,8 @@ static int recv_devices(struct dest *d, const struct mig_record *rec)
 		return fail(d, -ENOMEM, "record %" PRIu64 " (DEVICES): out of memory for %" PRIu64 " bytes",
 			    d->dec.nrec - 1, rec->count);
 	d->dev_len = rec->count;
+	if (!rec->count)
+		return 0; /* no devices: nothing to read */
 	ret = get(d, d->dev, rec->count, "record %" PRIu64 " (DEVICES) state", d->dec.nrec - 1);
 	if (ret == 0)
 		mig_decode_devices_state(&d->dec, d->dev, d->dev_len);
