@@ -89,7 +89,6 @@ struct slot {
 	bool cut;	   /* shut down by the gate */
 	int claim;	   /* o.claim's (session.h): answered, or cut */
 	bool joining;	   /* a join of a session open here: never cut, its session waits for it */
-	uint8_t session[32]; /* a join's, once join() found its session: the session it names */
 	bool awaiting;	     /* a join in join(), waiting for its session to be filed */
 	int fd;		   /* -1 once a session owns it */
 	uint64_t since_ms; /* accepted */
@@ -513,23 +512,13 @@ static int join(struct mig_gate *gate, struct slot *sl, struct mig_greeting *g, 
 		pthread_cond_timedwait(&gate->opened, &gate->lock, &ts);
 	}
 	sl->awaiting = false;
-	if (p && !sl->cut) {
+	if (p && !sl->cut)
 		/*
 		 * Its session waits for it: never cut from now, as one seated
 		 * from JOINING is not (it may have been seated before its
-		 * session was filed), up to as many as the session still lacks:
-		 * copies of its hello (whose id goes in the clear) hold no more.
+		 * session was filed)
 		 */
-		unsigned int others = 0;
-		struct slot *o;
-
-		memcpy(sl->session, g->hello.session, 32);
-		for (o = gate->slot; o < gate->slot + MIG_GATE_SLOTS; o++)
-			if (o != sl && o->state == SLOT_BUSY && o->joining && !memcmp(o->session, sl->session, 32))
-				others++;
-		if (others < p->conns - p->n)
-			sl->joining = true;
-	}
+		sl->joining = true;
 	if (p) {
 		first->hello = p->first.hello;
 		memcpy(first->session, p->first.session, 32);

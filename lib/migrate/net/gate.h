@@ -37,7 +37,7 @@
  *   A join whose hello came whole before its session was filed (its
  *   source had the answer first) moves up with the joins once it is; one
  *   seated meanwhile is not cut while a session answered is being filed,
- *   and is a join once its session is (as many as the session lacks).
+ *   and is a join once its session is.
  * - A session's first connection, proven, waits for its others to join:
  *   all within mig_session_join_ms() (which --deadline also bounds), or
  *   it is dropped, its connections closed.  A join is matched to its
