@@ -182,7 +182,8 @@ static int load_chain(const char *const *names, unsigned int n, struct mem *out,
 			out->vm = *f[n - 1]->vm;
 		if (ret == 0 && f[n - 1]->h.dev_len <= sizeof(out->dev)) {
 			out->dev_len = f[n - 1]->h.dev_len;
-			memcpy(out->dev, f[n - 1]->dev, out->dev_len);
+			if (out->dev_len) /* a file without devices has no buffer for them */
+				memcpy(out->dev, f[n - 1]->dev, out->dev_len);
 		}
 		if (ret == 0)
 			ck_assert_uint_le(f[n - 1]->h.dev_len, sizeof(out->dev));
