@@ -6,7 +6,7 @@
       every page renders with groff -ww (every warning) without one, and
       every page that is not a link (.so) has a NAME line "names \- what"
       that lexgrog (what mandb and whatis use) can parse;
-  installed BUILD-DIR MANDIR-UNDER-PREFIX VERSION-SCRIPT SOURCE-MANDIR
+  installed BUILD-DIR MANDIR-UNDER-PREFIX VERSION-SCRIPT[:SCRIPT...] SOURCE-MANDIR
       after `meson install --destdir`, the pages installed are those of the
       tree, each symbol of the version script has man3/SYMBOL.3 (a page, or
       a link page that resolves to one) whose NAME line names it, `man`
@@ -102,9 +102,11 @@ def cmd_render(mandir):
 
 
 def cmd_installed(build, mandir_rel, symfile, src_mandir):
-    errors = []
-    with open(symfile) as fh:
-        symbols = sorted(set(re.findall(r"^\s*(kvmdirty_[a-z0-9_]+);", fh.read(), re.M)))
+    errors, text = [], ""
+    for f in symfile.split(os.pathsep):  # one version script per library
+        with open(f) as fh:
+            text += fh.read()
+    symbols = sorted(set(re.findall(r"^\s*(kvmdirty_[a-z0-9_]+);", text, re.M)))
     if not symbols:
         return fail([f"{symfile}: no symbols found"], "")
     dest = tempfile.mkdtemp()

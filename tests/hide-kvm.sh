@@ -17,7 +17,7 @@
 # build: every test of the suites kvm and net but two-hosts (which needs no
 # KVM) must skip (exit 77) with the one line naming /dev/kvm, the errno's
 # meaning and its likely cause, except cli-errors, which must pass (it
-# checks those lines itself); pkgconfig must skip naming /dev/kvm and the
+# checks those lines itself); pkgconfig and pkgconfig-migrate must skip naming /dev/kvm and the
 # errno, man-examples pass with its programs built and not run; the
 # sanitizers' builds find no leak on the way out.  Every tool that builds a VM (kvmdirty-migrate send, listen,
 # demo and probe; kvmdirty-vmm; kvmdirty-perf; the bench programs) must
@@ -106,7 +106,7 @@ for b in "${builds[@]}"; do
 import json, sys
 for t in json.load(sys.stdin):
     suites = {s.split(":")[-1] for s in t["suite"]}
-    if (suites & {"kvm", "net"} and t["name"] != "two-hosts") or t["name"] in ("pkgconfig", "man-examples"):
+    if (suites & {"kvm", "net"} and t["name"] != "two-hosts") or t["name"] in ("pkgconfig", "pkgconfig-migrate", "man-examples"):
         print(t["name"])')
 	if [ ${#tests[@]} -lt 10 ]; then
 		echo "hide-kvm $variant $label: meson lists ${#tests[@]} tests that need KVM: is $b a configured build?"
@@ -139,7 +139,7 @@ for line in open(path):
         # the pages' programs are built everywhere, run only where KVM is
         if r["result"] != "OK" or "built, not run: /dev/kvm: " + want not in out:
             bad.append(f"{name}: {r['result']} (want OK, examples built and not run: /dev/kvm: {want})\n{out}")
-    elif name == "pkgconfig":
+    elif name in ("pkgconfig", "pkgconfig-migrate"):
         if r["result"] != "SKIP" or errno_text not in first:
             bad.append(f"{name}: {r['result']} (want SKIP naming {errno_text})\n{out[-2000:]}")
     elif r["result"] != "SKIP" or want not in first:

@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: MIT */
+#ifndef KVMDIRTY_MIGRATE_H
+#define KVMDIRTY_MIGRATE_H
+
+/*
+ * libkvmdirty-migrate: live migration and snapshots of a KVM guest whose
+ * memory and vCPUs a VMM keeps through libkvmdirty (kvmdirty.h).
+ *
+ * Version 0.x: the calls and structures below may still change between
+ * minor releases (rebuild against the new header).  What one host sends
+ * another is guarded by the stream's own version
+ * (kvmdirty-migrate-stream(5)): two hosts whose streams differ refuse each
+ * other by name, whatever their libraries' versions.
+ *
+ * A VMM describes its guest once (kvmdirty_mig_guest_new()): its VM and
+ * the regions it has then, its vCPUs, its tracker (source side), and the
+ * calls the engine makes into it: pause and resume the vCPUs, and
+ * optionally its devices' state, the throttle's run share and each
+ * vCPU's progress.  The engine saves and loads the whole KVM x86 state
+ * itself, through the VM's and vCPUs' file descriptors: every vCPU's
+ * registers, special registers, XSAVE and XCR0, LAPIC, pending events,
+ * debug registers, MP state and the MSRs the host saves
+ * (KVM_GET_MSR_INDEX_LIST), and the VM's in-kernel irqchip (PIC, IOAPIC),
+ * PIT and clock, loaded in the order KVM requires.
+ *
+ * Then, on that guest:
+ *   - kvmdirty_mig_send(): pre-copy, stop-and-copy and the handoff to a
+ *     destination that runs kvmdirty_mig_recv();
+ *   - kvmdirty_mig_snap_new() and kvmdirty_mig_snap_take(): a full
+ *     snapshot, then diffs, with the guest running but for a short pause;
+ *     kvmdirty_mig_restore() loads a chain into a fresh guest.
+ *
+ * Errors: every call that can fail returns 0 (or a count) or a negative
+ * errno, and where it takes err/len it writes one line there saying what
+ * failed and why (never more than len bytes, always terminated; err may be
+ * NULL with len 0).  Link with pkg-config --cflags --libs
+ * libkvmdirty-migrate.
+ */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <kvmdirty.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVMDIRTY_MIG_MAX_VCPUS 1024		    /* vCPUs of a guest, at most */
+#define KVMDIRTY_MIG_DEVICES_MAX (256ul * 1048576) /* device state a stream or snapshot carries, at most */
+
+/* A guest as the engine knows it (kvmdirty_mig_guest_new()). */
+struct kvmdirty_mig_guest;
+/* A series of snapshots of one guest (kvmdirty_mig_snap_new()). */
+struct kvmdirty_mig_snap;
+
+/*
+ * The calls into the VMM.  ctx is kvmdirty_mig_guest_new()'s.  The engine
+ * calls them from the thread that called it, or from its own threads
+ * where said; none of them may call back into this library for the same
+ * guest.
+ */
+struct kvmdirty_mig_ops {
+	/*
+	 * Source (send and snapshots): pause takes every vCPU out of
+	 * KVM_RUN and keeps it out until resume, whatever the guest does;
+	 * resume lets them go on where they were.  Required on a source.
+	 */
+	void (*pause)(void *ctx);
+	void (*resume)(void *ctx);
+	/*
+	 * Optional (NULL: no devices; a stream or snapshot then carries
+	 * none): the devices' state as one byte string, opaque to the
+	 * engine, of any size up to KVMDIRTY_MIG_DEVICES_MAX.  devices_save
+	 * runs with the vCPUs paused, after the VM's state is saved;
+	 * *ret_state is malloc()ed and the engine frees it (NULL with
+	 * *ret_len 0: nothing).  devices_load runs on the destination (or a
+	 * restore) after the vCPUs' and VM's states are loaded, before any
+	 * vCPU runs; state is the engine's, valid for the call.  0 or
+	 * -errno: a save that fails fails the migration or snapshot (the
+	 * guest runs on); a load that fails refuses the stream (the guest
+	 * runs on at the source) or the restore.  A stream or snapshot with
+	 * device state is refused by a guest without devices_load.
+	 */
+	int (*devices_save)(void *ctx, void **ret_state, size_t *ret_len);
+	int (*devices_load)(void *ctx, const void *state, size_t len);
+	/*
+	 * Source, optional (NULL: unknown): how far vCPU i's workload has
+	 * got, in units of the guest's own that only grow; from any thread.
+	 * Reported per vCPU in the events and statistics.
+	 */
+	uint64_t (*progress)(void *ctx, unsigned int vcpu);
+	/*
+	 * Source, optional (NULL: the bitmap modes are not throttled): keep
+	 * vCPU i in KVM_RUN for only permille/1000 of each short period
+	 * (1000: always), from the engine's threads; 0 or -errno.
+	 * kept_out_ns: how long vCPU i was kept out so far.  In DIRTY_RING
+	 * mode the engine sets per-vCPU dirty limits instead
+	 * (kvmdirty_vcpu_set_dirty_limit(): run the vCPUs through
+	 * kvmdirty_vcpu_run()).
+	 */
+	int (*set_run_share)(void *ctx, unsigned int vcpu, unsigned int permille);
+	uint64_t (*kept_out_ns)(void *ctx, unsigned int vcpu);
+};
+
+/* kvmdirty_mig_guest_new() flags */
+/*
+ * The guest's memory is all zero (fresh anonymous memory, as a VMM has it
+ * before a stream or a restore): pages a stream never writes are left
+ * alone, neither faulted in nor cleared.
+ */
+#define KVMDIRTY_MIG_FRESH (1u << 0)
+
+/*
+ * Describe a guest: vm with the regions it has now (in the library's
+ * order: both ends must add the same regions, of the same sizes, at the
+ * same addresses), vcpus[0 .. nr_vcpus) (1 .. KVMDIRTY_MIG_MAX_VCPUS, in
+ * the same order at both ends), tracker (a source's, tracking vm's
+ * regions; NULL for a destination or a restore), ops (copied; NULL only
+ * where the guest is never a source) and ctx for them.  The guest keeps
+ * pointers to vm, tracker and the vCPUs (not to the vcpus array): they
+ * must outlive it.  A VMM that adds, removes or moves a region frees the
+ * guest and describes it again, between migrations and snapshot series.
+ * 0, or -EINVAL (no vm, no vCPU or too many, flags unknown), -E2BIG (too
+ * many regions), -ENOMEM.  Any thread.
+ */
+int kvmdirty_mig_guest_new(struct kvmdirty_vm *vm, struct kvmdirty_tracker *tracker,
+			   struct kvmdirty_vcpu *const *vcpus, unsigned int nr_vcpus, uint32_t flags,
+			   const struct kvmdirty_mig_ops *ops, void *ctx, struct kvmdirty_mig_guest **ret_guest);
+
+/* Free the description (nothing of the VM, its vCPUs or tracker).  NULL is ignored. */
+void kvmdirty_mig_guest_free(struct kvmdirty_mig_guest *guest);
+
+/* Where a guest runs after a migration, as each end sees it. */
+enum kvmdirty_mig_outcome {
+	KVMDIRTY_MIG_HERE = 0, /* this end runs it (source: resumed; destination: run it) */
+	KVMDIRTY_MIG_THERE,    /* the other end has it (source: keep the vCPUs paused; destination: dropped) */
+	/*
+	 * Neither knows: the last message of the handoff was lost (the
+	 * source sent COMMIT and no ACK came).  The guest is paused here; run
+	 * it on neither end until the other end's result is known
+	 * (kvmdirty-migrate(1), "Who runs the guest").
+	 */
+	KVMDIRTY_MIG_UNKNOWN,
+};
+
+struct kvmdirty_mig_send_opts {
+	uint64_t downtime_ms;	  /* stop-and-copy once the rest fits this (0: 50) */
+	unsigned int max_passes;  /* ... or after this many pre-copy passes (0: 10) */
+	uint64_t timeout_ms;	  /* ... or this long after tracking started (0: 60,000) */
+	uint64_t peer_timeout_ms; /* each wait for the destination, connecting included (0: 30,000) */
+	/*
+	 * When pre-copy ends without converging: stop the guest and send the
+	 * rest anyway.  Otherwise the migration is abandoned (-ETIME), the
+	 * guest runs on here.
+	 */
+	bool force_switchover;
+	bool no_verify;	    /* no page hashes and no check after switchover */
+	bool no_throttle;   /* never slow the vCPUs that dirty faster than the link takes */
+	uint64_t max_mibps; /* at most this many MiB/s on the wire (0: as fast as the link goes) */
+	/* connections, 1 .. 16 (0: 1), each sending its share of the pages on a thread of its own */
+	unsigned int connections;
+	/*
+	 * A key file (kvmdirty-migrate genkey): both ends prove they hold
+	 * the key and every record is sealed; with encrypt, encrypted too.
+	 * NULL: a plain stream.
+	 */
+	const char *psk_file;
+	bool encrypt;
+	/* the destination's name (its recv opts' name); NULL: the address */
+	const char *peer_name;
+	/*
+	 * Events, one JSON line each (kvmdirty-migrate-control(7)), called
+	 * on the engine's threads as they happen; it must not block.  NULL:
+	 * none.
+	 */
+	void (*event)(void *ctx, const char *line);
+	void *event_ctx;
+};
+
+struct kvmdirty_mig_send_result {
+	enum kvmdirty_mig_outcome outcome;
+	double total_ms;    /* start of tracking to the destination's ACK */
+	double downtime_ms; /* vCPUs paused to the destination's ACK */
+	uint64_t bytes;	    /* on the wire */
+	uint64_t passes, pages, zero_pages;
+	bool converged;	     /* the rest fitted the downtime */
+	uint64_t lost_pages; /* pages whose final contents differ from what was sent (the check after switchover) */
+};
+
+/*
+ * Migrate guest (a source: its tracker set, its vCPUs running) to the
+ * destination listening at addr ("IP:PORT", "[IPv6]:PORT", "unix:PATH").
+ * opts may be NULL (every default).  Returns:
+ *   0: the destination runs the guest (THERE); keep the vCPUs here paused
+ *      and free them when you will;
+ *   > 0: the same, but that many pages' final contents here differ from
+ *      what was sent (a write tracking lost; named in err);
+ *   -EINPROGRESS: the outcome is unknown (UNKNOWN): the vCPUs stay paused;
+ *   any other -errno: the guest runs on here (HERE), resumed where it was
+ *      paused, and may be migrated again: -ETIME (did not converge and
+ *      force_switchover off), -EACCES (authentication failed on either
+ *      side), -ECONNREFUSED and the like (the address), -EPROTO (the
+ *      destination refused the stream, err says which field), -ENOENT
+ *      (psk_file), -EINVAL (opts).
+ * res (may be NULL) says the same and how it went.  One migration of a
+ * guest at a time, from any thread; snapshots of the guest may be taken
+ * beside it where the series began first (kvmdirty_mig_snap_new()).
+ */
+int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr, const struct kvmdirty_mig_send_opts *opts,
+		      struct kvmdirty_mig_send_result *res, char *err, size_t len);
+
+/*
+ * Listen at addr (as kvmdirty_mig_send()'s; port 0: any, see
+ * getsockname()) for kvmdirty_mig_recv(): the socket's fd (close it when
+ * done), or -errno with err naming the address.
+ */
+int kvmdirty_mig_listen(const char *addr, char *err, size_t len);
+
+struct kvmdirty_mig_recv_opts {
+	uint64_t timeout_ms;  /* each wait for the source (0: 30,000) */
+	uint64_t deadline_ms; /* a whole stream (0: none) */
+	/* the source must prove it holds this key (NULL: plain streams only); encrypt: encrypted only */
+	const char *psk_file;
+	bool encrypt;
+	/* the name this destination answers to (NULL: the address each connection came to) */
+	const char *name;
+	/*
+	 * Take one stream: a refused one ends the call.  Otherwise a refused
+	 * stream (or a source that failed authentication) is logged and the
+	 * next one taken.
+	 */
+	bool once;
+	/* a line for each connection or stream refused (NULL: none) */
+	void (*log)(void *ctx, const char *line);
+	void *log_ctx;
+};
+
+struct kvmdirty_mig_recv_result {
+	enum kvmdirty_mig_outcome outcome;
+	bool hashed;	  /* pages came with hashes and every page's latest copy matched */
+	uint64_t pages;	  /* pages received, DATA and ZERO, re-sent ones counted again */
+	uint64_t records; /* records before END */
+};
+
+/*
+ * Receive a migration into guest (a destination: its vCPUs created and
+ * never run, its regions those of the source) on listen_fd
+ * (kvmdirty_mig_listen(), or a listening socket of the caller's); each
+ * source's handshake runs on a thread of its own, so none holds the
+ * others.  opts may be NULL.  Returns 0 once the source committed: every
+ * page arrived and matched, every vCPU's and the VM's state and the
+ * devices' state are loaded: run the guest.  Otherwise do not run it:
+ * -EINPROGRESS (outcome unknown, see enum kvmdirty_mig_outcome),
+ * -ENOTRECOVERABLE (the vCPUs could not be loaded back as they were
+ * before a refused stream: free the guest), or with once a refusal's
+ * -errno (-EPROTO, -EACCES, -ECANCELED for a stream the source dropped at
+ * the handoff, -ETIMEDOUT): guest memory may hold part of that stream,
+ * and another stream must bring every page again.  err: one line.
+ */
+int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, const struct kvmdirty_mig_recv_opts *opts,
+		      struct kvmdirty_mig_recv_result *res, char *err, size_t len);
+
+struct kvmdirty_mig_snap_opts {
+	/* files PREFIX-NNNNNN.snap (the snapshot's number, 6 digits); the directory must exist */
+	const char *prefix;
+	double pause_ms;	 /* what the last pass with the guest running aims at (0: 5) */
+	unsigned int max_passes; /* passes with the guest running, at most (0: 8) */
+	bool no_throttle;	 /* never slow a guest that writes faster than the disk takes */
+};
+
+struct kvmdirty_mig_snap_result {
+	uint64_t seq;	    /* 0: the full snapshot, then 1, 2, ...: diffs */
+	char path[4128];    /* the file written (or, on failure, meant) */
+	double pause_ms;    /* the vCPUs paused */
+	double total_ms;    /* the whole snapshot, the file synced to disk included */
+	uint64_t pages;	    /* pages written, every pass */
+	uint64_t file_len;  /* the file's length */
+};
+
+/*
+ * Begin a series of snapshots of guest (a source: tracker set, vCPUs
+ * running or not): its own consumer of the tracker (kvmdirty.h), which
+ * keeps logging on for the guest's regions until kvmdirty_mig_snap_free().
+ * opts->prefix required.  0, or -EINVAL (opts), -ENOENT/-ENOTDIR (the
+ * prefix's directory), -ENOMEM, or the tracker's -errno; err says which.
+ */
+int kvmdirty_mig_snap_new(struct kvmdirty_mig_guest *guest, const struct kvmdirty_mig_snap_opts *opts,
+			  struct kvmdirty_mig_snap **ret_snap, char *err, size_t len);
+
+/*
+ * Take the series' next snapshot (the first one full, then diffs of the
+ * pages written since the one before) while the guest runs, paused only
+ * for the last pages, the states and the devices' state; the file is on
+ * disk (fsync, rename, the directory's fsync) when it returns.  0 with res
+ * filled, or -errno with err naming the file: nothing of it is left, no
+ * earlier file is touched, the guest runs on, and the next call takes its
+ * number.  One call at a time per series.
+ */
+int kvmdirty_mig_snap_take(struct kvmdirty_mig_snap *snap, struct kvmdirty_mig_snap_result *res, char *err,
+			   size_t len);
+
+/* End the series (its consumer freed; logging off where nothing else needs it).  NULL is ignored. */
+void kvmdirty_mig_snap_free(struct kvmdirty_mig_snap *snap);
+
+/*
+ * Restore the chain paths[0 .. n) (the full snapshot first, then its diffs
+ * in order) into guest (fresh memory, its vCPUs never run, its regions
+ * those the snapshots list): every file checked whole, every page's
+ * newest copy read and verified against its hash, each vCPU's, the VM's
+ * and the devices' state loaded.  0: run the guest; ret_pages (may be
+ * NULL): the pages read.  Otherwise -errno (-EPROTO: a file is not the
+ * chain's or is damaged; -ENOENT: a file; -EINVAL: n is 0) with err
+ * naming the file and what is wrong: do not run the guest.
+ */
+int kvmdirty_mig_restore(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,
+			 uint64_t *ret_pages, char *err, size_t len);
+
+/* This library's version ("0.5.0"), and the stream version it sends and takes. */
+const char *kvmdirty_mig_version_string(void);
+unsigned int kvmdirty_mig_stream_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,541 @@
+// SPDX-License-Identifier: MIT
+/*
+ * libkvmdirty-migrate's public face (include/kvmdirty-migrate.h): a VMM's
+ * guest put behind the engine's guest interface (guest.h), with the whole
+ * KVM state saved and loaded through the VM's and vCPUs' fds, and the
+ * engine's calls (mig_send(), mig_recv_session() behind a gate,
+ * mig_snap_*()) under one prefix.  Nothing here decides anything the
+ * engine does not: it fills in options and translates results.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <kvmdirty-migrate.h>
+
+#include "dest.h"
+#include "gate.h"
+#include "guest.h"
+#include "keyfile.h"
+#include "snapfile.h"
+#include "snapshot.h"
+#include "source.h"
+#include "transport.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+_Static_assert(KVMDIRTY_MIG_MAX_VCPUS == MIG_MAX_VCPUS, "the header's vCPU limit is the engine's");
+_Static_assert(KVMDIRTY_MIG_DEVICES_MAX == MIG_DEVICES_MAX, "the header's device state limit is the engine's");
+_Static_assert(sizeof(((struct kvmdirty_mig_snap_result *)0)->path) ==
+		       sizeof(((struct mig_snap_result *)0)->path),
+	       "the header's snapshot path is the engine's");
+struct kvmdirty_mig_guest {
+	struct mig_guest g; /* first: the engine's ops get it as their ctx */
+	struct mig_guest_ops ops;
+	struct kvmdirty_mig_ops user;
+	void *user_ctx;
+	struct kvmdirty_vm *vm;
+	int vcpu_fd[MIG_MAX_VCPUS];
+};
+
+struct kvmdirty_mig_snap {
+	struct mig_snap *s;
+};
+
+/* The engine's outcome as the header says it (PENDING: nothing left here, as THERE for a destination). */
+static enum kvmdirty_mig_outcome outcome(enum mig_outcome o, bool source)
+{
+	switch (o) {
+	case MIG_OUTCOME_HERE:
+		return KVMDIRTY_MIG_HERE;
+	case MIG_OUTCOME_THERE:
+		return KVMDIRTY_MIG_THERE;
+	case MIG_OUTCOME_UNKNOWN:
+		return KVMDIRTY_MIG_UNKNOWN;
+	default:
+		return source ? KVMDIRTY_MIG_HERE : KVMDIRTY_MIG_THERE;
+	}
+}
+
+static void say(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void say(char *err, size_t len, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || !len)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, len, fmt, ap);
+	va_end(ap);
+}
+
+static int g_vcpu_save(void *ctx, unsigned int i, struct mig_vcpu_state *st)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mig_vcpu_save_kvm(mg->vcpu_fd[i], st);
+}
+
+static int g_vcpu_load(void *ctx, unsigned int i, const struct mig_vcpu_state *st)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mig_vcpu_load_kvm(mg->vcpu_fd[i], st);
+}
+
+static int g_vm_save(void *ctx, struct mig_vm_state *st)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mig_vm_save_kvm(kvmdirty_vm_fd(mg->vm), st);
+}
+
+static int g_vm_load(void *ctx, const struct mig_vm_state *st)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mig_vm_load_kvm(kvmdirty_vm_fd(mg->vm), st);
+}
+
+static int g_devices_save(void *ctx, void **ret_state, size_t *ret_len)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mg->user.devices_save(mg->user_ctx, ret_state, ret_len);
+}
+
+static int g_devices_load(void *ctx, const void *state, size_t len)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mg->user.devices_load(mg->user_ctx, state, len);
+}
+
+static void g_pause(void *ctx)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	mg->user.pause(mg->user_ctx);
+}
+
+static void g_resume(void *ctx)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	mg->user.resume(mg->user_ctx);
+}
+
+static uint64_t g_progress(void *ctx, unsigned int i)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mg->user.progress(mg->user_ctx, i);
+}
+
+static int g_set_run_share(void *ctx, unsigned int i, unsigned int permille)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mg->user.set_run_share(mg->user_ctx, i, permille);
+}
+
+static uint64_t g_kept_out_ns(void *ctx, unsigned int i)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mg->user.kept_out_ns(mg->user_ctx, i);
+}
+
+EXPORT int kvmdirty_mig_guest_new(struct kvmdirty_vm *vm, struct kvmdirty_tracker *tracker,
+				  struct kvmdirty_vcpu *const *vcpus, unsigned int nr_vcpus, uint32_t flags,
+				  const struct kvmdirty_mig_ops *ops, void *ctx, struct kvmdirty_mig_guest **ret_guest)
+{
+	struct kvmdirty_mig_guest *mg;
+	unsigned int i;
+	int ret;
+
+	if (!ret_guest)
+		return -EINVAL;
+	*ret_guest = NULL;
+	if (!vm || !vcpus || !nr_vcpus || nr_vcpus > MIG_MAX_VCPUS || (flags & ~KVMDIRTY_MIG_FRESH))
+		return -EINVAL;
+	for (i = 0; i < nr_vcpus; i++)
+		if (!vcpus[i] || kvmdirty_vcpu_fd(vcpus[i]) < 0)
+			return -EINVAL;
+	/* pause and resume come together, as do a run share and the time kept out */
+	if (ops && (!ops->pause != !ops->resume || !ops->devices_save != !ops->devices_load ||
+		    !ops->set_run_share != !ops->kept_out_ns))
+		return -EINVAL;
+	mg = calloc(1, sizeof(*mg));
+	if (!mg)
+		return -ENOMEM;
+	if (ops)
+		mg->user = *ops;
+	mg->user_ctx = ctx;
+	mg->vm = vm;
+	mg->ops = (struct mig_guest_ops){ .vcpu_save = g_vcpu_save, .vcpu_load = g_vcpu_load,
+					  .vm_save = g_vm_save, .vm_load = g_vm_load };
+	if (mg->user.devices_save) {
+		mg->ops.devices_save = g_devices_save;
+		mg->ops.devices_load = g_devices_load;
+	}
+	if (mg->user.pause) {
+		mg->ops.pause = g_pause;
+		mg->ops.resume = g_resume;
+	}
+	if (mg->user.progress)
+		mg->ops.progress = g_progress;
+	if (mg->user.set_run_share) {
+		mg->ops.set_run_share = g_set_run_share;
+		mg->ops.kept_out_ns = g_kept_out_ns;
+	}
+	mg->g.nr_vcpus = nr_vcpus;
+	mg->g.tracker = tracker;
+	mg->g.ops = &mg->ops;
+	mg->g.ctx = mg;
+	for (i = 0; i < nr_vcpus; i++) {
+		mg->g.vcpu[i] = vcpus[i];
+		mg->vcpu_fd[i] = kvmdirty_vcpu_fd(vcpus[i]);
+	}
+	ret = mig_guest_set_regions(&mg->g, vm);
+	if (ret == 0 && (flags & KVMDIRTY_MIG_FRESH))
+		ret = mig_guest_zero_known(&mg->g);
+	if (ret < 0) {
+		kvmdirty_mig_guest_free(mg);
+		return ret;
+	}
+	*ret_guest = mg;
+	return 0;
+}
+
+EXPORT void kvmdirty_mig_guest_free(struct kvmdirty_mig_guest *guest)
+{
+	if (!guest)
+		return;
+	mig_guest_release(&guest->g);
+	free(guest);
+}
+
+/* Hashing on threads of their own pays only where the host has CPUs to spare. */
+static bool inline_hash(void)
+{
+	return sysconf(_SC_NPROCESSORS_ONLN) <= 2;
+}
+
+static int load_psk(const char *path, struct mig_psk *psk, char *err, size_t len)
+{
+	char why[256];
+	int ret;
+
+	if (!path)
+		return 0;
+	ret = mig_psk_load(path, psk, why, sizeof(why));
+	if (ret < 0)
+		say(err, len, "%s", why);
+	return ret;
+}
+
+struct send_ctx {
+	const char *addr;
+	uint64_t timeout_ms;
+};
+
+/* A session's next connection. */
+static int connect_again(void *ctx, char *err, size_t len)
+{
+	const struct send_ctx *c = ctx;
+
+	return mig_connect(c->addr, c->timeout_ms, err, len);
+}
+
+EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
+			     const struct kvmdirty_mig_send_opts *opts, struct kvmdirty_mig_send_result *res, char *err,
+			     size_t len)
+{
+	static const struct kvmdirty_mig_send_opts none;
+	const struct kvmdirty_mig_send_opts *u = opts ? opts : &none;
+	struct mig_send_opts o = { 0 };
+	struct mig_result r = { .outcome = MIG_OUTCOME_HERE };
+	struct send_ctx c;
+	struct mig_psk psk;
+	char why[512] = "";
+	int fd, ret;
+
+	if (res)
+		*res = (struct kvmdirty_mig_send_result){ .outcome = KVMDIRTY_MIG_HERE };
+	if (!guest || !addr) {
+		say(err, len, "kvmdirty_mig_send: %s is NULL", !guest ? "the guest" : "the address");
+		return -EINVAL;
+	}
+	if (!guest->g.tracker || !guest->ops.pause) {
+		say(err, len, "kvmdirty_mig_send: the guest has no %s: it cannot be a source",
+		    !guest->g.tracker ? "tracker" : "pause and resume");
+		return -EINVAL;
+	}
+	if (u->connections > MIG_MAX_CONNS || u->max_mibps > MIG_MAX_BANDWIDTH_MIBPS) {
+		say(err, len, "kvmdirty_mig_send: %s %llu: at most %llu",
+		    u->connections > MIG_MAX_CONNS ? "connections" : "max_mibps",
+		    u->connections > MIG_MAX_CONNS ? (unsigned long long)u->connections
+						   : (unsigned long long)u->max_mibps,
+		    u->connections > MIG_MAX_CONNS ? (unsigned long long)MIG_MAX_CONNS
+						   : (unsigned long long)MIG_MAX_BANDWIDTH_MIBPS);
+		return -EINVAL;
+	}
+	ret = mig_addr_check(addr, why, sizeof(why));
+	if (ret < 0) {
+		say(err, len, "%s", why);
+		return ret;
+	}
+	ret = load_psk(u->psk_file, &psk, err, len);
+	if (ret < 0)
+		return ret;
+	o.downtime_ms = u->downtime_ms ? u->downtime_ms : 50;
+	o.max_passes = u->max_passes ? u->max_passes : 10;
+	o.timeout_ms = u->timeout_ms ? u->timeout_ms : 60000;
+	o.peer_timeout_ms = u->peer_timeout_ms ? u->peer_timeout_ms : 30000;
+	o.verify = !u->no_verify;
+	o.inline_hash = inline_hash();
+	o.throttle = !u->no_throttle;
+	o.force_switchover = u->force_switchover;
+	o.max_bandwidth = u->max_mibps;
+	o.event = u->event;
+	o.event_ctx = u->event_ctx;
+	o.psk = u->psk_file ? &psk : NULL;
+	o.encrypt = u->encrypt;
+	o.wipe_psk = true;
+	o.peer_name = u->peer_name;
+	o.connections = u->connections ? u->connections : 1;
+	c = (struct send_ctx){ .addr = addr, .timeout_ms = o.peer_timeout_ms };
+	o.connect = connect_again;
+	o.connect_ctx = &c;
+	fd = mig_connect(addr, o.peer_timeout_ms, why, sizeof(why));
+	if (fd < 0) {
+		ret = fd;
+	} else {
+		ret = mig_send(&guest->g, fd, &o, &r, why, sizeof(why));
+		close(fd);
+	}
+	if (u->psk_file)
+		mig_psk_clear(&psk);
+	say(err, len, "%s", why);
+	if (res)
+		*res = (struct kvmdirty_mig_send_result){ .outcome = outcome(r.outcome, true),
+							  .total_ms = r.total_ms,
+							  .downtime_ms = r.downtime_ms,
+							  .bytes = r.bytes,
+							  .passes = r.passes,
+							  .pages = r.pages,
+							  .zero_pages = r.zero_pages,
+							  .converged = r.converged,
+							  .lost_pages = r.lost_pages };
+	return ret;
+}
+
+EXPORT int kvmdirty_mig_listen(const char *addr, char *err, size_t len)
+{
+	char why[256] = "";
+	int ret;
+
+	if (!addr) {
+		say(err, len, "kvmdirty_mig_listen: the address is NULL");
+		return -EINVAL;
+	}
+	ret = mig_listen(addr, why, sizeof(why));
+	if (ret < 0)
+		say(err, len, "%s", why);
+	return ret;
+}
+
+EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, const struct kvmdirty_mig_recv_opts *opts,
+			     struct kvmdirty_mig_recv_result *res, char *err, size_t len)
+{
+	static const struct kvmdirty_mig_recv_opts none;
+	const struct kvmdirty_mig_recv_opts *u = opts ? opts : &none;
+	struct mig_recv_result r = { .outcome = MIG_OUTCOME_THERE };
+	struct mig_recv_opts o = { 0 };
+	struct mig_session_opts so;
+	struct mig_gate *gate;
+	struct mig_session s;
+	struct mig_psk psk;
+	char why[512] = "";
+	int ret;
+
+	if (res)
+		*res = (struct kvmdirty_mig_recv_result){ .outcome = KVMDIRTY_MIG_THERE };
+	if (!guest || listen_fd < 0) {
+		say(err, len, "kvmdirty_mig_recv: %s", !guest ? "the guest is NULL" : "no listening socket");
+		return -EINVAL;
+	}
+	ret = load_psk(u->psk_file, &psk, err, len);
+	if (ret < 0)
+		return ret;
+	o.timeout_ms = u->timeout_ms ? u->timeout_ms : 30000;
+	o.deadline_ms = u->deadline_ms;
+	o.inline_hash = inline_hash();
+	o.psk = u->psk_file ? &psk : NULL;
+	o.encrypt = u->encrypt;
+	o.name = u->name;
+	o.log = u->log;
+	o.log_ctx = u->log_ctx;
+	mig_recv_session_opts(&o, &so);
+	ret = mig_gate_new(listen_fd, &so, &gate);
+	if (ret < 0) {
+		snprintf(why, sizeof(why), "kvmdirty_mig_recv: the listener's gate: %s", strerror(-ret));
+	} else {
+		for (;;) {
+			char line[600];
+
+			ret = mig_gate_take(gate, &s, why, sizeof(why));
+			if (ret < 0)
+				break;
+			ret = mig_recv_session(&guest->g, &s, &o, &r, why, sizeof(why));
+			/* run the guest; or nothing may land right any more; or the caller takes the first's fate */
+			if (ret == 0 || ret == -ENOTRECOVERABLE || ret == -EINPROGRESS || (u->once && ret != -EACCES))
+				break;
+			if (u->log) {
+				snprintf(line, sizeof(line), "%s, waiting for another: %s",
+					 ret == -ECANCELED ? "dropped at the handoff" : "stream refused", why);
+				u->log(u->log_ctx, line);
+			}
+		}
+		mig_gate_free(gate);
+	}
+	if (u->psk_file)
+		mig_psk_clear(&psk);
+	say(err, len, "%s", why);
+	if (res)
+		*res = (struct kvmdirty_mig_recv_result){ .outcome = outcome(r.outcome, false),
+							  .hashed = r.hashed,
+							  .pages = r.pages,
+							  .records = r.records };
+	return ret;
+}
+
+EXPORT int kvmdirty_mig_snap_new(struct kvmdirty_mig_guest *guest, const struct kvmdirty_mig_snap_opts *opts,
+				 struct kvmdirty_mig_snap **ret_snap, char *err, size_t len)
+{
+	struct mig_snap_opts o = { 0 };
+	struct kvmdirty_mig_snap *ks;
+	char why[512] = "";
+	int ret;
+
+	if (!ret_snap || !guest || !opts || !opts->prefix) {
+		say(err, len, "kvmdirty_mig_snap_new: %s is NULL",
+		    !ret_snap ? "ret_snap" : !guest ? "the guest" : !opts ? "opts" : "the prefix");
+		return -EINVAL;
+	}
+	*ret_snap = NULL;
+	if (!guest->g.tracker || !guest->ops.pause) {
+		say(err, len, "kvmdirty_mig_snap_new: the guest has no %s: it cannot be snapshotted",
+		    !guest->g.tracker ? "tracker" : "pause and resume");
+		return -EINVAL;
+	}
+	if (strlen(opts->prefix) + 32 > SNAP_PATH_MAX) {
+		say(err, len, "kvmdirty_mig_snap_new: prefix '%.64s...': longer than %d bytes", opts->prefix,
+		    SNAP_PATH_MAX - 32);
+		return -ENAMETOOLONG;
+	}
+	ks = calloc(1, sizeof(*ks));
+	if (!ks)
+		return -ENOMEM;
+	o.prefix = opts->prefix;
+	o.pause_ms = opts->pause_ms;
+	o.max_passes = opts->max_passes;
+	o.no_throttle = opts->no_throttle;
+	ret = mig_snap_new(&guest->g, &o, &ks->s, why, sizeof(why));
+	if (ret < 0) {
+		say(err, len, "%s", why);
+		free(ks);
+		return ret;
+	}
+	*ret_snap = ks;
+	return 0;
+}
+
+EXPORT int kvmdirty_mig_snap_take(struct kvmdirty_mig_snap *snap, struct kvmdirty_mig_snap_result *res, char *err,
+				  size_t len)
+{
+	struct mig_snap_result r;
+	char why[512] = "";
+	int ret;
+
+	if (!snap) {
+		say(err, len, "kvmdirty_mig_snap_take: the series is NULL");
+		return -EINVAL;
+	}
+	memset(&r, 0, sizeof(r));
+	ret = mig_snap_take(snap->s, &r, why, sizeof(why));
+	if (ret < 0)
+		say(err, len, "%s", why);
+	if (res) {
+		memset(res, 0, sizeof(*res));
+		res->seq = r.seq;
+		memcpy(res->path, r.path, sizeof(res->path));
+		res->pause_ms = r.pause_ms;
+		res->total_ms = r.total_ms;
+		res->pages = r.pages;
+		res->file_len = r.file_len;
+	}
+	return ret;
+}
+
+EXPORT void kvmdirty_mig_snap_free(struct kvmdirty_mig_snap *snap)
+{
+	if (!snap)
+		return;
+	mig_snap_free(snap->s);
+	free(snap);
+}
+
+EXPORT int kvmdirty_mig_restore(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,
+				uint64_t *ret_pages, char *err, size_t len)
+{
+	struct snap_file **files;
+	unsigned int i, opened = 0;
+	char why[512] = "";
+	uint64_t pages = 0;
+	int ret = 0;
+
+	if (ret_pages)
+		*ret_pages = 0;
+	if (!guest || !paths || !n) {
+		say(err, len, "kvmdirty_mig_restore: %s", !guest ? "the guest is NULL" : "no file");
+		return -EINVAL;
+	}
+	for (i = 0; i < n; i++)
+		if (!paths[i]) {
+			say(err, len, "kvmdirty_mig_restore: file %u of the chain is NULL", i);
+			return -EINVAL;
+		}
+	files = calloc(n, sizeof(*files));
+	if (!files)
+		return -ENOMEM;
+	for (i = 0; i < n && ret == 0; i++) {
+		ret = snap_file_open(paths[i], &files[i], why, sizeof(why));
+		if (ret == 0)
+			opened++;
+	}
+	if (ret == 0)
+		ret = mig_snap_restore(&guest->g, files, n, &pages, why, sizeof(why));
+	for (i = 0; i < opened; i++)
+		snap_file_close(files[i]);
+	free(files);
+	if (ret < 0)
+		say(err, len, "%s", why);
+	else if (ret_pages)
+		*ret_pages = pages;
+	return ret;
+}
+
+EXPORT const char *kvmdirty_mig_version_string(void)
+{
+	return KVMDIRTY_MIGRATE_VERSION;
+}
+
+EXPORT unsigned int kvmdirty_mig_stream_version(void)
+{
+	return MIG_VERSION;
+}

@@ -1,0 +1,359 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A VMM outside the tree, built only with pkg-config's flags for
+ * libkvmdirty-migrate: it snapshots a guest (memory, a vCPU's registers
+ * and an MSR, an IOAPIC entry of the in-kernel irqchip, its devices'
+ * state) twice, a full
+ * snapshot and a diff, restores the chain into a second VM, then migrates
+ * the guest to a third VM over a Unix socket, and checks each landed
+ * whole.  Exit 0 all held, 1 not (one line saying what), 77 no KVM here.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <linux/kvm.h>
+
+#include <kvmdirty-migrate.h>
+
+#define MEM (4u << 20)
+#define MSR_TSC_AUX 0xc0000103u
+
+struct vmm {
+	struct kvmdirty_vm *vm;
+	struct kvmdirty_tracker *tracker;
+	struct kvmdirty_vcpu *vcpu;
+	struct kvmdirty_mig_guest *guest;
+	unsigned char *mem;
+	unsigned int paused, resumed;
+	char devices[64]; /* a device's state: what a serial port would keep */
+};
+
+static int fail(const char *what, int ret, const char *err)
+{
+	fprintf(stderr, "consumer-migrate: %s: %s%s%s\n", what, strerror(ret < 0 ? -ret : ret), err && *err ? ": " : "",
+		err ? err : "");
+	return 1;
+}
+
+static void v_pause(void *ctx)
+{
+	((struct vmm *)ctx)->paused++;
+}
+
+static void v_resume(void *ctx)
+{
+	((struct vmm *)ctx)->resumed++;
+}
+
+static int v_devices_save(void *ctx, void **ret_state, size_t *ret_len)
+{
+	struct vmm *v = ctx;
+
+	*ret_len = strlen(v->devices) + 1;
+	*ret_state = malloc(*ret_len);
+	if (!*ret_state)
+		return -ENOMEM;
+	memcpy(*ret_state, v->devices, *ret_len);
+	return 0;
+}
+
+static int v_devices_load(void *ctx, const void *state, size_t len)
+{
+	struct vmm *v = ctx;
+
+	if (len > sizeof(v->devices) || !len || ((const char *)state)[len - 1])
+		return -EINVAL;
+	memcpy(v->devices, state, len);
+	return 0;
+}
+
+static const struct kvmdirty_mig_ops ops = {
+	.pause = v_pause, .resume = v_resume, .devices_save = v_devices_save, .devices_load = v_devices_load,
+};
+
+/* A VM with an in-kernel irqchip, MEM of memory at guest address 0 and one vCPU; 0, 77 or 1. */
+static int vmm_new(struct vmm *v, bool source)
+{
+	struct kvmdirty_tracker_opts to = { .mode = KVMDIRTY_MODE_CLEAR_LOG };
+	int ret;
+
+	memset(v, 0, sizeof(*v));
+	ret = kvmdirty_vm_new(&v->vm);
+	if (ret == -ENOENT || ret == -EACCES || ret == -EPERM || ret == -ENXIO || ret == -ENODEV || ret == -ENOTTY ||
+	    ret == -EPROTO) {
+		printf("consumer-migrate: skipped: /dev/kvm: %s\n", strerror(-ret));
+		return 77;
+	}
+	if (ret < 0)
+		return fail("kvmdirty_vm_new", ret, NULL);
+	if (ioctl(kvmdirty_vm_fd(v->vm), KVM_CREATE_IRQCHIP, 0) < 0)
+		return fail("KVM_CREATE_IRQCHIP", errno, NULL);
+	v->mem = mmap(NULL, MEM, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (v->mem == MAP_FAILED)
+		return fail("mmap", errno, NULL);
+	ret = kvmdirty_region_add(v->vm, 0, MEM, v->mem, 0, NULL);
+	if (ret < 0)
+		return fail("kvmdirty_region_add", ret, NULL);
+	if (source && (ret = kvmdirty_tracker_new(v->vm, &to, &v->tracker)) < 0)
+		return fail("kvmdirty_tracker_new", ret, NULL);
+	ret = kvmdirty_vcpu_create(v->vm, 0, &v->vcpu);
+	if (ret < 0)
+		return fail("kvmdirty_vcpu_create", ret, NULL);
+	ret = kvmdirty_mig_guest_new(v->vm, v->tracker, &v->vcpu, 1, source ? 0 : KVMDIRTY_MIG_FRESH, &ops, v,
+				     &v->guest);
+	if (ret < 0)
+		return fail("kvmdirty_mig_guest_new", ret, NULL);
+	return 0;
+}
+
+static void vmm_free(struct vmm *v)
+{
+	kvmdirty_mig_guest_free(v->guest);
+	if (v->tracker)
+		kvmdirty_tracker_free(v->tracker);
+	if (v->vcpu)
+		kvmdirty_vcpu_free(v->vcpu);
+	if (v->vm)
+		kvmdirty_vm_free(v->vm);
+	if (v->mem && v->mem != MAP_FAILED)
+		munmap(v->mem, MEM);
+}
+
+struct msrs {
+	struct kvm_msrs h;
+	struct kvm_msr_entry e[1];
+};
+
+/* The IOAPIC's redirection entry 5, the VM's state the guest would have set. */
+static int ioapic_entry(struct vmm *v, uint64_t *bits, bool set)
+{
+	struct kvm_irqchip chip = { .chip_id = KVM_IRQCHIP_IOAPIC };
+
+	if (ioctl(kvmdirty_vm_fd(v->vm), KVM_GET_IRQCHIP, &chip) < 0)
+		return fail("KVM_GET_IRQCHIP", errno, NULL);
+	if (!set) {
+		*bits = chip.chip.ioapic.redirtbl[5].bits;
+		return 0;
+	}
+	chip.chip.ioapic.redirtbl[5].bits = *bits;
+	if (ioctl(kvmdirty_vm_fd(v->vm), KVM_SET_IRQCHIP, &chip) < 0)
+		return fail("KVM_SET_IRQCHIP", errno, NULL);
+	return 0;
+}
+
+/* The vCPU's RBX and TSC_AUX, with the IOAPIC entry in the top of aux's report: 0, or 1 said. */
+static int vcpu_get(struct vmm *v, uint64_t *rbx, uint64_t *aux)
+{
+	struct msrs m = { .h.nmsrs = 1, .e[0].index = MSR_TSC_AUX };
+	struct kvm_regs regs;
+	int fd = kvmdirty_vcpu_fd(v->vcpu);
+	uint64_t io;
+
+	if (ioapic_entry(v, &io, false))
+		return 1;
+	if (ioctl(fd, KVM_GET_REGS, &regs) < 0)
+		return fail("KVM_GET_REGS", errno, NULL);
+	if (ioctl(fd, KVM_GET_MSRS, &m) != 1)
+		return fail("KVM_GET_MSRS TSC_AUX", errno, NULL);
+	*rbx = regs.rbx;
+	*aux = m.e[0].data | (io & 0xff) << 32;
+	return 0;
+}
+
+/* RBX, TSC_AUX = aux's low half, the IOAPIC entry's vector = aux's bits 32-39 */
+static int vcpu_set(struct vmm *v, uint64_t rbx, uint64_t aux)
+{
+	struct msrs m = { .h.nmsrs = 1, .e[0] = { .index = MSR_TSC_AUX, .data = (uint32_t)aux } };
+	uint64_t io = (aux >> 32 & 0xff) | 1ull << 16; /* the vector, masked */
+	struct kvm_regs regs;
+	int fd = kvmdirty_vcpu_fd(v->vcpu);
+
+	if (ioapic_entry(v, &io, true))
+		return 1;
+
+	if (ioctl(fd, KVM_GET_REGS, &regs) < 0)
+		return fail("KVM_GET_REGS", errno, NULL);
+	regs.rbx = rbx;
+	if (ioctl(fd, KVM_SET_REGS, &regs) < 0)
+		return fail("KVM_SET_REGS", errno, NULL);
+	if (ioctl(fd, KVM_SET_MSRS, &m) != 1)
+		return fail("KVM_SET_MSRS TSC_AUX", errno, NULL);
+	return 0;
+}
+
+/* Whether v holds src's memory, registers and devices: 0, or 1 said. */
+static int same(struct vmm *v, struct vmm *src, const char *what)
+{
+	uint64_t rbx, aux, want_rbx, want_aux;
+
+	if (memcmp(v->mem, src->mem, MEM)) {
+		fprintf(stderr, "consumer-migrate: %s: memory differs from the source's\n", what);
+		return 1;
+	}
+	if (vcpu_get(v, &rbx, &aux) || vcpu_get(src, &want_rbx, &want_aux))
+		return 1;
+	if (rbx != want_rbx || aux != want_aux || strcmp(v->devices, src->devices)) {
+		fprintf(stderr,
+			"consumer-migrate: %s: rbx %#" PRIx64 " (source %#" PRIx64 "), IOAPIC vector:TSC_AUX %#" PRIx64
+			" (source %#" PRIx64 "), devices '%s' (source '%s')\n",
+			what, rbx, want_rbx, aux, want_aux, v->devices, src->devices);
+		return 1;
+	}
+	return 0;
+}
+
+struct recv_job {
+	struct vmm *v;
+	int lfd, ret;
+	char err[512];
+};
+
+static void *receive(void *p)
+{
+	struct recv_job *j = p;
+	struct kvmdirty_mig_recv_opts o = { .once = true };
+
+	j->ret = kvmdirty_mig_recv(j->v->guest, j->lfd, &o, NULL, j->err, sizeof(j->err));
+	return NULL;
+}
+
+static int migrate(struct vmm *src, const char *dir)
+{
+	struct kvmdirty_mig_send_result res;
+	struct recv_job j = { .lfd = -1 };
+	struct vmm dst;
+	char addr[4200], err[512];
+	pthread_t t;
+	int ret;
+
+	ret = vmm_new(&dst, false);
+	if (ret) {
+		vmm_free(&dst);
+		return ret;
+	}
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	j.v = &dst;
+	j.lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	if (j.lfd < 0 || pthread_create(&t, NULL, receive, &j)) {
+		ret = fail("listen", j.lfd < 0 ? j.lfd : EAGAIN, err);
+		goto out;
+	}
+	ret = kvmdirty_mig_send(src->guest, addr, NULL, &res, err, sizeof(err));
+	pthread_join(t, NULL);
+	if (ret != 0 || res.outcome != KVMDIRTY_MIG_THERE) {
+		ret = fail("kvmdirty_mig_send", ret, err);
+		goto out;
+	}
+	if (j.ret != 0) {
+		ret = fail("kvmdirty_mig_recv", j.ret, j.err);
+		goto out;
+	}
+	ret = same(&dst, src, "after the migration");
+	if (ret == 0)
+		printf("consumer-migrate: migrated %" PRIu64 " pages in %" PRIu64 " passes, %.1f ms downtime; "
+		       "memory, registers, TSC_AUX, the IOAPIC and devices arrived\n",
+		       res.pages, res.passes, res.downtime_ms);
+out:
+	if (j.lfd >= 0)
+		close(j.lfd);
+	vmm_free(&dst);
+	return ret;
+}
+
+static int snapshot_restore(struct vmm *src, const char *dir)
+{
+	struct kvmdirty_mig_snap_opts so = { 0 };
+	struct kvmdirty_mig_snap_result r0, r1;
+	struct kvmdirty_mig_snap *snap;
+	char prefix[4200], err[512];
+	const char *chain[2];
+	struct vmm dst;
+	uint64_t pages;
+	int ret;
+
+	snprintf(prefix, sizeof(prefix), "%s/snap", dir);
+	so.prefix = prefix;
+	ret = kvmdirty_mig_snap_new(src->guest, &so, &snap, err, sizeof(err));
+	if (ret < 0)
+		return fail("kvmdirty_mig_snap_new", ret, err);
+	ret = kvmdirty_mig_snap_take(snap, &r0, err, sizeof(err));
+	if (ret == 0) {
+		/* what the diff must carry: a page, a register, the devices */
+		memset(src->mem + 8192, 0x5a, 4096);
+		/* the VMM's own write to guest memory: KVM does not see it, the tracker must be told */
+		ret = kvmdirty_tracker_mark_dirty_hva(src->tracker, src->mem + 8192, 4096);
+		strcpy(src->devices, "serial: lcr=0x03 after the full snapshot");
+		if (ret == 0)
+			ret = vcpu_set(src, 0xd1ff, 0x4100000007ull) ? -EIO : 0;
+	}
+	if (ret == 0)
+		ret = kvmdirty_mig_snap_take(snap, &r1, err, sizeof(err));
+	kvmdirty_mig_snap_free(snap);
+	if (ret < 0)
+		return fail("kvmdirty_mig_snap_take", ret, err);
+	ret = vmm_new(&dst, false);
+	if (ret == 0) {
+		chain[0] = r0.path;
+		chain[1] = r1.path;
+		ret = kvmdirty_mig_restore(dst.guest, chain, 2, &pages, err, sizeof(err));
+		ret = ret < 0 ? fail("kvmdirty_mig_restore", ret, err) : same(&dst, src, "after the restore");
+	}
+	if (ret == 0)
+		printf("consumer-migrate: snapshots %" PRIu64 " (full) and %" PRIu64 " (diff), restored: %" PRIu64
+		       " pages read; memory, registers, TSC_AUX, the IOAPIC and devices as they were\n",
+		       r0.seq, r1.seq, pages);
+	unlink(r0.path);
+	unlink(r1.path);
+	vmm_free(&dst);
+	return ret;
+}
+
+int main(void)
+{
+	char dir[] = "/tmp/consumer-migrate.XXXXXX";
+	struct vmm src;
+	unsigned int i;
+	int ret;
+
+	if (kvmdirty_mig_stream_version() < 1 || !*kvmdirty_mig_version_string()) {
+		fprintf(stderr, "consumer-migrate: no version\n");
+		return 1;
+	}
+	/* a bad call is refused with -EINVAL, nothing built */
+	if (kvmdirty_mig_guest_new(NULL, NULL, NULL, 0, 0, NULL, NULL, &src.guest) != -EINVAL || src.guest) {
+		fprintf(stderr, "consumer-migrate: kvmdirty_mig_guest_new(NULL) was not refused\n");
+		return 1;
+	}
+	ret = vmm_new(&src, true);
+	if (ret || !mkdtemp(dir)) {
+		vmm_free(&src);
+		return ret ? ret : fail("mkdtemp", errno, NULL);
+	}
+	/* the guest's memory: a pattern, one page in 8 left zero */
+	for (i = 0; i < MEM / 4096; i++)
+		if (i % 8)
+			memset(src.mem + (size_t)i * 4096, (int)(i * 7 + 1), 4096);
+	strcpy(src.devices, "serial: lcr=0x03 ier=0x01 scratch=0x42");
+	ret = vcpu_set(&src, 0xfeedfacecafe, 0x3300001234ull);
+	/* snapshots first: a guest that moved stays paused at its source */
+	if (ret == 0)
+		ret = snapshot_restore(&src, dir);
+	if (ret == 0)
+		ret = migrate(&src, dir);
+	if (ret == 0 && (src.paused < 3 || src.resumed < 2)) {
+		fprintf(stderr, "consumer-migrate: pause called %u times, resume %u\n", src.paused, src.resumed);
+		ret = 1;
+	}
+	vmm_free(&src);
+	rmdir(dir);
+	printf("consumer-migrate: linked against libkvmdirty-migrate %s, stream version %u: %s\n",
+	       kvmdirty_mig_version_string(), kvmdirty_mig_stream_version(), ret ? "FAILED" : "ok");
+	return ret;
+}
