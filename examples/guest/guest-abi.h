@@ -6,9 +6,12 @@
  * What the test guest and its host agree on: the guest-physical layout of
  * the 2 MiB system region at gpa 0, the per-vCPU mailbox, the I/O ports
  * and the tag every written page carries.  Included by the freestanding
- * guest and by the host side (examples/vmm/testvm.c).
+ * guest (entry.S: the constants only) and by the host side
+ * (examples/vmm/testvm.c).
  */
+#ifndef __ASSEMBLER__
 #include <stdint.h>
+#endif
 
 #define GUEST_PAGE_SIZE 4096ull
 #define GUEST_SYS_SIZE 0x200000ull /* system region of up to GUEST_LOW_VCPUS vCPUs: gpa [0, 2 MiB) */
@@ -34,6 +37,26 @@
 #define GUEST_PORT_TICK 0xe3  /* GUEST_EXIT_LOOP: one exit per iteration */
 #define GUEST_PORT_IDLE 0xe4  /* GUEST_IDLE: nothing to do until stop; the host may sleep, as on HLT */
 
+/*
+ * The state guest's system pieces (GUEST_F_STATE), in the 2 MiB layout's
+ * free space.  Plain numbers: entry.S includes these.
+ */
+#define GUEST_IDT_GPA 0x3000	      /* 256 gates */
+#define GUEST_STATE_TSS_GPA 0x4000    /* a TSS per vCPU, 256 bytes apart: its RSP0 and I/O bitmap */
+#define GUEST_STATE_TSS_SIZE 256
+#define GUEST_PVCLOCK_GPA 0x8000      /* kvmclock's page of each vCPU, 64 bytes apart */
+#define GUEST_KSTACK_TOP 0x80000      /* CPL-0 stacks, 4 KiB a vCPU, down from here */
+#define GUEST_KSTACK_SHIFT 12
+#define GUEST_STATE_MAILBOX_GPA 0x10000 /* GUEST_MAILBOX_GPA */
+#define GUEST_TIMER_OFF 0x80	      /* entry.S, from GUEST_CODE_GPA: the LAPIC timer's handler */
+#define GUEST_SPURIOUS_OFF 0x100	      /* ... a spurious interrupt's */
+#define GUEST_TIMER_VECTOR 0x40
+#define GUEST_SPURIOUS_VECTOR 0xff
+#define GUEST_MAILBOX_TICKS_OFF 160 /* offsetof(struct guest_vcpu, st_ticks): entry.S counts there */
+#define GUEST_MAILBOX_SEEN_OFF 184  /* offsetof(struct guest_vcpu, st_seen_pat): ... and reads MSRs to */
+
+/* entry.S includes what is above */
+#ifndef __ASSEMBLER__
 enum guest_pattern {
 	GUEST_SEQUENTIAL = 0, /* pages 0, 1, 2, ... */
 	GUEST_RANDOM = 1,     /* uniformly random pages (xorshift64), pages writes a pass */
@@ -56,6 +79,26 @@ enum guest_pattern {
 #define GUEST_F_EXIT_EVERY_PASS (1u << 0) /* out to GUEST_PORT_PASS after each pass */
 #define GUEST_F_CHECK (1u << 1) /* before writing a page, its tag must be its own (or zero), from no later pass */
 #define GUEST_F_CHECK_EXACT (1u << 2) /* ... and from exactly the previous pass */
+/*
+ * Each pass, check the vCPU state a kernel relies on, which the host set
+ * up before the first run (testvm_state_setup()) and which only a whole
+ * migration or restore brings along: the LAPIC timer's interrupts,
+ * through the IDT and the vCPU's own TSS to a CPL-0 handler that counts
+ * them (the host checks that they keep coming) and reads PAT and
+ * kvmclock's MSR for the workload to compare; AVX register ymm15 (XCR0,
+ * XSAVE); kvmclock time that never goes back (the TSC, the pvclock page).
+ * CPL 3 only, at most GUEST_LOW_VCPUS vCPUs; port I/O through the TSS's
+ * I/O bitmap, as an interrupt's return loses IOPL on a PVM-based KVM.  A
+ * failed check: GUEST_PORT_ERROR with err_gpa 0, err_tag[0] the check
+ * (GUEST_STATE_*), err_tag[1] what was seen.
+ */
+#define GUEST_F_STATE (1u << 3)
+enum guest_state_check {
+	GUEST_STATE_PAT = 1,
+	GUEST_STATE_KVMCLOCK_MSR,
+	GUEST_STATE_YMM,
+	GUEST_STATE_TIME_BACK,
+};
 
 /*
  * One vCPU's mailbox, 256 bytes at GUEST_MAILBOX_GPA + 256 * index.  The
@@ -78,7 +121,16 @@ struct guest_vcpu {
 	volatile uint64_t writes;   /* pages written (exits made, units computed), all passes */
 	volatile uint64_t err_gpa;  /* GUEST_PORT_ERROR: the page that failed the check */
 	volatile uint64_t err_tag[2]; /* ... and the tag found there */
-	uint64_t reserved[19];
+	/* GUEST_F_STATE: what the host set up, which the guest expects */
+	uint64_t st_pat, st_kvmclock, st_pvclock_gpa;
+	uint64_t st_ymm[4];
+	/* ... and what the guest counts */
+	volatile uint64_t st_ticks;    /* LAPIC timer interrupts (entry.S) */
+	volatile uint64_t st_checks;   /* passes whose state checks held */
+	volatile uint64_t st_last_ns;  /* kvmclock time at the last check */
+	/* the timer's handler: the MSRs as it read them last */
+	volatile uint64_t st_seen_pat, st_seen_kvmclock;
+	uint64_t reserved[7];
 };
 
 /*
@@ -93,6 +145,10 @@ struct guest_tag {
 
 #ifndef __cplusplus
 _Static_assert(sizeof(struct guest_vcpu) == 256, "mailbox layout");
+_Static_assert(__builtin_offsetof(struct guest_vcpu, st_ticks) == GUEST_MAILBOX_TICKS_OFF, "entry.S's tick counter");
+_Static_assert(__builtin_offsetof(struct guest_vcpu, st_seen_pat) == GUEST_MAILBOX_SEEN_OFF, "entry.S's MSRs");
+_Static_assert(__builtin_offsetof(struct guest_vcpu, st_seen_kvmclock) == GUEST_MAILBOX_SEEN_OFF + 8, "entry.S's MSRs");
+_Static_assert(GUEST_STATE_MAILBOX_GPA == GUEST_MAILBOX_GPA, "entry.S's mailboxes");
 #endif
 
 /*
@@ -112,5 +168,7 @@ static inline uint64_t guest_mailbox_gpa(unsigned int nr_vcpus)
 {
 	return nr_vcpus <= GUEST_LOW_VCPUS ? GUEST_MAILBOX_GPA : GUEST_HIGH_MAILBOX_GPA;
 }
+
+#endif /* __ASSEMBLER__ */
 
 #endif

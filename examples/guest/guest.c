@@ -63,6 +63,69 @@ static bool touch(struct guest_vcpu *v, uint64_t index, uint64_t pass)
 	return true;
 }
 
+/* kvmclock's page (KVM's struct pvclock_vcpu_time_info) */
+struct pvclock {
+	volatile uint32_t version, pad0;
+	volatile uint64_t tsc_timestamp, system_time;
+	volatile uint32_t tsc_to_system_mul;
+	volatile int8_t tsc_shift;
+	volatile uint8_t flags, pad[2];
+};
+
+/* kvmclock's time now, in ns; 0 while KVM has not written the page */
+static uint64_t kvmclock_ns(const struct pvclock *p)
+{
+	uint32_t version;
+	uint64_t ns, delta;
+
+	do {
+		version = p->version;
+		__asm__ volatile("" ::: "memory");
+		delta = rdtsc() - p->tsc_timestamp;
+		if (p->tsc_shift < 0)
+			delta >>= -p->tsc_shift;
+		else
+			delta <<= p->tsc_shift;
+		ns = p->system_time + (uint64_t)(((unsigned __int128)delta * p->tsc_to_system_mul) >> 32);
+		__asm__ volatile("" ::: "memory");
+	} while ((version & 1) || version != p->version);
+	return version ? ns : 0;
+}
+
+static bool state_failed(struct guest_vcpu *v, uint64_t check, uint64_t seen)
+{
+	v->err_gpa = 0;
+	v->err_tag[0] = check;
+	v->err_tag[1] = seen;
+	outl(GUEST_PORT_ERROR, (uint32_t)check);
+	return false;
+}
+
+/* GUEST_F_STATE's checks (guest-abi.h), once a pass. */
+static bool check_state(struct guest_vcpu *v)
+{
+	uint64_t ymm[4], ns;
+	unsigned int i;
+
+	/* the MSRs as the timer's handler read them, once it ran */
+	if (v->st_ticks) {
+		if (v->st_seen_pat != v->st_pat)
+			return state_failed(v, GUEST_STATE_PAT, v->st_seen_pat);
+		if (v->st_seen_kvmclock != v->st_kvmclock)
+			return state_failed(v, GUEST_STATE_KVMCLOCK_MSR, v->st_seen_kvmclock);
+	}
+	__asm__ volatile("vmovdqu %%ymm15, %0" : "=m"(ymm));
+	for (i = 0; i < 4; i++)
+		if (ymm[i] != v->st_ymm[i])
+			return state_failed(v, GUEST_STATE_YMM, ymm[i]);
+	ns = kvmclock_ns((const struct pvclock *)v->st_pvclock_gpa);
+	if (ns < v->st_last_ns)
+		return state_failed(v, GUEST_STATE_TIME_BACK, v->st_last_ns - ns);
+	v->st_last_ns = ns;
+	v->st_checks++;
+	return true;
+}
+
 /* Spin until the next write is due, when the host asked for a rate. */
 static inline void pace(const struct guest_vcpu *v, uint64_t *due)
 {
@@ -139,7 +202,12 @@ void guest_main(struct guest_vcpu *v)
 			outl(GUEST_PORT_IDLE, (uint32_t)pass);
 		}
 	} else {
+		/* ymm15 holds the value from here on: only a whole XSAVE state keeps it */
+		if (v->flags & GUEST_F_STATE)
+			__asm__ volatile("vmovdqu %0, %%ymm15" : : "m"(v->st_ymm));
 		while (!v->stop && (!v->until_pass || pass < v->until_pass)) {
+			if ((v->flags & GUEST_F_STATE) && !check_state(v))
+				break;
 			if (!run_pass(v, pass + 1, &rng, &due))
 				break;
 			v->pass = ++pass;

@@ -184,6 +184,14 @@ static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpui
 	if (ret < 0)
 		return ret;
 
+	if (tv->irqchip && i > 0) {
+		/* an in-kernel LAPIC starts an AP waiting for INIT and SIPI: this one runs at once */
+		struct kvm_mp_state mp = { .mp_state = KVM_MP_STATE_RUNNABLE };
+
+		ret = sys_ioctl(fd, KVM_SET_MP_STATE, &mp);
+		if (ret < 0)
+			return ret;
+	}
 	if (!tv->tsc_khz) {
 		ret = sys_ioctl(fd, KVM_GET_TSC_KHZ, NULL);
 		if (ret > 0)
@@ -279,6 +287,16 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	ret = kvmdirty_vm_new(&tv->vm);
 	if (ret < 0)
 		goto err;
+	tv->irqchip = opts->irqchip;
+	if (opts->irqchip) {
+		struct kvm_pit_config pit = { 0 };
+
+		ret = sys_ioctl(kvmdirty_vm_fd(tv->vm), KVM_CREATE_IRQCHIP, NULL);
+		if (ret == 0)
+			ret = sys_ioctl(kvmdirty_vm_fd(tv->vm), KVM_CREATE_PIT2, &pit);
+		if (ret < 0)
+			goto err;
+	}
 	if (opts->track) {
 		ret = kvmdirty_tracker_new(tv->vm, &opts->track_opts, &tv->tracker);
 		if (ret < 0)
@@ -362,6 +380,128 @@ int testvm_add_memory(struct testvm *tv, uint64_t gpa, uint64_t size, uint32_t f
 	}
 	if (ret_hva)
 		*ret_hva = hva;
+	return 0;
+}
+
+#define CR4_OSFXSR (1ull << 9)
+#define CR4_OSXMMEXCPT (1ull << 10)
+#define CR4_OSXSAVE (1ull << 18)
+#define RFLAGS_IF (1ull << 9)
+#define MSR_PAT 0x277u
+#define MSR_KVM_SYSTEM_TIME_NEW 0x4b564d01u
+#define STATE_PAT 0x0007010600070106ull /* WB, WC, UC-, UC: not the reset value, so a lost PAT shows */
+#define APIC_SPIV 0xf0
+#define APIC_LVTT 0x320
+#define APIC_TMICT 0x380
+#define APIC_TDCR 0x3e0
+
+static void lapic_set(struct kvm_lapic_state *l, unsigned int reg, uint32_t v)
+{
+	memcpy(&l->regs[reg], &v, sizeof(v));
+}
+
+/* An interrupt gate to GUEST_CODE_GPA + off, CPL 0. */
+static void idt_gate(uint64_t *idt, unsigned int vector, uint64_t off)
+{
+	uint64_t a = GUEST_CODE_GPA + off;
+
+	idt[vector * 2] = (a & 0xffff) | ((uint64_t)SEL_KERNEL_CS << 16) | (0x8eull << 40) | ((a >> 16 & 0xffff) << 48);
+	idt[vector * 2 + 1] = a >> 32;
+}
+
+static int state_vcpu(struct testvm *tv, unsigned int i, uint64_t period_us)
+{
+	struct {
+		struct kvm_msrs h;
+		struct kvm_msr_entry e[2];
+	} msrs = { .h.nmsrs = 2 };
+	struct guest_vcpu *v = testvm_mailbox(tv, i);
+	uint64_t tss = GUEST_STATE_TSS_GPA + i * (uint64_t)GUEST_STATE_TSS_SIZE;
+	struct kvm_lapic_state lapic;
+	struct kvm_sregs sregs;
+	struct kvm_regs regs;
+	struct kvm_xcrs xcrs;
+	int fd = kvmdirty_vcpu_fd(tv->vcpu[i]), ret;
+	unsigned int k;
+
+	v->st_pat = STATE_PAT;
+	v->st_pvclock_gpa = GUEST_PVCLOCK_GPA + i * 64ull;
+	v->st_kvmclock = v->st_pvclock_gpa | 1;
+	for (k = 0; k < 4; k++)
+		v->st_ymm[k] = 0x5eed000000000000ull | (uint64_t)i << 8 | k;
+	/*
+	 * The TSS: RSP0, and an I/O bitmap that lets CPL 3 use ports 0-255
+	 * (zero bits, then the 0xff that ends a map), whatever IOPL says.
+	 */
+	memset(tv->sys + tss, 0, GUEST_STATE_TSS_SIZE);
+	memcpy(tv->sys + tss + 4, &(uint64_t){ GUEST_KSTACK_TOP - (uint64_t)i * (1u << GUEST_KSTACK_SHIFT) }, 8);
+	memcpy(tv->sys + tss + 102, &(uint16_t){ 104 }, 2);
+	tv->sys[tss + 104 + 32] = 0xff;
+
+	ret = sys_ioctl(fd, KVM_GET_SREGS, &sregs);
+	if (ret < 0)
+		return ret;
+	sregs.cr4 |= CR4_OSFXSR | CR4_OSXMMEXCPT | CR4_OSXSAVE;
+	sregs.idt.base = GUEST_IDT_GPA;
+	sregs.idt.limit = 256 * 16 - 1;
+	sregs.tr.base = tss;
+	sregs.tr.limit = 104 + 32; /* the bitmap's last byte, the 0xff */
+	ret = sys_ioctl(fd, KVM_SET_SREGS, &sregs);
+	if (ret < 0)
+		return ret;
+	memset(&xcrs, 0, sizeof(xcrs));
+	xcrs.nr_xcrs = 1;
+	xcrs.xcrs[0].xcr = 0;
+	xcrs.xcrs[0].value = 7; /* x87, SSE, AVX */
+	ret = sys_ioctl(fd, KVM_SET_XCRS, &xcrs);
+	if (ret < 0)
+		return ret;
+	msrs.e[0] = (struct kvm_msr_entry){ .index = MSR_PAT, .data = STATE_PAT };
+	msrs.e[1] = (struct kvm_msr_entry){ .index = MSR_KVM_SYSTEM_TIME_NEW, .data = v->st_kvmclock };
+	ret = sys_ioctl(fd, KVM_SET_MSRS, &msrs);
+	if (ret >= 0 && ret != 2)
+		return -EOPNOTSUPP; /* KVM took the MSRs before msrs.e[ret] only */
+	if (ret < 0)
+		return ret;
+	ret = sys_ioctl(fd, KVM_GET_LAPIC, &lapic);
+	if (ret < 0)
+		return ret;
+	lapic_set(&lapic, APIC_SPIV, 0x100 | GUEST_SPURIOUS_VECTOR);
+	lapic_set(&lapic, APIC_TDCR, 0xb);			      /* divide by 1 */
+	lapic_set(&lapic, APIC_LVTT, GUEST_TIMER_VECTOR | 1u << 17); /* periodic */
+	/* KVM's APIC bus runs at 1 GHz: a count of a ns */
+	lapic_set(&lapic, APIC_TMICT, (uint32_t)(period_us * 1000));
+	ret = sys_ioctl(fd, KVM_SET_LAPIC, &lapic);
+	if (ret < 0)
+		return ret;
+	ret = sys_ioctl(fd, KVM_GET_REGS, &regs);
+	if (ret < 0)
+		return ret;
+	regs.rflags |= RFLAGS_IF;
+	ret = sys_ioctl(fd, KVM_SET_REGS, &regs);
+	if (ret < 0)
+		return ret;
+	v->flags |= GUEST_F_STATE;
+	return 0;
+}
+
+int testvm_state_setup(struct testvm *tv, uint64_t period_us)
+{
+	uint64_t *idt = (uint64_t *)(tv->sys + GUEST_IDT_GPA);
+	unsigned int i;
+	int ret;
+
+	if (!tv->irqchip || tv->nr_vcpus > GUEST_LOW_VCPUS || tv->ring0_vcpus || tv->ring0_all || !period_us ||
+	    period_us > 4000000)
+		return -EOPNOTSUPP;
+	memset(idt, 0, 256 * 16);
+	idt_gate(idt, GUEST_TIMER_VECTOR, GUEST_TIMER_OFF);
+	idt_gate(idt, GUEST_SPURIOUS_VECTOR, GUEST_SPURIOUS_OFF);
+	for (i = 0; i < tv->nr_vcpus; i++) {
+		ret = state_vcpu(tv, i, period_us);
+		if (ret < 0)
+			return ret;
+	}
 	return 0;
 }
 

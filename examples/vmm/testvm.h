@@ -32,6 +32,7 @@ struct testvm {
 	unsigned int nr_vcpus;
 	uint64_t ring0_vcpus; /* bit i: vCPU i runs its workload at CPL 0 (the first 64) */
 	bool ring0_all;	      /* ... all of them (opts.ring0) */
+	bool irqchip;	      /* opts.irqchip */
 	uint64_t tsc_khz;
 	struct kvmdirty_vcpu *vcpu[GUEST_MAX_VCPUS];
 	/* testvm_spawn() threads */
@@ -73,6 +74,8 @@ struct testvm_opts {
 	/* create a tracker (before the vCPUs, as the dirty ring needs) */
 	bool track;
 	struct kvmdirty_tracker_opts track_opts;
+	/* an in-kernel irqchip (LAPICs, IOAPIC, PICs) and PIT, made before the vCPUs */
+	bool irqchip;
 };
 
 enum testvm_event {
@@ -116,6 +119,18 @@ void testvm_unmap(void *hva, uint64_t size);
  * level.  Returns 0 or -errno.
  */
 int testvm_set_ring0(struct testvm *tv, unsigned int i, bool ring0);
+
+/*
+ * The state guest (GUEST_F_STATE, guest-abi.h), before any vCPU ran: on
+ * every vCPU, set up what it checks each pass (PAT, XCR0 with
+ * AVX and ymm15's value, kvmclock's MSR, an IDT, a TSS of its own,
+ * interrupts on and the LAPIC timer ticking every period_us) and set the
+ * flag in its mailbox.  The VM needs its irqchip (opts.irqchip), at most
+ * GUEST_LOW_VCPUS vCPUs, all at CPL 3.  0, or -EOPNOTSUPP (no irqchip, too
+ * many vCPUs, an MSR KVM did not take) or -errno of an ioctl.  Only a source does this: a destination gets all of it from the
+ * stream or the snapshot, or its guest fails its checks.
+ */
+int testvm_state_setup(struct testvm *tv, uint64_t period_us);
 
 /* Pages/second to GUEST's tsc_per_page, from the vCPU's TSC frequency. */
 uint64_t testvm_tsc_per_page(const struct testvm *tv, uint64_t pages_per_sec);
