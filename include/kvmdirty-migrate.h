@@ -85,6 +85,22 @@ struct kvmdirty_mig_ops {
 	int (*devices_save)(void *ctx, void **ret_state, size_t *ret_len);
 	int (*devices_load)(void *ctx, const void *state, size_t len);
 	/*
+	 * Optional, together, beside devices_save/_load (NULL: all of the
+	 * devices' state is saved in the pause): the part of it the VMM can
+	 * give while the guest still runs, such as a device's bulk that
+	 * changes seldom (a frame buffer, a table), so that it does not fall
+	 * into the downtime.  devices_save_live runs once on the source, in
+	 * the first pre-copy pass after its pages, from the thread in
+	 * kvmdirty_mig_send(), with the vCPUs running; devices_save then gives
+	 * what is left or changed since, at the pause.  The destination keeps
+	 * the live part until the stream is complete, then calls
+	 * devices_load_live before devices_load.  Same limits, ownership and
+	 * refusals as devices_save/_load.  Migrations only: a snapshot saves
+	 * all of its device state with devices_save at its pause.
+	 */
+	int (*devices_save_live)(void *ctx, void **ret_state, size_t *ret_len);
+	int (*devices_load_live)(void *ctx, const void *state, size_t len);
+	/*
 	 * Source, optional (NULL: unknown): how far vCPU i's workload has
 	 * got, in units of the guest's own that only grow; from any thread.
 	 * Reported per vCPU in the events and statistics.

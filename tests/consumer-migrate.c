@@ -33,7 +33,12 @@ struct vmm {
 	unsigned char *mem;
 	unsigned int paused, resumed;
 	char devices[64]; /* a device's state: what a serial port would keep */
+	/* a device's bulk (a frame buffer), given before the pause in a migration */
+	unsigned char *fb;
+	unsigned int live_saved, live_loaded;
 };
+
+#define FB (2u << 20)
 
 static int fail(const char *what, int ret, const char *err)
 {
@@ -74,8 +79,33 @@ static int v_devices_load(void *ctx, const void *state, size_t len)
 	return 0;
 }
 
+static int v_fb_save(void *ctx, void **ret_state, size_t *ret_len)
+{
+	struct vmm *v = ctx;
+
+	*ret_state = malloc(FB);
+	if (!*ret_state)
+		return -ENOMEM;
+	memcpy(*ret_state, v->fb, FB);
+	*ret_len = FB;
+	v->live_saved++;
+	return 0;
+}
+
+static int v_fb_load(void *ctx, const void *state, size_t len)
+{
+	struct vmm *v = ctx;
+
+	if (len != FB)
+		return -EINVAL;
+	memcpy(v->fb, state, FB);
+	v->live_loaded++;
+	return 0;
+}
+
 static const struct kvmdirty_mig_ops ops = {
 	.pause = v_pause, .resume = v_resume, .devices_save = v_devices_save, .devices_load = v_devices_load,
+	.devices_save_live = v_fb_save, .devices_load_live = v_fb_load,
 };
 
 /* A VM with an in-kernel irqchip, MEM of memory at guest address 0 and one vCPU; 0, 77 or 1. */
@@ -96,8 +126,9 @@ static int vmm_new(struct vmm *v, bool source)
 	if (ioctl(kvmdirty_vm_fd(v->vm), KVM_CREATE_IRQCHIP, 0) < 0)
 		return fail("KVM_CREATE_IRQCHIP", errno, NULL);
 	v->mem = mmap(NULL, MEM, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (v->mem == MAP_FAILED)
-		return fail("mmap", errno, NULL);
+	v->fb = calloc(1, FB);
+	if (v->mem == MAP_FAILED || !v->fb)
+		return fail("memory", ENOMEM, NULL);
 	ret = kvmdirty_region_add(v->vm, 0, MEM, v->mem, 0, NULL);
 	if (ret < 0)
 		return fail("kvmdirty_region_add", ret, NULL);
@@ -124,6 +155,7 @@ static void vmm_free(struct vmm *v)
 		kvmdirty_vm_free(v->vm);
 	if (v->mem && v->mem != MAP_FAILED)
 		munmap(v->mem, MEM);
+	free(v->fb);
 }
 
 struct msrs {
@@ -256,9 +288,14 @@ static int migrate(struct vmm *src, const char *dir)
 		goto out;
 	}
 	ret = same(&dst, src, "after the migration");
+	if (ret == 0 && (src->live_saved != 1 || dst.live_loaded != 1 || memcmp(dst.fb, src->fb, FB))) {
+		fprintf(stderr, "consumer-migrate: the frame buffer given before the pause: saved %u times, loaded %u, %s\n",
+			src->live_saved, dst.live_loaded, memcmp(dst.fb, src->fb, FB) ? "differs" : "the same");
+		ret = 1;
+	}
 	if (ret == 0)
 		printf("consumer-migrate: migrated %" PRIu64 " pages in %" PRIu64 " passes, %.1f ms downtime; "
-		       "memory, registers, TSC_AUX, the IOAPIC and devices arrived\n",
+		       "memory, registers, TSC_AUX, the IOAPIC and devices arrived, the frame buffer before the pause\n",
 		       res.pages, res.passes, res.downtime_ms);
 out:
 	if (j.lfd >= 0)
@@ -341,6 +378,8 @@ int main(void)
 		if (i % 8)
 			memset(src.mem + (size_t)i * 4096, (int)(i * 7 + 1), 4096);
 	strcpy(src.devices, "serial: lcr=0x03 ier=0x01 scratch=0x42");
+	for (i = 0; i < FB; i++)
+		src.fb[i] = (unsigned char)(i * 13 + (i >> 12));
 	ret = vcpu_set(&src, 0xfeedfacecafe, 0x3300001234ull);
 	/* snapshots first: a guest that moved stays paused at its source */
 	if (ret == 0)

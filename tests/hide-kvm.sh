@@ -171,7 +171,7 @@ PY
 	tool "$m" snapshot -o /tmp/hide-kvm-$$-snap -m 8 -v 1
 	tool "$b/examples/vmm/kvmdirty-vmm" -v 1 -m 8 -p 1
 	tool "$b/bench/kvmdirty-perf" -b 2M -i 1
-	for p in bench-exit bench-index bench-sync bench-migrate bench-snapshot; do
+	for p in bench-exit bench-index bench-sync bench-migrate bench-snapshot bench-devices; do
 		tool "$b/bench/$p"
 	done
 	[ "$status" != 0 ] || echo "hide-kvm $variant $label: every tool exits 77 with the one line naming /dev/kvm"

@@ -42,6 +42,11 @@ struct fake_guest {
 	void *dev;
 	size_t dev_len;
 	bool fail_devices; /* the next devices_load fails with -EINVAL, loading nothing */
+	/* with fake_live_ops: the part given before the pause, and the order of the loads ("LD": live, then devices) */
+	void *dev_live;
+	size_t dev_live_len;
+	bool fail_live;
+	char order[8];
 	unsigned int loads;
 	int fail_load; /* vCPU whose next load fails with -EIO, or -1 */
 };
@@ -128,6 +133,58 @@ static inline int fake_devices_load(void *ctx, const void *state, size_t len)
 	return 0;
 }
 
+static inline int fake_copy(void **dst, size_t *dst_len, const void *src, size_t len)
+{
+	free(*dst);
+	*dst = len ? malloc(len) : NULL;
+	if (len && !*dst)
+		return -ENOMEM;
+	if (len)
+		memcpy(*dst, src, len);
+	*dst_len = len;
+	return 0;
+}
+
+static inline int fake_live_save(void *ctx, void **ret, size_t *ret_len)
+{
+	struct fake_guest *f = ctx;
+
+	*ret = NULL;
+	return fake_copy(ret, ret_len, f->dev_live, f->dev_live_len);
+}
+
+static inline int fake_live_load(void *ctx, const void *state, size_t len)
+{
+	struct fake_guest *f = ctx;
+
+	if (f->fail_live) {
+		f->fail_live = false;
+		return -EINVAL;
+	}
+	strncat(f->order, "L", sizeof(f->order) - strlen(f->order) - 1);
+	return fake_copy(&f->dev_live, &f->dev_live_len, state, len);
+}
+
+static inline int fake_live_devices_load(void *ctx, const void *state, size_t len)
+{
+	struct fake_guest *f = ctx;
+
+	strncat(f->order, "D", sizeof(f->order) - strlen(f->order) - 1);
+	return fake_devices_load(ctx, state, len);
+}
+
+/* The fake guest with devices whose bulk goes before the pause (dev_live), the rest in dev. */
+static const struct mig_guest_ops fake_live_ops = {
+	.vcpu_save = fake_vcpu_save,
+	.vcpu_load = fake_vcpu_load,
+	.devices_save = fake_devices_save,
+	.devices_load = fake_live_devices_load,
+	.devices_save_live = fake_live_save,
+	.devices_load_live = fake_live_load,
+	.pause = fake_nothing,
+	.resume = fake_nothing,
+};
+
 /* The fake guest with devices: its state a byte string in dev. */
 static const struct mig_guest_ops fake_devices_ops = {
 	.vcpu_save = fake_vcpu_save,
@@ -171,6 +228,7 @@ static inline void fake_guest_free(struct fake_guest *f)
 	for (i = 0; i < FAKE_NR_REGIONS; i++)
 		free(f->mem[i]);
 	free(f->dev);
+	free(f->dev_live);
 }
 
 struct mem_stream {

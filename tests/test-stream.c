@@ -374,6 +374,111 @@ START_TEST(devices_carried)
 }
 END_TEST
 
+/* Where a stream's first PASS record ends, and its first VCPU record begins (the walk's callback). */
+struct marks {
+	size_t pass_end, vcpu;
+};
+
+static int find_marks(size_t off, const struct mig_record *rec, void *opaque)
+{
+	struct marks *m = opaque;
+
+	if (rec->kind == MIG_PASS && !m->pass_end)
+		m->pass_end = off + sizeof(*rec);
+	if (rec->kind == MIG_VCPU && !m->vcpu)
+		m->vcpu = off;
+	return 0;
+}
+
+/* b[0 .. len) with a DEVICES_LIVE record of n bytes (a pattern) put at off, resealed; the caller frees it. */
+static uint8_t *with_live(const uint8_t *b, size_t len, size_t at, size_t n, size_t *ret_len)
+{
+	struct mig_record rec = { .kind = MIG_DEVICES_LIVE, .count = n };
+	uint8_t *o = malloc(len + sizeof(rec) + n);
+	size_t k;
+
+	ck_assert_ptr_nonnull(o);
+	memcpy(o, b, at);
+	memcpy(o + at, &rec, sizeof(rec));
+	for (k = 0; k < n; k++)
+		o[at + sizeof(rec) + k] = (uint8_t)(k * 29 + 5);
+	memcpy(o + at + sizeof(rec) + n, b + at, len - at);
+	*ret_len = len + sizeof(rec) + n;
+	ck_assert_int_eq(mig_stream_reseal(o, *ret_len), 0);
+	return o;
+}
+
+static int receive_live(const uint8_t *b, size_t len, struct fake_guest *f, const struct mig_guest_ops *ops,
+			char *err, size_t elen)
+{
+	ck_assert_ok(fake_guest_init(f));
+	f->g.ops = ops;
+	return fake_receive(f, b, len, true, err, elen, NULL);
+}
+
+/*
+ * The devices' state given before the pause (DEVICES_LIVE, after PASS 1)
+ * crosses whole beside the rest and is loaded first, after the stream is
+ * complete; a guest without a load for it refuses it by name, as does a
+ * destination given one after the pause began or twice; a load of it that
+ * fails refuses the stream and leaves the vCPUs as they were.
+ */
+START_TEST(devices_live_carried)
+{
+	size_t len, llen, blen, n = 1u << 20, k;
+	uint8_t *d = with_devices(4096, 3, &len), *b, *bad;
+	struct mig_vcpu_state fresh;
+	struct fake_guest f;
+	struct marks m = { 0 };
+	char err[256];
+	int ret;
+
+	ck_assert_int_eq(mig_stream_walk(d, len, find_marks, &m, NULL), 0);
+	ck_assert_msg(m.pass_end > 0 && m.vcpu >= m.pass_end, "PASS ends at %zu, VCPU at %zu", m.pass_end, m.vcpu);
+	b = with_live(d, len, m.pass_end, n, &llen);
+	ret = receive_live(b, llen, &f, &fake_live_ops, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%s", err);
+	ck_assert_str_eq(f.order, "LD");
+	ck_assert_uint_eq(f.dev_live_len, n);
+	ck_assert_uint_eq(f.dev_len, 4096);
+	for (k = 0; k < n; k++)
+		ck_assert_msg(((uint8_t *)f.dev_live)[k] == (uint8_t)(k * 29 + 5), "byte %zu of the live state", k);
+	fake_guest_free(&f);
+	/* a guest with devices but no load for the live part */
+	ret = receive_live(b, llen, &f, &fake_devices_ops, err, sizeof(err));
+	ck_assert_msg(ret == -EPROTO && strstr(err, "(DEVICES_LIVE): 1048576 bytes of device state, and this "
+						   "destination's guest has no devices"), "%d '%s'", ret, err);
+	fake_guest_free(&f);
+	/* a load of it that fails: refused, no vCPU keeps the stream's state */
+	ck_assert_ok(fake_guest_init(&f));
+	f.g.ops = &fake_live_ops;
+	f.fail_live = true;
+	ret = fake_receive(&f, b, llen, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == -EINVAL && strstr(err, "given before the pause (1048576 bytes)"), "%d '%s'", ret, err);
+	for (k = 0; k < FAKE_NR_VCPUS; k++) {
+		fake_fresh((unsigned int)k, &fresh);
+		ck_assert_msg(!memcmp(&f.loaded[k], &fresh, sizeof(fresh)), "vCPU %zu keeps the refused stream's state", k);
+	}
+	ck_assert_str_eq(f.order, "");
+	fake_guest_free(&f);
+	/* twice */
+	bad = with_live(b, llen, m.pass_end, 16, &blen);
+	ret = receive_live(bad, blen, &f, &fake_live_ops, err, sizeof(err));
+	ck_assert_msg(ret == -EPROTO && strstr(err, "DEVICES_LIVE sent twice"), "%d '%s'", ret, err);
+	fake_guest_free(&f);
+	free(bad);
+	/* after the pause began: the first VCPU record */
+	bad = with_live(d, len, m.vcpu + sizeof(struct mig_record) + sizeof(struct mig_vcpu_state), 16, &blen);
+	ret = receive_live(bad, blen, &f, &fake_live_ops, err, sizeof(err));
+	ck_assert_msg(ret == -EPROTO && strstr(err, "(DEVICES_LIVE).kind: DEVICES_LIVE after a VCPU record"), "%d '%s'",
+		      ret, err);
+	fake_guest_free(&f);
+	free(bad);
+	free(b);
+	free(d);
+}
+END_TEST
+
 /*
  * A refusal leaves nothing behind: a stream refused because vCPU 1's state
  * would not load leaves vCPU 0 as it was before the stream (loaded back),
@@ -584,6 +689,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, seed_pages_land);
 	tcase_add_test(tc, refusal_leaves_nothing);
 	tcase_add_test(tc, devices_carried);
+	tcase_add_test(tc, devices_live_carried);
 	tcase_add_loop_test(tc, regressions_refused, 0, (int)(sizeof(regressions) / sizeof(regressions[0])));
 	tcase_add_test(tc, regressions_listed);
 	suite_add_tcase(s, tc);

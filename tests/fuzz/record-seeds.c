@@ -153,6 +153,9 @@ static struct recorder synthesize(const struct mig_guest *g)
 	}
 	rec = mig_encode_zero(&e, 1, 0, 8);
 	EMIT(&rec, sizeof(rec));
+	/* the devices' state given before the pause: none, so a guest without devices takes it */
+	rec = mig_encode_devices_live(&e, NULL, 0);
+	EMIT(&rec, sizeof(rec));
 	rec = mig_encode_pass(&e, 1);
 	EMIT(&rec, sizeof(rec));
 	DATA(1, 3);

@@ -114,6 +114,20 @@ static int g_devices_load(void *ctx, const void *state, size_t len)
 	return mg->user.devices_load(mg->user_ctx, state, len);
 }
 
+static int g_devices_save_live(void *ctx, void **ret_state, size_t *ret_len)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mg->user.devices_save_live(mg->user_ctx, ret_state, ret_len);
+}
+
+static int g_devices_load_live(void *ctx, const void *state, size_t len)
+{
+	struct kvmdirty_mig_guest *mg = ctx;
+
+	return mg->user.devices_load_live(mg->user_ctx, state, len);
+}
+
 static void g_pause(void *ctx)
 {
 	struct kvmdirty_mig_guest *mg = ctx;
@@ -167,7 +181,7 @@ EXPORT int kvmdirty_mig_guest_new(struct kvmdirty_vm *vm, struct kvmdirty_tracke
 			return -EINVAL;
 	/* pause and resume come together, as do a run share and the time kept out */
 	if (ops && (!ops->pause != !ops->resume || !ops->devices_save != !ops->devices_load ||
-		    !ops->set_run_share != !ops->kept_out_ns))
+		    !ops->devices_save_live != !ops->devices_load_live || !ops->set_run_share != !ops->kept_out_ns))
 		return -EINVAL;
 	mg = calloc(1, sizeof(*mg));
 	if (!mg)
@@ -181,6 +195,10 @@ EXPORT int kvmdirty_mig_guest_new(struct kvmdirty_vm *vm, struct kvmdirty_tracke
 	if (mg->user.devices_save) {
 		mg->ops.devices_save = g_devices_save;
 		mg->ops.devices_load = g_devices_load;
+	}
+	if (mg->user.devices_save_live) {
+		mg->ops.devices_save_live = g_devices_save_live;
+		mg->ops.devices_load_live = g_devices_load_live;
 	}
 	if (mg->user.pause) {
 		mg->ops.pause = g_pause;

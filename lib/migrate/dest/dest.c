@@ -49,6 +49,8 @@ struct dest {
 	struct mig_vm_state vm; /* connection 0's */
 	void *dev;		/* ... and the devices' state, dev_len bytes */
 	uint64_t dev_len;
+	void *dev_live; /* ... and the part given before the pause (DEVICES_LIVE), dev_live_len bytes */
+	uint64_t dev_live_len;
 	/* each vCPU as it was before the stream: loaded back on any refusal or drop */
 	struct mig_vcpu_state *fresh;
 	/* connection 0's socket and channel where the handoff follows END (its stream does not end there), else -1 */
@@ -298,23 +300,28 @@ static int recv_vm(struct dest *d)
 	return ret < 0 ? ret : mig_decode_vm_state(&d->dec, &d->vm, d->err, d->len);
 }
 
+/* A DEVICES or DEVICES_LIVE record's state, kept whole until the stream is (the guest's own until then). */
 static int recv_devices(struct dest *d, const struct mig_record *rec)
 {
+	bool live = rec->kind == MIG_DEVICES_LIVE;
+	const char *name = mig_kind_name(rec->kind);
+	void **buf = live ? &d->dev_live : &d->dev;
 	int ret;
 
-	if (rec->count && !d->g->ops->devices_load)
-		return fail(d, -EPROTO, "record %" PRIu64 " (DEVICES): %" PRIu64 " bytes of device state, and this "
-			    "destination's guest has no devices to load them into", d->dec.nrec - 1, rec->count);
-	d->dev = rec->count ? malloc(rec->count) : NULL;
-	if (rec->count && !d->dev)
-		return fail(d, -ENOMEM, "record %" PRIu64 " (DEVICES): out of memory for %" PRIu64 " bytes",
-			    d->dec.nrec - 1, rec->count);
-	d->dev_len = rec->count;
+	if (rec->count && !(live ? d->g->ops->devices_load_live : d->g->ops->devices_load))
+		return fail(d, -EPROTO, "record %" PRIu64 " (%s): %" PRIu64 " bytes of device state, and this "
+			    "destination's guest has no devices to load them into", d->dec.nrec - 1, name, rec->count);
+	free(*buf);
+	*buf = rec->count ? malloc(rec->count) : NULL;
+	if (rec->count && !*buf)
+		return fail(d, -ENOMEM, "record %" PRIu64 " (%s): out of memory for %" PRIu64 " bytes", d->dec.nrec - 1,
+			    name, rec->count);
+	*(live ? &d->dev_live_len : &d->dev_len) = rec->count;
 	if (!rec->count)
 		return 0; /* no devices: nothing to read */
-	ret = get(d, d->dev, rec->count, "record %" PRIu64 " (DEVICES) state", d->dec.nrec - 1);
+	ret = get(d, *buf, rec->count, "record %" PRIu64 " (%s) state", d->dec.nrec - 1, name);
 	if (ret == 0)
-		mig_decode_devices_state(&d->dec, d->dev, d->dev_len);
+		mig_decode_devices_state(&d->dec, *buf, rec->count);
 	return ret;
 }
 
@@ -339,6 +346,11 @@ static int load_state(struct dest *d)
 	}
 	if (ret == 0 && d->g->ops->vm_load && (ret = d->g->ops->vm_load(d->g->ctx, &d->vm)) < 0)
 		fail(d, ret, "loading the VM's state (irqchip, PIT, clock): %s", strerror(-ret));
+	/* the part the source gave before its pause first, then the rest */
+	if (ret == 0 && d->dev_live_len &&
+	    (ret = d->g->ops->devices_load_live(d->g->ctx, d->dev_live, (size_t)d->dev_live_len)) < 0)
+		fail(d, ret, "loading the devices' state given before the pause (%" PRIu64 " bytes): %s",
+		     d->dev_live_len, strerror(-ret));
 	if (ret == 0 && d->g->ops->devices_load &&
 	    (ret = d->g->ops->devices_load(d->g->ctx, d->dev, (size_t)d->dev_len)) < 0)
 		fail(d, ret, "loading the devices' state (%" PRIu64 " bytes): %s", d->dev_len, strerror(-ret));
@@ -549,7 +561,7 @@ static int receive(struct dest *d)
 			ret = recv_vcpu(d, &rec);
 		else if (rec.kind == MIG_VM)
 			ret = recv_vm(d);
-		else if (rec.kind == MIG_DEVICES)
+		else if (rec.kind == MIG_DEVICES || rec.kind == MIG_DEVICES_LIVE)
 			ret = recv_devices(d, &rec);
 		if (ret < 0)
 			return ret;
@@ -666,6 +678,7 @@ static void dest_free(struct dest *d, unsigned int n, struct lanes *sh)
 	free(d->bad);
 	free(d->vs);
 	free(d->dev);
+	free(d->dev_live);
 	free(d);
 }
 

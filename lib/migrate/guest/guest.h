@@ -43,6 +43,19 @@ struct mig_guest_ops {
 	int (*devices_save)(void *ctx, void **ret_state, size_t *ret_len);
 	int (*devices_load)(void *ctx, const void *state, size_t len);
 	/*
+	 * Optional, together (NULL: all of the devices' state goes in the
+	 * pause): the part of it the VMM can give while the guest still runs
+	 * (a device's bulk), saved and sent once, in the first pre-copy pass
+	 * after its pages, so that it does not fall into the downtime; devices_save
+	 * then gives the rest at the pause.  The destination keeps it until
+	 * the stream is complete, then loads it (devices_load_live) before
+	 * devices_load's part; a load that fails refuses the stream.  The
+	 * same limits and ownership as devices_save/_load.  Migrations only:
+	 * a snapshot takes devices_save at its pause.
+	 */
+	int (*devices_save_live)(void *ctx, void **ret_state, size_t *ret_len);
+	int (*devices_load_live)(void *ctx, const void *state, size_t len);
+	/*
 	 * Source only.  pause takes every vCPU out of KVM_RUN and keeps it
 	 * out until resume, whatever the guest does (stop-and-copy, then a
 	 * final sync); resume lets them go on where they were (after a failed

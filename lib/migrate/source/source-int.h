@@ -108,6 +108,8 @@ struct source {
 	struct mig_vm_state vm;
 	void *dev; /* the devices' state (guest ops' devices_save()), dev_len bytes: the stream's until freed */
 	size_t dev_len;
+	void *dev_live; /* ... and the part given before the pause (devices_save_live()), dev_live_len bytes */
+	size_t dev_live_len;
 	uint64_t pages, zero_pages, untouched_pages;
 	uint64_t in_hand; /* pages handed out by the tracker, not yet queued */
 	/* which pages were never touched: the regions wholly in private anonymous memory, and pagemap */

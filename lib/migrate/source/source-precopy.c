@@ -252,6 +252,33 @@ struct pass_mark {
 	double t;
 };
 
+/*
+ * The part of the devices' state the VMM gives while the guest runs
+ * (guest.h: devices_save_live), once, in the first pass after its pages
+ * and before its PASS record: on the first connection, before any VCPU
+ * record, and across the link before the pass ends, so that the estimate
+ * of the rest does not count it and the pause does not wait for it.
+ */
+static int send_devices_live(struct source *s, char *err, size_t len)
+{
+	const struct mig_guest *g = s->g;
+	int ret;
+
+	ret = g->ops->devices_save_live(g->ctx, &s->dev_live, &s->dev_live_len);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "saving the devices' state before the pause: %s", strerror(-ret));
+	if (s->dev_live_len > MIG_DEVICES_MAX)
+		return mig_errf(err, len, -EFBIG, "the devices' state before the pause: %zu bytes, a stream carries "
+				"at most %llu", s->dev_live_len, MIG_DEVICES_MAX);
+	/* the batch points at it until it is shipped: it is the migration's until the end */
+	ret = src_put(&s->lane[0], mig_encode_devices_live(&s->lane[0].enc, s->dev_live, s->dev_live_len),
+		      s->dev_live, s->dev_live_len, NULL);
+	if (ret < 0)
+		return src_net_fail(s, ret, "sending the devices' state before the pause", err, len);
+	mig_status_event(s->st, "devices_live_sent", "\"bytes\":%zu", s->dev_live_len);
+	return 0;
+}
+
 /* One pass: what is pending now, then PASS, and across the link. */
 static int send_pass(struct source *s, struct mig_result *res, char *err, size_t len)
 {
@@ -264,6 +291,11 @@ static int send_pass(struct source *s, struct mig_result *res, char *err, size_t
 	mig_status_event(s->st, "pass_started", "\"pass\":%u,\"pending_bytes\":%" PRIu64, s->pass,
 			 pending * PAGE);
 	ret = src_drain(s, pending);
+	if (ret == 0 && s->pass == 1 && s->g->ops->devices_save_live) {
+		ret = send_devices_live(s, err, len);
+		if (ret < 0)
+			return ret;
+	}
 	if (ret == 0)
 		ret = src_put(&s->lane[0], mig_encode_pass(&s->lane[0].enc, res->passes), NULL, 0, NULL);
 	if (ret == 0)

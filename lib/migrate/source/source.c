@@ -262,6 +262,7 @@ static void source_free(struct source *s)
 	src_untouched_close(s);
 	free(s->vs);
 	free(s->dev);
+	free(s->dev_live);
 	free(s->progress0);
 	free(s->progress_at);
 	src_free_hashes(s);

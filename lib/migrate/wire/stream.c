@@ -193,6 +193,7 @@ uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec)
 	case MIG_VCPU:
 	case MIG_VM:
 	case MIG_DEVICES:
+	case MIG_DEVICES_LIVE:
 		return rec->count;
 	default:
 		return 0;
@@ -202,12 +203,15 @@ uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec)
 /* The payload bytes END's checksum covers: vCPU state; DATA payloads are the page hashes' job. */
 static uint64_t covered_len(const struct mig_record *rec)
 {
-	return rec->kind == MIG_VCPU || rec->kind == MIG_VM || rec->kind == MIG_DEVICES ? rec->count : 0;
+	return rec->kind == MIG_VCPU || rec->kind == MIG_VM || rec->kind == MIG_DEVICES || rec->kind == MIG_DEVICES_LIVE
+		       ? rec->count
+		       : 0;
 }
 
 const char *mig_kind_name(uint32_t kind)
 {
-	static const char *const n[] = { "?", "DATA", "ZERO", "PASS", "VCPU", "DIGEST", "END", "VM", "DEVICES" };
+	static const char *const n[] = { "?",	"DATA", "ZERO", "PASS",	  "VCPU",
+					 "DIGEST", "END",  "VM",   "DEVICES", "DEVICES_LIVE" };
 
 	return kind < sizeof(n) / sizeof(n[0]) ? n[kind] : "?";
 }
@@ -262,6 +266,11 @@ struct mig_record mig_encode_vm(struct mig_encoder *e, const struct mig_vm_state
 struct mig_record mig_encode_devices(struct mig_encoder *e, const void *state, uint64_t len)
 {
 	return encode(e, MIG_DEVICES, 0, 0, len, state);
+}
+
+struct mig_record mig_encode_devices_live(struct mig_encoder *e, const void *state, uint64_t len)
+{
+	return encode(e, MIG_DEVICES_LIVE, 0, 0, len, state);
 }
 
 struct mig_record mig_encode_end(struct mig_encoder *e)
@@ -412,6 +421,22 @@ int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *e
 	return 0;
 }
 
+/* A record of the VM's or the devices' state: index and first 0, at most max bytes (0: exactly exact). */
+static int state_record(struct mig_decoder *d, const struct mig_record *rec, uint64_t exact, char *err, size_t len)
+{
+	if (rec->index)
+		return refuse_field(d, rec, "index", err, len, "%" PRIu32 ", must be 0", rec->index);
+	if (rec->first)
+		return refuse_field(d, rec, "first", err, len, "%" PRIu64 ", must be 0", rec->first);
+	if (exact && rec->count != exact)
+		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes, expected %" PRIu64, rec->count, exact);
+	if (!exact && rec->count > MIG_DEVICES_MAX)
+		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes of device state, at most %llu",
+				    rec->count, MIG_DEVICES_MAX);
+	accept_record(d, rec);
+	return 0;
+}
+
 int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
 	if (d->lane)
@@ -427,46 +452,52 @@ int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *e
 		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes, expected %zu", rec->count,
 				    sizeof(struct mig_vcpu_state));
 	d->vcpu_seen[rec->index / 64] |= 1ull << (rec->index % 64);
+	d->stopped = true;
 	accept_record(d, rec);
 	return 0;
 }
 
 int mig_decode_vm(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
+	int ret;
+
 	if (d->lane)
 		return on_first_lane(d, rec, err, len);
 	if (d->vm_seen)
 		return refuse_field(d, rec, "kind", err, len, "VM sent twice");
-	if (rec->index)
-		return refuse_field(d, rec, "index", err, len, "%" PRIu32 ", must be 0", rec->index);
-	if (rec->first)
-		return refuse_field(d, rec, "first", err, len, "%" PRIu64 ", must be 0", rec->first);
-	if (rec->count != sizeof(struct mig_vm_state))
-		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes, expected %zu", rec->count,
-				    sizeof(struct mig_vm_state));
-	d->vm_seen = true;
-	accept_record(d, rec);
-	return 0;
+	ret = state_record(d, rec, sizeof(struct mig_vm_state), err, len);
+	d->vm_seen = ret == 0;
+	return ret;
 }
 
 int mig_decode_devices(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
+	int ret;
+
 	if (d->lane)
 		return on_first_lane(d, rec, err, len);
 	if (d->devices_seen)
 		return refuse_field(d, rec, "kind", err, len, "DEVICES sent twice");
 	if (!d->vm_seen)
 		return refuse_field(d, rec, "kind", err, len, "DEVICES before the VM record");
-	if (rec->index)
-		return refuse_field(d, rec, "index", err, len, "%" PRIu32 ", must be 0", rec->index);
-	if (rec->first)
-		return refuse_field(d, rec, "first", err, len, "%" PRIu64 ", must be 0", rec->first);
-	if (rec->count > MIG_DEVICES_MAX)
-		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes of device state, at most %llu",
-				    rec->count, MIG_DEVICES_MAX);
-	d->devices_seen = true;
-	accept_record(d, rec);
-	return 0;
+	ret = state_record(d, rec, 0, err, len);
+	d->devices_seen = ret == 0;
+	return ret;
+}
+
+int mig_decode_devices_live(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
+{
+	int ret;
+
+	if (d->lane)
+		return on_first_lane(d, rec, err, len);
+	if (d->devices_live_seen)
+		return refuse_field(d, rec, "kind", err, len, "DEVICES_LIVE sent twice");
+	if (d->stopped)
+		return refuse_field(d, rec, "kind", err, len, "DEVICES_LIVE after a VCPU record (the guest's pause)");
+	ret = state_record(d, rec, 0, err, len);
+	d->devices_live_seen = ret == 0;
+	return ret;
 }
 
 void mig_decode_devices_state(struct mig_decoder *d, const void *state, uint64_t len)
@@ -514,6 +545,8 @@ int mig_decode_record(struct mig_decoder *d, const struct mig_record *rec, char 
 		return mig_decode_vm(d, rec, err, len);
 	case MIG_DEVICES:
 		return mig_decode_devices(d, rec, err, len);
+	case MIG_DEVICES_LIVE:
+		return mig_decode_devices_live(d, rec, err, len);
 	case 5:
 		return refuse(err, len, "record %" PRIu64 ".kind: 5 (DIGEST) belongs to stream version 1", d->nrec);
 	default:

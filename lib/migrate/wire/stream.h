@@ -27,6 +27,10 @@
  *     DEVICES   index = first = 0, count = bytes (0 .. MIG_DEVICES_MAX);
  *               payload: the VMM's devices' state, opaque to the engine,
  *               once, after the VM record
+ *     DEVICES_LIVE  as DEVICES: the part of the devices' state the VMM
+ *               gives while the guest still runs (its bulk), at most once,
+ *               before the first VCPU record; loaded before DEVICES's.  A
+ *               destination older than it refuses the stream by its kind.
  *     END       index = count = 0; first = FNV-1a 64 of every byte before
  *               it except DATA payloads (which the page hashes check)
  *   handoff     struct mig_ack messages, on connection 0 (sealed like the
@@ -135,6 +139,7 @@ enum mig_kind {
 	MIG_END = 6,
 	MIG_VM = 7,
 	MIG_DEVICES = 8,
+	MIG_DEVICES_LIVE = 9,
 };
 
 #define MIG_DEVICES_MAX (256ull << 20) /* device state a stream or snapshot carries at most */
@@ -302,6 +307,7 @@ struct mig_record mig_encode_pass(struct mig_encoder *e, uint64_t pass);
 struct mig_record mig_encode_vcpu(struct mig_encoder *e, uint32_t vcpu, const struct mig_vcpu_state *st);
 struct mig_record mig_encode_vm(struct mig_encoder *e, const struct mig_vm_state *st);
 struct mig_record mig_encode_devices(struct mig_encoder *e, const void *state, uint64_t len);
+struct mig_record mig_encode_devices_live(struct mig_encoder *e, const void *state, uint64_t len);
 struct mig_record mig_encode_end(struct mig_encoder *e);
 
 /*
@@ -320,7 +326,8 @@ struct mig_decoder {
 	uint64_t nrec; /* records decoded so far */
 	uint64_t pass; /* last PASS */
 	uint64_t vcpu_seen[MIG_MAX_VCPUS / 64];
-	bool vm_seen, devices_seen;
+	bool vm_seen, devices_seen, devices_live_seen;
+	bool stopped; /* a VCPU record came: the guest was paused */
 	uint32_t lane, lanes; /* which connection of how many this stream is on (0 of 1 unless set) */
 };
 
@@ -336,10 +343,11 @@ int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *e
 int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_vm(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_devices(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_devices_live(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 /* A VCPU record's payload, after its record was decoded. */
 int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len);
-/* A DEVICES record's payload, after its record was decoded: summed. */
+/* A DEVICES or DEVICES_LIVE record's payload, after its record was decoded: summed. */
 void mig_decode_devices_state(struct mig_decoder *d, const void *state, uint64_t len);
 /* A VM record's payload, after its record was decoded. */
 int mig_decode_vm_state(struct mig_decoder *d, const struct mig_vm_state *st, char *err, size_t len);
