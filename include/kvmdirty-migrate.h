@@ -332,6 +332,54 @@ void kvmdirty_mig_snap_free(struct kvmdirty_mig_snap *snap);
 int kvmdirty_mig_restore(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,
 			 uint64_t *ret_pages, char *err, size_t len);
 
+/*
+ * Check the chain paths[0 .. n) without a guest: every file whole, in
+ * order, and every copy of every page (older ones too) against its hash.
+ * 0 with ret_pages (may be NULL) the pages read, or -errno with err naming
+ * the file and the page (-EPROTO) or the read that failed.
+ */
+int kvmdirty_mig_verify(const char *const *paths, unsigned int n, uint64_t *ret_pages, char *err, size_t len);
+
+/*
+ * A new key file at path for kvmdirty_mig_send_opts.psk_file and
+ * kvmdirty_mig_recv_opts.psk_file: 32 bytes from getrandom(2) as 64 hex
+ * digits, mode 0600, created (never over anything that exists, a symbolic
+ * link included) and synced to disk.  Copy it to the other host by a
+ * channel you trust.  0, or -errno with err naming the file (-EEXIST:
+ * something is there).
+ */
+int kvmdirty_mig_genkey(const char *path, char *err, size_t len);
+
+/* A guest's dirty rate, sampled (kvmdirty_mig_rate_new()). */
+struct kvmdirty_mig_rate;
+
+struct kvmdirty_mig_rate_sample {
+	uint64_t t_ms;	      /* when, since kvmdirty_mig_rate_new() */
+	uint64_t ns;	      /* the interval since the sample before */
+	uint64_t pages;	      /* distinct pages of the guest written over it */
+	uint64_t pages_per_s; /* the guest's rate */
+	/* each vCPU's part: from its dirty ring's distinct pages (by_ring), else from its write faults */
+	bool by_ring;
+	unsigned int nr_vcpus;
+	const uint64_t *vcpu_pages_per_s; /* [nr_vcpus], the sampler's until its next sample */
+};
+
+/*
+ * Watch guest's dirty rate (a source: its tracker set), before deciding
+ * to migrate it or while a migration or snapshots run: a counting
+ * consumer of the tracker of its own, which takes nothing from them (a
+ * migration beside it sends what it would send without it) and keeps
+ * logging on for the guest's regions while it lives.  0, or -errno with
+ * one line in err (-EINVAL: no tracker).  One thread samples and frees;
+ * free the sampler before the guest.
+ */
+int kvmdirty_mig_rate_new(struct kvmdirty_mig_guest *guest, struct kvmdirty_mig_rate **ret_rate, char *err,
+			  size_t len);
+/* The rates since the sample before (or kvmdirty_mig_rate_new()): 0, or -errno of the count. */
+int kvmdirty_mig_rate_sample(struct kvmdirty_mig_rate *rate, struct kvmdirty_mig_rate_sample *ret_sample);
+/* The sampler's consumer freed (logging off where nothing else needs it).  NULL is ignored. */
+void kvmdirty_mig_rate_free(struct kvmdirty_mig_rate *rate);
+
 /* This library's version ("0.5.0"), and the stream version it sends and takes. */
 const char *kvmdirty_mig_version_string(void);
 unsigned int kvmdirty_mig_stream_version(void);

@@ -241,8 +241,33 @@ static int same(struct vmm *v, struct vmm *src, const char *what)
 	return 0;
 }
 
+/* A rate sampler beside the snapshots sees a write of 3 pages (the VMM's, marked). */
+static int rate_sees(struct vmm *v)
+{
+	struct kvmdirty_mig_rate_sample smp;
+	struct kvmdirty_mig_rate *rate;
+	char err[256];
+	int ret;
+
+	ret = kvmdirty_mig_rate_new(v->guest, &rate, err, sizeof(err));
+	if (ret < 0)
+		return fail("kvmdirty_mig_rate_new", ret, err) ? -EIO : 0;
+	memset(v->mem + 65536, 0x77, 3 * 4096);
+	ret = kvmdirty_tracker_mark_dirty_hva(v->tracker, v->mem + 65536, 3 * 4096);
+	if (ret == 0)
+		ret = kvmdirty_mig_rate_sample(rate, &smp);
+	kvmdirty_mig_rate_free(rate);
+	if (ret < 0 || smp.pages != 3 || smp.nr_vcpus != 1) {
+		fprintf(stderr, "consumer-migrate: the rate sampler: %s, %" PRIu64 " pages (3 written), %u vCPUs\n",
+			strerror(ret < 0 ? -ret : 0), ret < 0 ? 0 : smp.pages, ret < 0 ? 0 : smp.nr_vcpus);
+		return -EIO;
+	}
+	return 0;
+}
+
 struct recv_job {
 	struct vmm *v;
+	const char *psk;
 	int lfd, ret;
 	char err[512];
 };
@@ -250,7 +275,7 @@ struct recv_job {
 static void *receive(void *p)
 {
 	struct recv_job *j = p;
-	struct kvmdirty_mig_recv_opts o = { .once = true };
+	struct kvmdirty_mig_recv_opts o = { .once = true, .psk_file = j->psk, .encrypt = true };
 
 	j->ret = kvmdirty_mig_recv(j->v->guest, j->lfd, &o, NULL, j->err, sizeof(j->err));
 	return NULL;
@@ -258,10 +283,11 @@ static void *receive(void *p)
 
 static int migrate(struct vmm *src, const char *dir)
 {
+	struct kvmdirty_mig_send_opts so = { .encrypt = true };
 	struct kvmdirty_mig_send_result res;
 	struct recv_job j = { .lfd = -1 };
 	struct vmm dst;
-	char addr[4200], err[512];
+	char addr[4200], key[4200] = "", err[512];
 	pthread_t t;
 	int ret;
 
@@ -271,13 +297,20 @@ static int migrate(struct vmm *src, const char *dir)
 		return ret;
 	}
 	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	/* a key both ends hold (genkey never writes over one) */
+	snprintf(key, sizeof(key), "%s/key", dir);
+	if (kvmdirty_mig_genkey(key, err, sizeof(err)) < 0 || kvmdirty_mig_genkey(key, NULL, 0) != -EEXIST) {
+		ret = fail("kvmdirty_mig_genkey", EIO, err);
+		goto out;
+	}
+	so.psk_file = j.psk = key;
 	j.v = &dst;
 	j.lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
 	if (j.lfd < 0 || pthread_create(&t, NULL, receive, &j)) {
 		ret = fail("listen", j.lfd < 0 ? j.lfd : EAGAIN, err);
 		goto out;
 	}
-	ret = kvmdirty_mig_send(src->guest, addr, NULL, &res, err, sizeof(err));
+	ret = kvmdirty_mig_send(src->guest, addr, &so, &res, err, sizeof(err));
 	pthread_join(t, NULL);
 	if (ret != 0 || res.outcome != KVMDIRTY_MIG_THERE) {
 		ret = fail("kvmdirty_mig_send", ret, err);
@@ -294,12 +327,15 @@ static int migrate(struct vmm *src, const char *dir)
 		ret = 1;
 	}
 	if (ret == 0)
-		printf("consumer-migrate: migrated %" PRIu64 " pages in %" PRIu64 " passes, %.1f ms downtime; "
+		printf("consumer-migrate: migrated %" PRIu64 " pages in %" PRIu64 " passes (a key of genkey's, encrypted), %.1f ms downtime; "
 		       "memory, registers, TSC_AUX, the IOAPIC and devices arrived, the frame buffer before the pause\n",
 		       res.pages, res.passes, res.downtime_ms);
 out:
 	if (j.lfd >= 0)
 		close(j.lfd);
+	if (*key)
+		unlink(key);
+	unlink(addr + 5);
 	vmm_free(&dst);
 	return ret;
 }
@@ -326,6 +362,8 @@ static int snapshot_restore(struct vmm *src, const char *dir)
 		memset(src->mem + 8192, 0x5a, 4096);
 		/* the VMM's own write to guest memory: KVM does not see it, the tracker must be told */
 		ret = kvmdirty_tracker_mark_dirty_hva(src->tracker, src->mem + 8192, 4096);
+		if (ret == 0)
+			ret = rate_sees(src);
 		strcpy(src->devices, "serial: lcr=0x03 after the full snapshot");
 		if (ret == 0)
 			ret = vcpu_set(src, 0xd1ff, 0x4100000007ull) ? -EIO : 0;
@@ -335,16 +373,24 @@ static int snapshot_restore(struct vmm *src, const char *dir)
 	kvmdirty_mig_snap_free(snap);
 	if (ret < 0)
 		return fail("kvmdirty_mig_snap_take", ret, err);
+	chain[0] = r0.path;
+	chain[1] = r1.path;
+	/* every copy of every page of the chain against its hash, no guest needed */
+	ret = kvmdirty_mig_verify(chain, 2, &pages, err, sizeof(err));
+	if (ret < 0 || pages < MEM / 4096 * 7 / 8) {
+		unlink(r0.path);
+		unlink(r1.path);
+		return fail("kvmdirty_mig_verify", ret ? ret : EPROTO, err);
+	}
 	ret = vmm_new(&dst, false);
 	if (ret == 0) {
-		chain[0] = r0.path;
-		chain[1] = r1.path;
 		ret = kvmdirty_mig_restore(dst.guest, chain, 2, &pages, err, sizeof(err));
 		ret = ret < 0 ? fail("kvmdirty_mig_restore", ret, err) : same(&dst, src, "after the restore");
 	}
 	if (ret == 0)
-		printf("consumer-migrate: snapshots %" PRIu64 " (full) and %" PRIu64 " (diff), restored: %" PRIu64
-		       " pages read; memory, registers, TSC_AUX, the IOAPIC and devices as they were\n",
+		printf("consumer-migrate: snapshots %" PRIu64 " (full) and %" PRIu64 " (diff), verified, restored: %" PRIu64
+		       " pages read; memory, registers, TSC_AUX, the IOAPIC and devices as they were; the rate sampler "
+		       "saw 3 pages\n",
 		       r0.seq, r1.seq, pages);
 	unlink(r0.path);
 	unlink(r1.path);

@@ -20,6 +20,7 @@
 #include "gate.h"
 #include "guest.h"
 #include "keyfile.h"
+#include "rate.h"
 #include "snapfile.h"
 #include "snapshot.h"
 #include "source.h"
@@ -508,44 +509,173 @@ EXPORT void kvmdirty_mig_snap_free(struct kvmdirty_mig_snap *snap)
 	free(snap);
 }
 
+static void close_chain(struct snap_file **files, unsigned int n);
+static int open_chain(const char *const *paths, unsigned int n, struct snap_file ***ret_files, char *err,
+		      size_t len);
+
 EXPORT int kvmdirty_mig_restore(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,
 				uint64_t *ret_pages, char *err, size_t len)
 {
 	struct snap_file **files;
-	unsigned int i, opened = 0;
 	char why[512] = "";
 	uint64_t pages = 0;
-	int ret = 0;
+	int ret;
 
 	if (ret_pages)
 		*ret_pages = 0;
-	if (!guest || !paths || !n) {
-		say(err, len, "kvmdirty_mig_restore: %s", !guest ? "the guest is NULL" : "no file");
+	if (!guest) {
+		say(err, len, "kvmdirty_mig_restore: the guest is NULL");
+		return -EINVAL;
+	}
+	ret = open_chain(paths, n, &files, why, sizeof(why));
+	if (ret == 0) {
+		ret = mig_snap_restore(&guest->g, files, n, &pages, why, sizeof(why));
+		close_chain(files, n);
+	}
+	if (ret < 0)
+		say(err, len, "%s%s", ret == -EINVAL && !n ? "kvmdirty_mig_restore: " : "", why);
+	else if (ret_pages)
+		*ret_pages = pages;
+	return ret;
+}
+
+/* Close what open_chain() opened (NULL entries: never opened). */
+static void close_chain(struct snap_file **files, unsigned int n)
+{
+	unsigned int i;
+
+	for (i = 0; i < n; i++)
+		if (files[i])
+			snap_file_close(files[i]);
+	free(files);
+}
+
+/* Open paths[0 .. n) and check them as a chain: 0 with *ret_files (the caller closes them), or -errno said. */
+static int open_chain(const char *const *paths, unsigned int n, struct snap_file ***ret_files, char *err,
+		      size_t len)
+{
+	struct snap_file **files;
+	unsigned int i;
+	int ret = 0;
+
+	*ret_files = NULL;
+	if (!paths || !n) {
+		say(err, len, "no snapshot file");
 		return -EINVAL;
 	}
 	for (i = 0; i < n; i++)
 		if (!paths[i]) {
-			say(err, len, "kvmdirty_mig_restore: file %u of the chain is NULL", i);
+			say(err, len, "file %u of the chain is NULL", i);
 			return -EINVAL;
 		}
 	files = calloc(n, sizeof(*files));
 	if (!files)
 		return -ENOMEM;
-	for (i = 0; i < n && ret == 0; i++) {
-		ret = snap_file_open(paths[i], &files[i], why, sizeof(why));
-		if (ret == 0)
-			opened++;
-	}
+	for (i = 0; i < n && ret == 0; i++)
+		ret = snap_file_open(paths[i], &files[i], err, len);
 	if (ret == 0)
-		ret = mig_snap_restore(&guest->g, files, n, &pages, why, sizeof(why));
-	for (i = 0; i < opened; i++)
-		snap_file_close(files[i]);
-	free(files);
+		ret = snap_chain_check(files, n, err, len);
+	if (ret < 0) {
+		close_chain(files, n);
+		return ret;
+	}
+	*ret_files = files;
+	return 0;
+}
+
+EXPORT int kvmdirty_mig_verify(const char *const *paths, unsigned int n, uint64_t *ret_pages, char *err,
+			       size_t len)
+{
+	struct snap_file **files;
+	char why[512] = "";
+	uint64_t pages = 0;
+	int ret;
+
+	if (ret_pages)
+		*ret_pages = 0;
+	ret = open_chain(paths, n, &files, why, sizeof(why));
+	if (ret == 0) {
+		ret = snap_chain_verify(files, n, &pages, why, sizeof(why));
+		close_chain(files, n);
+	}
 	if (ret < 0)
-		say(err, len, "%s", why);
+		say(err, len, "kvmdirty_mig_verify: %s", why);
 	else if (ret_pages)
 		*ret_pages = pages;
 	return ret;
+}
+
+EXPORT int kvmdirty_mig_genkey(const char *path, char *err, size_t len)
+{
+	char why[512] = "";
+	int ret;
+
+	if (!path) {
+		say(err, len, "kvmdirty_mig_genkey: the path is NULL");
+		return -EINVAL;
+	}
+	ret = mig_psk_generate(path, why, sizeof(why));
+	if (ret < 0)
+		say(err, len, "%s", why);
+	return ret;
+}
+
+struct kvmdirty_mig_rate {
+	struct mig_rate *r;
+};
+
+EXPORT int kvmdirty_mig_rate_new(struct kvmdirty_mig_guest *guest, struct kvmdirty_mig_rate **ret_rate, char *err,
+				 size_t len)
+{
+	struct kvmdirty_mig_rate *kr;
+	char why[512] = "";
+	int ret;
+
+	if (!ret_rate || !guest || !guest->g.tracker) {
+		say(err, len, "kvmdirty_mig_rate_new: %s", !ret_rate ? "ret_rate is NULL" : !guest ? "the guest is NULL"
+											   : "the guest has no tracker");
+		return -EINVAL;
+	}
+	*ret_rate = NULL;
+	kr = calloc(1, sizeof(*kr));
+	if (!kr)
+		return -ENOMEM;
+	ret = mig_rate_new(guest->g.tracker, guest->g.vcpu, guest->g.nr_vcpus, &kr->r, why, sizeof(why));
+	if (ret < 0) {
+		say(err, len, "%s", why);
+		free(kr);
+		return ret;
+	}
+	*ret_rate = kr;
+	return 0;
+}
+
+EXPORT int kvmdirty_mig_rate_sample(struct kvmdirty_mig_rate *rate, struct kvmdirty_mig_rate_sample *ret_sample)
+{
+	struct mig_rate_sample s;
+	int ret;
+
+	if (!rate || !ret_sample)
+		return -EINVAL;
+	ret = mig_rate_sample(rate->r, &s);
+	if (ret < 0)
+		return ret;
+	*ret_sample = (struct kvmdirty_mig_rate_sample){ .t_ms = s.t_ms,
+							  .ns = s.ns,
+							  .pages = s.pages,
+							  .pages_per_s = s.pages_per_s,
+							  .by_ring = s.by_ring,
+							  .nr_vcpus = s.nr_vcpus,
+							  .vcpu_pages_per_s = s.vcpu_pages_per_s };
+	return 0;
+}
+
+EXPORT void kvmdirty_mig_rate_free(struct kvmdirty_mig_rate *rate)
+{
+	if (!rate)
+		return;
+	mig_rate_free(rate->r);
+	free(rate);
 }
 
 EXPORT const char *kvmdirty_mig_version_string(void)
