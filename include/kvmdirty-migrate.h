@@ -47,7 +47,7 @@ extern "C" {
 #endif
 
 #define KVMDIRTY_MIG_MAX_VCPUS 1024		    /* vCPUs of a guest, at most */
-#define KVMDIRTY_MIG_DEVICES_MAX (256ul * 1048576) /* device state a stream or snapshot carries, at most */
+#define KVMDIRTY_MIG_DEVICES_MAX (256ul * 1048576) /* device state a stream or snapshot carries, all parts, at most */
 
 /* A guest as the engine knows it (kvmdirty_mig_guest_new()). */
 struct kvmdirty_mig_guest;
@@ -95,8 +95,11 @@ struct kvmdirty_mig_ops {
 	 * what is left or changed since, at the pause.  The destination keeps
 	 * the live part until the stream is complete, then calls
 	 * devices_load_live before devices_load.  Same limits, ownership and
-	 * refusals as devices_save/_load.  Migrations only: a snapshot saves
-	 * all of its device state with devices_save at its pause.
+	 * refusals as devices_save/_load; both parts together at most
+	 * KVMDIRTY_MIG_DEVICES_MAX.  devices_load_live is called for every
+	 * stream and restore, with 0 bytes where none was given: drop what an
+	 * earlier one left.  A snapshot has no "before the pause": it saves
+	 * both parts at its pause, and a restore loads both.
 	 */
 	int (*devices_save_live)(void *ctx, void **ret_state, size_t *ret_len);
 	int (*devices_load_live)(void *ctx, const void *state, size_t len);
@@ -262,17 +265,25 @@ struct kvmdirty_mig_recv_result {
 /*
  * Receive a migration into guest (a destination: its vCPUs created and
  * never run, its regions those of the source) on listen_fd
- * (kvmdirty_mig_listen(), or a listening socket of the caller's); each
- * source's handshake runs on a thread of its own, so none holds the
- * others.  opts may be NULL.  Returns 0 once the source committed: every
- * page arrived and matched, every vCPU's and the VM's state and the
- * devices' state are loaded: run the guest.  Otherwise do not run it:
- * -EINPROGRESS (outcome unknown, see enum kvmdirty_mig_outcome),
- * -ENOTRECOVERABLE (the vCPUs could not be loaded back as they were
- * before a refused stream: free the guest), or with once a refusal's
- * -errno (-EPROTO, -EACCES, -ECANCELED for a stream the source dropped at
- * the handoff, -ETIMEDOUT): guest memory may hold part of that stream,
- * and another stream must bring every page again.  err: one line.
+ * (kvmdirty_mig_listen(), or a bound stream socket of the caller's, which
+ * is made to listen, kept non-blocking during the call and given its
+ * flags back after); each source's handshake runs on a thread of its own,
+ * so none holds the others.  opts may be NULL.  The wait for a source has
+ * no limit: timeout_ms and deadline_ms count from its first byte.
+ * Returns 0 once the source committed: every page arrived and matched,
+ * every vCPU's and the VM's state and the devices' state are loaded: run
+ * the guest.  Otherwise do not run it: -EINPROGRESS (outcome unknown, see
+ * enum kvmdirty_mig_outcome), -ENOTRECOVERABLE (the vCPUs could not be
+ * loaded back as they were before a refused stream: free the guest),
+ * -ENOTSOCK or -EPROTOTYPE (listen_fd is not a stream socket), or with
+ * once a refusal's -errno (-EPROTO, -ECANCELED for a stream the source
+ * dropped at the handoff, -ETIMEDOUT): guest memory may hold part of that
+ * stream, and another stream must bring every page again.  A source that
+ * fails authentication never ends the call, once or not: it is logged and
+ * the next one taken.  After a refused stream the devices may hold what
+ * its devices_load_live or devices_load gave them; the next stream's
+ * loads replace it (devices_load_live is called for every stream, with 0
+ * bytes where it has no such part).  err: one line.
  */
 int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, const struct kvmdirty_mig_recv_opts *opts,
 		      struct kvmdirty_mig_recv_result *res, char *err, size_t len);
@@ -298,8 +309,9 @@ struct kvmdirty_mig_snap_result {
  * Begin a series of snapshots of guest (a source: tracker set, vCPUs
  * running or not): its own consumer of the tracker (kvmdirty.h), which
  * keeps logging on for the guest's regions until kvmdirty_mig_snap_free().
- * opts->prefix required.  0, or -EINVAL (opts), -ENOENT/-ENOTDIR (the
- * prefix's directory), -ENOMEM, or the tracker's -errno; err says which.
+ * opts->prefix required.  0, or -EINVAL (opts), -ENAMETOOLONG (a prefix
+ * past 4,064 bytes), -ENOENT/-ENOTDIR (the prefix's directory), -ENOMEM,
+ * or the tracker's -errno; err says which.  *ret_snap is NULL on failure.
  */
 int kvmdirty_mig_snap_new(struct kvmdirty_mig_guest *guest, const struct kvmdirty_mig_snap_opts *opts,
 			  struct kvmdirty_mig_snap **ret_snap, char *err, size_t len);

@@ -15,7 +15,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <linux/kvm.h>
@@ -288,6 +290,7 @@ static int migrate(struct vmm *src, const char *dir)
 	struct recv_job j = { .lfd = -1 };
 	struct vmm dst;
 	char addr[4200], key[4200] = "", err[512];
+	unsigned int saved = 0;
 	pthread_t t;
 	int ret;
 
@@ -310,8 +313,13 @@ static int migrate(struct vmm *src, const char *dir)
 		ret = fail("listen", j.lfd < 0 ? j.lfd : EAGAIN, err);
 		goto out;
 	}
+	saved = src->live_saved;
 	ret = kvmdirty_mig_send(src->guest, addr, &so, &res, err, sizeof(err));
 	pthread_join(t, NULL);
+	if (ret == 0 && (fcntl(j.lfd, F_GETFL) & O_NONBLOCK)) {
+		ret = fail("kvmdirty_mig_recv: the listening fd was left non-blocking", EINVAL, NULL);
+		goto out;
+	}
 	if (ret != 0 || res.outcome != KVMDIRTY_MIG_THERE) {
 		ret = fail("kvmdirty_mig_send", ret, err);
 		goto out;
@@ -321,9 +329,9 @@ static int migrate(struct vmm *src, const char *dir)
 		goto out;
 	}
 	ret = same(&dst, src, "after the migration");
-	if (ret == 0 && (src->live_saved != 1 || dst.live_loaded != 1 || memcmp(dst.fb, src->fb, FB))) {
+	if (ret == 0 && (src->live_saved - saved != 1 || dst.live_loaded != 1 || memcmp(dst.fb, src->fb, FB))) {
 		fprintf(stderr, "consumer-migrate: the frame buffer given before the pause: saved %u times, loaded %u, %s\n",
-			src->live_saved, dst.live_loaded, memcmp(dst.fb, src->fb, FB) ? "differs" : "the same");
+			src->live_saved - saved, dst.live_loaded, memcmp(dst.fb, src->fb, FB) ? "differs" : "the same");
 		ret = 1;
 	}
 	if (ret == 0)
@@ -365,6 +373,7 @@ static int snapshot_restore(struct vmm *src, const char *dir)
 		if (ret == 0)
 			ret = rate_sees(src);
 		strcpy(src->devices, "serial: lcr=0x03 after the full snapshot");
+		src->fb[12345] ^= 0xff; /* the frame buffer too: the diff's copy of it counts */
 		if (ret == 0)
 			ret = vcpu_set(src, 0xd1ff, 0x4100000007ull) ? -EIO : 0;
 	}
@@ -386,16 +395,52 @@ static int snapshot_restore(struct vmm *src, const char *dir)
 	if (ret == 0) {
 		ret = kvmdirty_mig_restore(dst.guest, chain, 2, &pages, err, sizeof(err));
 		ret = ret < 0 ? fail("kvmdirty_mig_restore", ret, err) : same(&dst, src, "after the restore");
+		/* a snapshot keeps the live part too: it has no "before the pause" */
+		if (ret == 0 && (dst.live_loaded != 1 || memcmp(dst.fb, src->fb, FB))) {
+			fprintf(stderr, "consumer-migrate: after the restore: the frame buffer loaded %u times, %s\n",
+				dst.live_loaded, memcmp(dst.fb, src->fb, FB) ? "differs" : "the same");
+			ret = 1;
+		}
 	}
 	if (ret == 0)
 		printf("consumer-migrate: snapshots %" PRIu64 " (full) and %" PRIu64 " (diff), verified, restored: %" PRIu64
-		       " pages read; memory, registers, TSC_AUX, the IOAPIC and devices as they were; the rate sampler "
-		       "saw 3 pages\n",
+		       " pages read; memory, registers, TSC_AUX, the IOAPIC, devices and frame buffer as they were; "
+		       "the rate sampler saw 3 pages\n",
 		       r0.seq, r1.seq, pages);
 	unlink(r0.path);
 	unlink(r1.path);
 	vmm_free(&dst);
 	return ret;
+}
+
+/*
+ * Calls made wrong are refused at once, their outputs set: a snapshot
+ * series of no guest, a receive on a datagram socket and on a file.
+ */
+static int misuse(struct vmm *v)
+{
+	struct kvmdirty_mig_snap *snap = (struct kvmdirty_mig_snap *)&snap;
+	struct kvmdirty_mig_snap_result r;
+	char err[256];
+	int fd, ret;
+
+	ret = kvmdirty_mig_snap_new(NULL, NULL, &snap, err, sizeof(err));
+	if (ret != -EINVAL || snap)
+		return fail("kvmdirty_mig_snap_new(NULL): not refused, or the series not NULL", EINVAL, NULL);
+	memset(&r, 0x41, sizeof(r));
+	if (kvmdirty_mig_snap_take(NULL, &r, NULL, 0) != -EINVAL || r.seq || r.path[0])
+		return fail("kvmdirty_mig_snap_take(NULL): the result not cleared", EINVAL, NULL);
+	fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	ret = kvmdirty_mig_recv(v->guest, fd, NULL, NULL, err, sizeof(err));
+	close(fd);
+	if (ret != -EPROTOTYPE)
+		return fail("kvmdirty_mig_recv on a datagram socket", ret, err);
+	fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	ret = kvmdirty_mig_recv(v->guest, fd, NULL, NULL, err, sizeof(err));
+	close(fd);
+	if (ret != -ENOTSOCK)
+		return fail("kvmdirty_mig_recv on /dev/null", ret, err);
+	return 0;
 }
 
 int main(void)
@@ -427,6 +472,8 @@ int main(void)
 	for (i = 0; i < FB; i++)
 		src.fb[i] = (unsigned char)(i * 13 + (i >> 12));
 	ret = vcpu_set(&src, 0xfeedfacecafe, 0x3300001234ull);
+	if (ret == 0)
+		ret = misuse(&src);
 	/* snapshots first: a guest that moved stays paused at its source */
 	if (ret == 0)
 		ret = snapshot_restore(&src, dir);

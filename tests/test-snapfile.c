@@ -107,6 +107,10 @@ struct pagelist {
 	unsigned int n;
 };
 
+/* write_snap(): the devices' state in two parts, the first this long (0: one part); a framing that lies */
+static size_t two_parts;
+static bool bad_parts;
+
 /*
  * A snapshot of m: full (every page put) when parent is NULL, else a diff
  * of the pages in pl.  Returns 0 or the writer's -errno; err says why.
@@ -151,11 +155,29 @@ static int write_snap(const char *name, const struct mem *m, uint64_t seq, const
 	}
 	snap_writer_vcpus(w, m->vs, &m->vm);
 	{
-		void *dev = malloc(m->dev_len);
+		void *dev = malloc(m->dev_len), *live = NULL;
 
 		ck_assert_ptr_nonnull(dev);
 		memcpy(dev, m->dev, m->dev_len);
-		snap_writer_devices(w, dev, m->dev_len);
+		if (!two_parts) {
+			snap_writer_devices(w, dev, m->dev_len);
+		} else {
+			/* the first two_parts bytes as the live part */
+			live = malloc(two_parts);
+			ck_assert_ptr_nonnull(live);
+			memcpy(live, m->dev, two_parts);
+			memmove(dev, (uint8_t *)dev + two_parts, m->dev_len - two_parts);
+			ck_assert_int_eq(snap_writer_devices_parts(w, live, two_parts, dev, m->dev_len - two_parts), 0);
+		}
+		if (bad_parts) {
+			/* the parts' framing with a first part longer than what follows, hashed as written */
+			uint8_t *b = calloc(1, 8 + 16);
+			uint64_t n = 17;
+
+			ck_assert_ptr_nonnull(b);
+			memcpy(b, &n, 8);
+			snap_writer_devices(w, b, 8 + 16);
+		}
 	}
 	return snap_writer_commit(w, id, NULL, err, len);
 }
@@ -293,6 +315,43 @@ START_TEST(chain_round_trip)
 		mem_free(&out);
 	}
 	chain_free(&c);
+}
+END_TEST
+
+/*
+ * The devices' state in two parts (SNAP_F_DEVICES_LIVE): read back as
+ * written, each part where it was; a first part longer than the bytes
+ * after it is refused by name, though its hash holds.
+ */
+START_TEST(devices_in_two_parts)
+{
+	struct mem m;
+	uint8_t id[SNAP_ID];
+	struct snap_file *f;
+	char err[512], path[256];
+
+	mem_new(&m);
+	two_parts = 100;
+	ck_assert_msg(write_snap("p0", &m, 0, NULL, NULL, NULL, id, err, sizeof(err)) == 0, "%s", err);
+	two_parts = 0;
+	path_of(path, sizeof(path), "p0");
+	ck_assert_msg(snap_file_open(path, &f, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_uint_eq(f->h.flags, SNAP_F_DEVICES_LIVE);
+	ck_assert_uint_eq(f->dev_live_len, 100);
+	ck_assert_uint_eq(f->dev_rest_len, m.dev_len - 100);
+	ck_assert(!memcmp(f->dev_live, m.dev, 100) && !memcmp(f->dev_rest, m.dev + 100, m.dev_len - 100));
+	snap_file_close(f);
+	unlink(path);
+	two_parts = 100; /* the flag set, then the bytes replaced */
+	bad_parts = true;
+	ck_assert_msg(write_snap("p1", &m, 0, NULL, NULL, NULL, id, err, sizeof(err)) == 0, "%s", err);
+	bad_parts = false;
+	two_parts = 0;
+	path_of(path, sizeof(path), "p1");
+	ck_assert_int_eq(snap_file_open(path, &f, err, sizeof(err)), -EPROTO);
+	ck_assert_msg(strstr(err, "the devices' state: a first part of 17 bytes in 16"), "%s", err);
+	unlink(path);
+	mem_free(&m);
 }
 END_TEST
 
@@ -1161,6 +1220,7 @@ int main(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, chain_round_trip);
+	tcase_add_test(tc, devices_in_two_parts);
 	tcase_add_test(tc, allocated_size);
 	tcase_add_test(tc, cut_at_every_boundary);
 	tcase_add_test(tc, flipped_byte_in_every_part);

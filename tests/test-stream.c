@@ -461,6 +461,21 @@ START_TEST(devices_live_carried)
 	}
 	ck_assert_str_eq(f.order, "");
 	fake_guest_free(&f);
+	/*
+	 * A stream whose live part loaded and whose rest did not, then one
+	 * with none: the second tells the guest so (0 bytes), and nothing of
+	 * the refused stream's live part stays.
+	 */
+	ck_assert_ok(fake_guest_init(&f));
+	f.g.ops = &fake_live_ops;
+	f.fail_devices = true;
+	ret = fake_receive(&f, b, llen, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == -EINVAL && f.dev_live_len == n, "%d '%s', live %zu", ret, err, f.dev_live_len);
+	ret = fake_receive(&f, d, len, true, err, sizeof(err), NULL);
+	ck_assert_msg(ret == 0, "%s", err);
+	ck_assert_msg(f.dev_live_len == 0, "the refused stream's live part stays: %zu bytes", f.dev_live_len);
+	ck_assert_str_eq(f.order, "LDLD");
+	fake_guest_free(&f);
 	/* twice */
 	bad = with_live(b, llen, m.pass_end, 16, &blen);
 	ret = receive_live(bad, blen, &f, &fake_live_ops, err, sizeof(err));
@@ -474,8 +489,47 @@ START_TEST(devices_live_carried)
 		      ret, err);
 	fake_guest_free(&f);
 	free(bad);
+	/* after the VM record, and after DEVICES (both after the VCPU records: moved to END's place) */
+	bad = with_live(d, len, len - sizeof(struct mig_record), 16, &blen);
+	ret = receive_live(bad, blen, &f, &fake_live_ops, err, sizeof(err));
+	ck_assert_msg(ret == -EPROTO && strstr(err, "DEVICES_LIVE after a DEVICES record"), "%d '%s'", ret, err);
+	fake_guest_free(&f);
+	free(bad);
 	free(b);
 	free(d);
+}
+END_TEST
+
+/*
+ * The bound holds for both parts together: DEVICES after a DEVICES_LIVE of
+ * MIG_DEVICES_MAX - 10 bytes may bring 10, not 11; and DEVICES_LIVE comes
+ * before any record of the pause, a VM record too (the decoder alone: no
+ * payload read).
+ */
+START_TEST(devices_bound_together)
+{
+	struct mig_record live = { .kind = MIG_DEVICES_LIVE, .count = MIG_DEVICES_MAX - 10 },
+			  dev = { .kind = MIG_DEVICES, .count = 11 }, vm = { .kind = MIG_VM };
+	struct mig_decoder dec;
+	char err[256];
+	int ret;
+
+	mig_decoder_init(&dec, NULL, 0, 1);
+	ck_assert_int_eq(mig_decode_record(&dec, &live, err, sizeof(err)), 0);
+	dec.vm_seen = true; /* as if the VCPU and VM records came */
+	dec.stopped = true;
+	ret = mig_decode_record(&dec, &dev, err, sizeof(err));
+	ck_assert_msg(ret == -EPROTO && strstr(err, "(DEVICES).count: 11 bytes of device state, at most 268435456 with "
+						   "DEVICES_LIVE's (10 left)"), "%d '%s'", ret, err);
+	dev.count = 10;
+	ret = mig_decode_record(&dec, &dev, err, sizeof(err));
+	ck_assert_msg(ret == 0, "%s", err);
+	/* VM and DEVICES before any VCPU record, then DEVICES_LIVE: the pause's records came, refused */
+	mig_decoder_init(&dec, NULL, 0, 1);
+	vm.count = sizeof(struct mig_vm_state);
+	ck_assert_int_eq(mig_decode_record(&dec, &vm, err, sizeof(err)), 0);
+	ret = mig_decode_record(&dec, &live, err, sizeof(err));
+	ck_assert_msg(ret == -EPROTO && strstr(err, "DEVICES_LIVE after a VM record"), "%d '%s'", ret, err);
 }
 END_TEST
 
@@ -690,6 +744,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, refusal_leaves_nothing);
 	tcase_add_test(tc, devices_carried);
 	tcase_add_test(tc, devices_live_carried);
+	tcase_add_test(tc, devices_bound_together);
 	tcase_add_loop_test(tc, regressions_refused, 0, (int)(sizeof(regressions) / sizeof(regressions[0])));
 	tcase_add_test(tc, regressions_listed);
 	suite_add_tcase(s, tc);

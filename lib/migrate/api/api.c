@@ -186,7 +186,7 @@ EXPORT int kvmdirty_mig_guest_new(struct kvmdirty_vm *vm, struct kvmdirty_tracke
 		return -EINVAL;
 	mg = calloc(1, sizeof(*mg));
 	if (!mg)
-		return -ENOMEM;
+		return -ENOMEM; /* guest_new takes no err: its errnos say it all */
 	if (ops)
 		mg->user = *ops;
 	mg->user_ctx = ctx;
@@ -402,7 +402,8 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 	mig_recv_session_opts(&o, &so);
 	ret = mig_gate_new(listen_fd, &so, &gate);
 	if (ret < 0) {
-		snprintf(why, sizeof(why), "kvmdirty_mig_recv: the listener's gate: %s", strerror(-ret));
+		snprintf(why, sizeof(why), "kvmdirty_mig_recv: fd %d: %s%s", listen_fd, strerror(-ret),
+			 ret == -ENOTSOCK || ret == -EPROTOTYPE ? " (a listening stream socket is needed)" : "");
 	} else {
 		for (;;) {
 			char line[600];
@@ -441,12 +442,13 @@ EXPORT int kvmdirty_mig_snap_new(struct kvmdirty_mig_guest *guest, const struct 
 	char why[512] = "";
 	int ret;
 
+	if (ret_snap)
+		*ret_snap = NULL;
 	if (!ret_snap || !guest || !opts || !opts->prefix) {
 		say(err, len, "kvmdirty_mig_snap_new: %s is NULL",
 		    !ret_snap ? "ret_snap" : !guest ? "the guest" : !opts ? "opts" : "the prefix");
 		return -EINVAL;
 	}
-	*ret_snap = NULL;
 	if (!guest->g.tracker || !guest->ops.pause) {
 		say(err, len, "kvmdirty_mig_snap_new: the guest has no %s: it cannot be snapshotted",
 		    !guest->g.tracker ? "tracker" : "pause and resume");
@@ -458,8 +460,10 @@ EXPORT int kvmdirty_mig_snap_new(struct kvmdirty_mig_guest *guest, const struct 
 		return -ENAMETOOLONG;
 	}
 	ks = calloc(1, sizeof(*ks));
-	if (!ks)
+	if (!ks) {
+		say(err, len, "kvmdirty_mig_snap_new: out of memory");
 		return -ENOMEM;
+	}
 	o.prefix = opts->prefix;
 	o.pause_ms = opts->pause_ms;
 	o.max_passes = opts->max_passes;
@@ -481,6 +485,8 @@ EXPORT int kvmdirty_mig_snap_take(struct kvmdirty_mig_snap *snap, struct kvmdirt
 	char why[512] = "";
 	int ret;
 
+	if (res)
+		memset(res, 0, sizeof(*res));
 	if (!snap) {
 		say(err, len, "kvmdirty_mig_snap_take: the series is NULL");
 		return -EINVAL;
@@ -569,8 +575,10 @@ static int open_chain(const char *const *paths, unsigned int n, struct snap_file
 			return -EINVAL;
 		}
 	files = calloc(n, sizeof(*files));
-	if (!files)
+	if (!files) {
+		say(err, len, "out of memory");
 		return -ENOMEM;
+	}
 	for (i = 0; i < n && ret == 0; i++)
 		ret = snap_file_open(paths[i], &files[i], err, len);
 	if (ret == 0)
@@ -638,8 +646,10 @@ EXPORT int kvmdirty_mig_rate_new(struct kvmdirty_mig_guest *guest, struct kvmdir
 	}
 	*ret_rate = NULL;
 	kr = calloc(1, sizeof(*kr));
-	if (!kr)
+	if (!kr) {
+		say(err, len, "kvmdirty_mig_rate_new: out of memory");
 		return -ENOMEM;
+	}
 	ret = mig_rate_new(guest->g.tracker, guest->g.vcpu, guest->g.nr_vcpus, &kr->r, why, sizeof(why));
 	if (ret < 0) {
 		say(err, len, "%s", why);

@@ -346,8 +346,12 @@ static int load_state(struct dest *d)
 	}
 	if (ret == 0 && d->g->ops->vm_load && (ret = d->g->ops->vm_load(d->g->ctx, &d->vm)) < 0)
 		fail(d, ret, "loading the VM's state (irqchip, PIT, clock): %s", strerror(-ret));
-	/* the part the source gave before its pause first, then the rest */
-	if (ret == 0 && d->dev_live_len &&
+	/*
+	 * The part the source gave before its pause first, then the rest;
+	 * a guest that takes such a part is told of every stream's, none (0
+	 * bytes) included, so nothing of an earlier stream's stays.
+	 */
+	if (ret == 0 && d->g->ops->devices_load_live &&
 	    (ret = d->g->ops->devices_load_live(d->g->ctx, d->dev_live, (size_t)d->dev_live_len)) < 0)
 		fail(d, ret, "loading the devices' state given before the pause (%" PRIu64 " bytes): %s",
 		     d->dev_live_len, strerror(-ret));

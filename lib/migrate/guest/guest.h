@@ -49,9 +49,10 @@ struct mig_guest_ops {
 	 * after its pages, so that it does not fall into the downtime; devices_save
 	 * then gives the rest at the pause.  The destination keeps it until
 	 * the stream is complete, then loads it (devices_load_live) before
-	 * devices_load's part; a load that fails refuses the stream.  The
-	 * same limits and ownership as devices_save/_load.  Migrations only:
-	 * a snapshot takes devices_save at its pause.
+	 * devices_load's part, for every stream and restore (0 bytes: none
+	 * given); a load that fails refuses the stream.  Both parts together
+	 * at most MIG_DEVICES_MAX; the same ownership as devices_save/_load.
+	 * A snapshot saves both at its pause, and a restore loads both.
 	 */
 	int (*devices_save_live)(void *ctx, void **ret_state, size_t *ret_len);
 	int (*devices_load_live)(void *ctx, const void *state, size_t len);

@@ -138,6 +138,7 @@ struct room {
 
 struct mig_gate {
 	int lfd, efd;
+	int lfd_flags; /* the listening fd's file status flags as the caller gave it: restored at the end */
 	struct room room;
 	struct mig_gate_stats stats; /* __atomic */
 	struct mig_session_opts o;
@@ -1207,12 +1208,28 @@ static void room_fini(struct room *r)
 
 int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **ret_gate)
 {
-	struct mig_gate *gate = calloc(1, sizeof(*gate));
-	int fl;
+	struct mig_gate *gate;
+	socklen_t sl = sizeof(int);
+	int fl, type;
 
+	/*
+	 * A stream socket that listens, or nothing: another kind of fd never
+	 * has a connection to give, and its readiness would spin the gate.
+	 */
+	if (getsockopt(lfd, SOL_SOCKET, SO_TYPE, &type, &sl) < 0)
+		return -errno;
+	if (type != SOCK_STREAM)
+		return -EPROTOTYPE;
+	if (listen(lfd, MIG_GATE_BACKLOG) < 0) /* a listening socket's backlog may be raised so */
+		return -errno;
+	fl = fcntl(lfd, F_GETFL);
+	if (fl < 0)
+		return -errno;
+	gate = calloc(1, sizeof(*gate));
 	if (!gate)
 		return -ENOMEM;
 	gate->lfd = lfd;
+	gate->lfd_flags = fl;
 	gate->o = *o;
 	gate->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (gate->efd < 0) {
@@ -1237,10 +1254,7 @@ int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **re
 		pthread_cond_init(&gate->opened, &ca);
 		pthread_condattr_destroy(&ca);
 	}
-	fl = fcntl(lfd, F_GETFL);
-	if (fl >= 0)
-		fcntl(lfd, F_SETFL, fl | O_NONBLOCK);
-	listen(lfd, MIG_GATE_BACKLOG); /* a listening socket's backlog may be raised so */
+	fcntl(lfd, F_SETFL, gate->lfd_flags | O_NONBLOCK);
 	*ret_gate = gate;
 	return 0;
 }
@@ -1479,5 +1493,6 @@ void mig_gate_free(struct mig_gate *gate)
 	pthread_mutex_destroy(&gate->lock);
 	pthread_mutex_destroy(&gate->log.lock);
 	OPENSSL_cleanse(gate->peer, sizeof(gate->peer));
+	fcntl(gate->lfd, F_SETFL, gate->lfd_flags); /* the caller's fd as it came */
 	free(gate);
 }

@@ -126,10 +126,12 @@
 struct mig_gate;
 
 /*
- * A gate over lfd (listening; made non-blocking, its backlog raised to
- * MIG_GATE_BACKLOG; still the caller's to close after mig_gate_free()).
- * o is copied; o->psk and o->log_ctx must outlive the gate.  0 or
- * -ENOMEM.
+ * A gate over lfd (a stream socket, bound: made to listen with its
+ * backlog raised to MIG_GATE_BACKLOG, and non-blocking while the gate
+ * lives; mig_gate_free() gives its flags back, and it is still the
+ * caller's to close).  o is copied; o->psk and o->log_ctx must outlive
+ * the gate.  0, or -EPROTOTYPE (not a stream socket), -ENOTSOCK (not a
+ * socket), listen(2)'s -errno, -ENOMEM.
  */
 int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **ret_gate);
 

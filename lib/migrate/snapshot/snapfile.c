@@ -7,6 +7,7 @@
  * snapfile.h and kvmdirty-snapshot(5).
  */
 #define _GNU_SOURCE
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -439,6 +440,28 @@ void snap_writer_devices(struct snap_writer *w, void *dev, size_t len)
 	w->h.dev_len = len;
 }
 
+int snap_writer_devices_parts(struct snap_writer *w, void *live, size_t live_len, void *rest, size_t rest_len)
+{
+	uint8_t *b = malloc(sizeof(uint64_t) + live_len + rest_len);
+	uint64_t n = htole64(live_len);
+
+	if (!b) {
+		free(live);
+		free(rest);
+		return -ENOMEM;
+	}
+	memcpy(b, &n, sizeof(n));
+	if (live_len)
+		memcpy(b + sizeof(n), live, live_len);
+	if (rest_len)
+		memcpy(b + sizeof(n) + live_len, rest, rest_len);
+	free(live);
+	free(rest);
+	snap_writer_devices(w, b, sizeof(n) + live_len + rest_len);
+	w->h.flags = SNAP_F_DEVICES_LIVE;
+	return 0;
+}
+
 void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states, const struct mig_vm_state *vm)
 {
 	memcpy(w->vcpus, states, w->h.nr_vcpus * sizeof(*states));
@@ -745,7 +768,8 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	uint64_t pages = 0;
 	uint32_t i;
 
-	if (h->page_size != SNAP_PAGE || h->flags)
+	if (h->page_size != SNAP_PAGE || (h->flags & ~SNAP_F_DEVICES_LIVE) ||
+	    ((h->flags & SNAP_F_DEVICES_LIVE) && h->dev_len < sizeof(uint64_t)))
 		return BAD("%s: header: page size %u, flags 0x%x or a reserved field set", f->path, h->page_size,
 			   h->flags);
 	if (h->kind != SNAP_FULL && h->kind != SNAP_DIFF)
@@ -771,7 +795,7 @@ static int check_header(struct snap_file *f, const struct snap_trailer *t, char 
 	if (h->index_off != t->index_off || h->index_len != t->index_len || h->nr_runs > pages ||
 	    h->data_pages > pages || h->zero_pages > pages || h->nr_runs > h->index_len / 32 ||
 	    h->data_pages > h->index_len / 8 || h->nr_runs * 32 + h->data_pages * 8 != h->index_len ||
-	    h->dev_len > MIG_DEVICES_MAX || h->index_off + h->index_len + h->dev_len + sizeof(*t) != f->size)
+	    h->dev_len > MIG_DEVICES_MAX + (h->flags & SNAP_F_DEVICES_LIVE ? sizeof(uint64_t) : 0) || h->index_off + h->index_len + h->dev_len + sizeof(*t) != f->size)
 		return BAD("%s: header: an index of %" PRIu64 " runs and %" PRIu64 " hashes at %" PRIu64
 			   " (and %" PRIu64 " bytes of device state) does not fit the file",
 			   f->path, h->nr_runs, h->data_pages, h->index_off, h->dev_len);
@@ -1070,6 +1094,21 @@ static int read_devices(struct snap_file *f, char *err, size_t len)
 	sha256(f->dev, f->h.dev_len, sha);
 	if (memcmp(sha, f->h.dev_sha, SNAP_ID))
 		return BAD("%s: the devices' state (%" PRIu64 " bytes) damaged (not its hash)", f->path, f->h.dev_len);
+	f->dev_rest = f->dev;
+	f->dev_rest_len = f->h.dev_len;
+	if (f->h.flags & SNAP_F_DEVICES_LIVE) {
+		uint64_t n;
+
+		memcpy(&n, f->dev, sizeof(n));
+		n = le64toh(n);
+		if (n > f->h.dev_len - sizeof(n))
+			return BAD("%s: the devices' state: a first part of %" PRIu64 " bytes in %" PRIu64, f->path, n,
+				   f->h.dev_len - sizeof(n));
+		f->dev_live = (const uint8_t *)f->dev + sizeof(n);
+		f->dev_live_len = n;
+		f->dev_rest = f->dev_live + n;
+		f->dev_rest_len = f->h.dev_len - sizeof(n) - n;
+	}
 	return 0;
 }
 

@@ -62,12 +62,19 @@ enum snap_run_kind {
 	SNAP_RUN_ZERO = 2, /* pages that are zero (diffs only): holes */
 };
 
+/*
+ * header.flags: the devices' state comes in two parts, as a VMM with
+ * devices_save_live gives it (guest.h): a little-endian u64, the first
+ * part's length, that part, then the rest.  No other flag.
+ */
+#define SNAP_F_DEVICES_LIVE 1u
+
 struct snap_header {
 	char magic[8]; /* SNAP_MAGIC */
 	uint32_t version;
 	uint32_t page_size;
 	uint32_t kind;	/* enum snap_kind */
-	uint32_t flags; /* 0 */
+	uint32_t flags; /* 0, or SNAP_F_DEVICES_LIVE */
 	uint32_t nr_regions, nr_vcpus;
 	uint32_t vcpu_state_size; /* sizeof(struct mig_vcpu_state) */
 	uint32_t vm_state_size;	  /* sizeof(struct mig_vm_state) */
@@ -152,6 +159,12 @@ int snap_writer_zero(struct snap_writer *w, uint32_t region, uint64_t first, uin
 void snap_writer_vcpus(struct snap_writer *w, const struct mig_vcpu_state *states, const struct mig_vm_state *vm);
 /* The devices' state: len bytes (at most MIG_DEVICES_MAX) of dev, the writer's from now (it frees them). */
 void snap_writer_devices(struct snap_writer *w, void *dev, size_t len);
+/*
+ * The devices' state in two parts (SNAP_F_DEVICES_LIVE): live and rest,
+ * each malloc()ed or NULL, the writer's from here on.  0, or -ENOMEM
+ * (both freed, nothing set).
+ */
+int snap_writer_devices_parts(struct snap_writer *w, void *live, size_t live_len, void *rest, size_t rest_len);
 
 /*
  * Finish: the index, the header, the trailer, fsync, the rename to the
@@ -186,6 +199,9 @@ struct snap_file {
 	struct mig_vcpu_state *vcpus; /* [h.nr_vcpus] */
 	struct mig_vm_state *vm;
 	void *dev; /* h.dev_len bytes, checked against h.dev_sha */
+	/* ... in its parts: what the VMM gave as its live part (SNAP_F_DEVICES_LIVE; else none), and the rest */
+	const uint8_t *dev_live, *dev_rest;
+	uint64_t dev_live_len, dev_rest_len;
 	struct snap_run *runs;	      /* [h.nr_runs] */
 	uint64_t *hashes;	      /* [h.data_pages] */
 };

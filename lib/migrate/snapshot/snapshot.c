@@ -271,6 +271,40 @@ static int passes(struct mig_snap *s, struct mig_snap_result *res, double *ret_t
 }
 
 /* Paused: the last sync, the rest, the vCPUs' states; resumed whatever happened. */
+/*
+ * The devices' state at the pause: devices_save's, and with
+ * devices_save_live the VMM's live part beside it (SNAP_F_DEVICES_LIVE):
+ * a snapshot has no "before the pause".  Both together MIG_DEVICES_MAX at
+ * most.  0, or -errno with err.
+ */
+static int save_devices(struct mig_snap *s, char *err, size_t len)
+{
+	const struct mig_guest *g = s->g;
+	void *dev = NULL, *live = NULL;
+	size_t dev_len = 0, live_len = 0;
+	int ret;
+
+	ret = g->ops->devices_save(g->ctx, &dev, &dev_len);
+	if (ret < 0)
+		return mig_errf(err, len, ret, "saving the devices' state: %s", strerror(-ret));
+	if (g->ops->devices_save_live && (ret = g->ops->devices_save_live(g->ctx, &live, &live_len)) < 0) {
+		free(dev);
+		return mig_errf(err, len, ret, "saving the devices' live part: %s", strerror(-ret));
+	}
+	if (dev_len > MIG_DEVICES_MAX || live_len > MIG_DEVICES_MAX - dev_len) {
+		free(dev);
+		free(live);
+		return mig_errf(err, len, -EFBIG, "the devices' state: %zu bytes%s, a snapshot holds at most %llu",
+				dev_len + live_len, live_len ? " in two parts" : "", MIG_DEVICES_MAX);
+	}
+	if (!g->ops->devices_save_live) {
+		snap_writer_devices(s->w, dev, dev_len);
+		return 0;
+	}
+	ret = snap_writer_devices_parts(s->w, live, live_len, dev, dev_len);
+	return ret < 0 ? mig_errf(err, len, ret, "the devices' state: out of memory") : 0;
+}
+
 static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char *err, size_t len)
 {
 	const struct mig_guest *g = s->g;
@@ -301,21 +335,8 @@ static int pause_and_take(struct mig_snap *s, struct mig_snap_result *res, char 
 	memset(&s->vm, 0, sizeof(s->vm));
 	if (ret == 0 && g->ops->vm_save && (ret = g->ops->vm_save(g->ctx, &s->vm)) < 0)
 		mig_errf(err, len, ret, "saving the VM's state: %s", strerror(-ret));
-	if (ret == 0 && g->ops->devices_save) {
-		void *dev = NULL;
-		size_t dev_len = 0;
-
-		ret = g->ops->devices_save(g->ctx, &dev, &dev_len);
-		if (ret < 0)
-			mig_errf(err, len, ret, "saving the devices' state: %s", strerror(-ret));
-		else if (dev_len > MIG_DEVICES_MAX)
-			ret = mig_errf(err, len, -EFBIG, "the devices' state: %zu bytes, a snapshot holds at most %llu",
-				       dev_len, MIG_DEVICES_MAX);
-		if (ret == 0)
-			snap_writer_devices(s->w, dev, dev_len);
-		else
-			free(dev);
-	}
+	if (ret == 0 && g->ops->devices_save)
+		ret = save_devices(s, err, len);
 	res->pause_vcpu_ms = mig_clock_msf() - t;
 	/* every vCPU at its whole share again before it runs: none sits out a throttle's period after the pause */
 	unthrottle(s);
@@ -436,11 +457,20 @@ int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, 
 	}
 	if (ret == 0 && g->ops->vm_load && (ret = g->ops->vm_load(g->ctx, last->vm)) < 0)
 		mig_errf(err, len, ret, "%s: loading the VM's state (irqchip, PIT, clock): %s", last->path, strerror(-ret));
-	if (ret == 0 && last->h.dev_len && !g->ops->devices_load)
+	if (ret == 0 && last->dev_rest_len && !g->ops->devices_load)
 		ret = mig_errf(err, len, -EPROTO, "%s: %" PRIu64 " bytes of device state, and this guest has no devices "
-			       "to load them into", last->path, last->h.dev_len);
-	if (ret == 0 && g->ops->devices_load && (ret = g->ops->devices_load(g->ctx, last->dev, last->h.dev_len)) < 0)
+			       "to load them into", last->path, last->dev_rest_len);
+	if (ret == 0 && last->dev_live_len && !g->ops->devices_load_live)
+		ret = mig_errf(err, len, -EPROTO, "%s: %" PRIu64 " bytes of the devices' live part, and this guest "
+			       "takes none", last->path, last->dev_live_len);
+	/* the live part first (none: 0 bytes, for a guest that takes one), as a migration's destination does */
+	if (ret == 0 && g->ops->devices_load_live &&
+	    (ret = g->ops->devices_load_live(g->ctx, last->dev_live, last->dev_live_len)) < 0)
+		mig_errf(err, len, ret, "%s: loading the devices' live part (%" PRIu64 " bytes): %s", last->path,
+			 last->dev_live_len, strerror(-ret));
+	if (ret == 0 && g->ops->devices_load &&
+	    (ret = g->ops->devices_load(g->ctx, last->dev_rest, last->dev_rest_len)) < 0)
 		mig_errf(err, len, ret, "%s: loading the devices' state (%" PRIu64 " bytes): %s", last->path,
-			 last->h.dev_len, strerror(-ret));
+			 last->dev_rest_len, strerror(-ret));
 	return ret;
 }

@@ -47,9 +47,10 @@ static int send_rest(struct source *s, char *err, size_t len)
 		ret = g->ops->devices_save(g->ctx, &s->dev, &s->dev_len);
 		if (ret < 0)
 			return mig_errf(err, len, ret, "saving the devices' state: %s", strerror(-ret));
-		if (s->dev_len > MIG_DEVICES_MAX)
-			return mig_errf(err, len, -EFBIG, "the devices' state: %zu bytes, a stream carries at most %llu",
-					s->dev_len, MIG_DEVICES_MAX);
+		if (s->dev_len > MIG_DEVICES_MAX - s->dev_live_len)
+			return mig_errf(err, len, -EFBIG, "the devices' state: %zu bytes%s, a stream carries at most %llu",
+					s->dev_len, s->dev_live_len ? " beside those given before the pause" : "",
+					MIG_DEVICES_MAX);
 	}
 	if (ret >= 0)
 		ret = src_put(&s->lane[0], mig_encode_devices(&s->lane[0].enc, s->dev, s->dev_len), s->dev, s->dev_len,

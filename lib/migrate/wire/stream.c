@@ -421,18 +421,25 @@ int mig_decode_pass(struct mig_decoder *d, const struct mig_record *rec, char *e
 	return 0;
 }
 
-/* A record of the VM's or the devices' state: index and first 0, at most max bytes (0: exactly exact). */
+/*
+ * A record of the VM's or the devices' state: index and first 0, exactly
+ * exact bytes, or (exact 0) device state within what the stream may still
+ * carry of it.
+ */
 static int state_record(struct mig_decoder *d, const struct mig_record *rec, uint64_t exact, char *err, size_t len)
 {
+	uint64_t room = MIG_DEVICES_MAX - d->devices_live_bytes;
+
 	if (rec->index)
 		return refuse_field(d, rec, "index", err, len, "%" PRIu32 ", must be 0", rec->index);
 	if (rec->first)
 		return refuse_field(d, rec, "first", err, len, "%" PRIu64 ", must be 0", rec->first);
 	if (exact && rec->count != exact)
 		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes, expected %" PRIu64, rec->count, exact);
-	if (!exact && rec->count > MIG_DEVICES_MAX)
-		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " bytes of device state, at most %llu",
-				    rec->count, MIG_DEVICES_MAX);
+	if (!exact && rec->count > room)
+		return refuse_field(d, rec, "count", err, len,
+				    "%" PRIu64 " bytes of device state, at most %llu%s (%" PRIu64 " left)", rec->count,
+				    MIG_DEVICES_MAX, d->devices_live_bytes ? " with DEVICES_LIVE's" : "", room);
 	accept_record(d, rec);
 	return 0;
 }
@@ -493,10 +500,13 @@ int mig_decode_devices_live(struct mig_decoder *d, const struct mig_record *rec,
 		return on_first_lane(d, rec, err, len);
 	if (d->devices_live_seen)
 		return refuse_field(d, rec, "kind", err, len, "DEVICES_LIVE sent twice");
-	if (d->stopped)
-		return refuse_field(d, rec, "kind", err, len, "DEVICES_LIVE after a VCPU record (the guest's pause)");
+	if (d->stopped || d->vm_seen || d->devices_seen)
+		return refuse_field(d, rec, "kind", err, len, "DEVICES_LIVE after a %s record (the guest's pause)",
+				    d->devices_seen ? "DEVICES" : d->vm_seen ? "VM" : "VCPU");
 	ret = state_record(d, rec, 0, err, len);
 	d->devices_live_seen = ret == 0;
+	if (ret == 0)
+		d->devices_live_bytes = rec->count;
 	return ret;
 }
 

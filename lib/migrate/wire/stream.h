@@ -29,8 +29,9 @@
  *               once, after the VM record
  *     DEVICES_LIVE  as DEVICES: the part of the devices' state the VMM
  *               gives while the guest still runs (its bulk), at most once,
- *               before the first VCPU record; loaded before DEVICES's.  A
- *               destination older than it refuses the stream by its kind.
+ *               before the first VCPU record; loaded before DEVICES's.  The
+ *               two together MIG_DEVICES_MAX bytes at most.  A destination
+ *               older than it refuses the stream by its kind.
  *     END       index = count = 0; first = FNV-1a 64 of every byte before
  *               it except DATA payloads (which the page hashes check)
  *   handoff     struct mig_ack messages, on connection 0 (sealed like the
@@ -142,7 +143,7 @@ enum mig_kind {
 	MIG_DEVICES_LIVE = 9,
 };
 
-#define MIG_DEVICES_MAX (256ull << 20) /* device state a stream or snapshot carries at most */
+#define MIG_DEVICES_MAX (256ull << 20) /* device state a stream or snapshot carries at most, both parts together */
 
 struct mig_record {
 	uint32_t kind;
@@ -327,6 +328,7 @@ struct mig_decoder {
 	uint64_t pass; /* last PASS */
 	uint64_t vcpu_seen[MIG_MAX_VCPUS / 64];
 	bool vm_seen, devices_seen, devices_live_seen;
+	uint64_t devices_live_bytes; /* DEVICES_LIVE's count: DEVICES may bring MIG_DEVICES_MAX less it */
 	bool stopped; /* a VCPU record came: the guest was paused */
 	uint32_t lane, lanes; /* which connection of how many this stream is on (0 of 1 unless set) */
 };
