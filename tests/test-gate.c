@@ -26,6 +26,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -33,6 +34,7 @@
 
 #include "gate.h"
 #include "hooks.h"
+#include "kex.h"
 #include "session.h"
 #include "test-util.h"
 #include "tricklers.h"
@@ -690,6 +692,7 @@ static double source_ms(struct source *src, uint16_t port)
 	struct timespec t0, t1;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
+	mig_kex_ready(); /* as mig_connect() does: the hello follows the connect at once */
 	src->fd = tcp_dial("127.0.0.1", port);
 	source_run(src);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -2261,6 +2264,83 @@ START_TEST(attack_half_hello_then_close)
 }
 END_TEST
 
+/*
+ * A hello that comes whole while the gate accepts a burst: the gate looks
+ * at the room's epoll only between bursts, so the connection is still
+ * UNHEARD when the burst fills the room and the oldest UNHEARD gives way.
+ * Forced with the hook: the room made 16 places (RLIMIT_NOFILE at the
+ * gate's making), a source's connection and 16 silent strangers in the
+ * backlog; the hook holds the gate after the source's accept until its
+ * hello is in the socket; the strangers' accepts then fill the room.  The
+ * source keeps its place (without the look again: "destination refused:
+ * awaiting the header: given way to a later connection, 16 waiting").
+ */
+static struct src_thread burst_src;
+static unsigned int burst_entered; /* __atomic */
+
+static void hello_during_burst(enum mig_hook_point p, void *obj)
+{
+	int fd = *(int *)obj, avail = 0;
+	unsigned int k;
+
+	if (p != MIG_HOOK_GATE_ENTERED || __atomic_add_fetch(&burst_entered, 1, __ATOMIC_ACQ_REL) != 1)
+		return;
+	ck_assert_int_eq(pthread_create(&burst_src.th, NULL, src_thread_run, &burst_src.src), 0);
+	for (k = 0; k < 10000 && avail < (int)sizeof(struct mig_hello); k++) {
+		sleep_ms(1);
+		ck_assert_int_eq(ioctl(fd, FIONREAD, &avail), 0);
+	}
+	ck_assert_int_ge(avail, (int)sizeof(struct mig_hello));
+}
+
+START_TEST(hello_whole_during_burst)
+{
+	struct mig_session_opts o = { .psk = &key_a, .timeout_ms = 60000, .name = "gate" };
+	struct rlimit rl, low;
+	struct taker t = { 0 };
+	int lfd, strangers[16];
+	unsigned int i;
+	uint16_t port;
+	pthread_t th;
+
+	burst_src.src = (struct source){ .o = { .psk = &key_a, .conns = 1, .timeout_ms = 15000, .name = "gate" },
+				       .tag = 991 };
+	lfd = tcp_listener(&port);
+	pthread_mutex_init(&t.lock, NULL);
+	o.log = taker_log;
+	o.log_ctx = &t;
+	/* the room's places: what RLIMIT_NOFILE leaves (gate.c's room_cap()), at least 16 */
+	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+	low = rl;
+	low.rlim_cur = 2 * MIG_GATE_SLOTS + MIG_GATE_PENDING * MIG_MAX_CONNS + 256 + 16;
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+	ck_assert_ok(mig_gate_new(lfd, &o, &t.gate));
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+	/* the backlog, in the order accept(2) gives it: the source's connection, then 16 strangers */
+	burst_src.src.fd = tcp_dial("127.0.0.1", port);
+	for (i = 0; i < 16; i++) {
+		char from[32];
+
+		snprintf(from, sizeof(from), "127.0.3.%u", i + 1);
+		strangers[i] = tcp_dial(from, port);
+	}
+	__atomic_store_n(&mig_test_hook, hello_during_burst, __ATOMIC_RELEASE);
+	ck_assert_int_eq(pthread_create(&th, NULL, taker_run, &t), 0);
+	for (i = 0; i < 15000 && !__atomic_load_n(&burst_entered, __ATOMIC_ACQUIRE); i++)
+		sleep_ms(1);
+	ck_assert_uint_ge(__atomic_load_n(&burst_entered, __ATOMIC_ACQUIRE), 1);
+	pthread_join(burst_src.th, NULL);
+	__atomic_store_n(&mig_test_hook, NULL, __ATOMIC_RELEASE);
+	printf("hello during a burst: the source %s; %u connections entered the room\n",
+	       burst_src.src.ret == 0 ? "served" : "FAILED", __atomic_load_n(&burst_entered, __ATOMIC_ACQUIRE));
+	ck_assert_msg(burst_src.src.ret == 0, "source whose hello came whole during a burst: %s", burst_src.src.err);
+	taker_check(&t, th, 1, 991);
+	for (i = 0; i < 16; i++)
+		close(strangers[i]);
+	close(lfd);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("gate");
@@ -2299,6 +2379,7 @@ int main(void)
 			{ "attack_stallers_and_hello_close", attack_stallers_and_hello_close },
 			{ "attack_plain_header_unheard", attack_plain_header_unheard },
 			{ "attack_half_hello_then_close", attack_half_hello_then_close },
+			{ "hello_whole_during_burst", hello_whole_during_burst },
 		};
 		unsigned int k;
 

@@ -18,6 +18,12 @@ enum mig_hook_point {
 	 * the gate
 	 */
 	MIG_HOOK_GATE_ANSWERED,
+	/*
+	 * The gate: a connection accepted and in the waiting room (or turned
+	 * away, its fd closed), more of a burst maybe still to accept; obj:
+	 * the fd as accepted (int *)
+	 */
+	MIG_HOOK_GATE_ENTERED,
 };
 
 extern void (*mig_test_hook)(enum mig_hook_point p, void *obj); /* __atomic */

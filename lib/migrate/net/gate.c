@@ -44,6 +44,7 @@
 #include "errf.h"
 #include "gate.h"
 #include "hooks.h"
+#include "kex.h"
 
 #define PEER_KEY 17 /* a family byte, and up to 16 bytes of address */
 
@@ -1065,6 +1066,35 @@ static uint64_t room_expire(struct mig_gate *gate, uint64_t now)
 }
 
 /*
+ * The oldest UNHEARD waiter whose hello is still not whole turned away
+ * (why: the end of "given way to a later connection, ..."): false when
+ * every waiter's hello is whole.  Each is looked at again first: a hello
+ * that came whole since epoll's last word (the gate accepting a burst
+ * meanwhile) is moved to its list, not lost, and a peer gone frees its
+ * place without costing anyone theirs.  Each waiter leaves UNHEARD once,
+ * so the looks cost one per connection.
+ */
+static bool room_give_way(struct mig_gate *gate, const char *why)
+{
+	struct room *r = &gate->room;
+	unsigned int n = room_count(r);
+
+	while (r->head[UNHEARD] >= 0) {
+		int i = r->head[UNHEARD];
+
+		room_listen(gate, i);
+		if (room_count(r) < n)
+			return true; /* its peer was gone */
+		if (r->w[i].list != UNHEARD || r->head[UNHEARD] != i)
+			continue; /* whole: it keeps its place; the next oldest */
+		__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
+		room_refuse(gate, i, -EBUSY, "awaiting the header: given way to a later connection, %s", why);
+		return true;
+	}
+	return false;
+}
+
+/*
  * Room for one more waiter: a free entry, or the oldest UNHEARD one
  * turned away to make it (-1: every waiter's hello is whole, none given
  * way).
@@ -1072,14 +1102,13 @@ static uint64_t room_expire(struct mig_gate *gate, uint64_t now)
 static int room_make(struct mig_gate *gate)
 {
 	struct room *r = &gate->room;
+	char why[32];
 	int i;
 
 	if (room_count(r) >= r->cap) {
-		if (r->head[UNHEARD] < 0)
+		snprintf(why, sizeof(why), "%u waiting", r->cap);
+		if (!room_give_way(gate, why))
 			return -1;
-		__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
-		room_refuse(gate, r->head[UNHEARD], -EBUSY, "awaiting the header: given way to a later connection, "
-			    "%u waiting", r->cap);
 	}
 	i = r->free;
 	r->free = r->w[i].next;
@@ -1222,6 +1251,8 @@ int mig_gate_new(int lfd, const struct mig_session_opts *o, struct mig_gate **re
 		return -EPROTOTYPE;
 	if (listen(lfd, MIG_GATE_BACKLOG) < 0) /* a listening socket's backlog may be raised so */
 		return -errno;
+	if (o->psk)
+		mig_kex_ready(); /* not in the first slot's handshake */
 	fl = fcntl(lfd, F_GETFL);
 	if (fl < 0)
 		return -errno;
@@ -1390,13 +1421,8 @@ static int drain(struct mig_gate *gate, char *err, size_t len)
 				 * not whole gives way; with none, a handshake, and the
 				 * peer waits in the backlog.
 				 */
-				if (gate->room.head[UNHEARD] >= 0) {
-					__atomic_add_fetch(&gate->stats.unheard, 1, __ATOMIC_RELAXED);
-					room_refuse(gate, gate->room.head[UNHEARD], -EBUSY,
-						    "awaiting the header: given way to a later connection, the destination "
-						    "out of descriptors");
+				if (room_give_way(gate, "the destination out of descriptors"))
 					continue;
-				}
 				pthread_mutex_lock(&gate->lock);
 				cut_oldest(gate);
 				pthread_mutex_unlock(&gate->lock);
@@ -1408,6 +1434,7 @@ static int drain(struct mig_gate *gate, char *err, size_t len)
 		if (sl_len < sizeof(sa_family_t))
 			ss.ss_family = AF_UNIX;
 		room_enter(gate, fd, &ss);
+		MIG_HOOK_POINT(MIG_HOOK_GATE_ENTERED, &fd);
 	}
 	return 0;
 }

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 /* X25519 through libcrypto's EVP_PKEY (kex.h). */
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +35,22 @@ out:
 	EVP_PKEY_CTX_free(ctx);
 	mig_kex_free(k);
 	return ret;
+}
+
+static void warm(void)
+{
+	struct mig_kex *k = NULL;
+	uint8_t share[MIG_KEX_SHARE];
+
+	if (mig_kex_new(&k, share) == 0)
+		mig_kex_free(k);
+}
+
+void mig_kex_ready(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+	pthread_once(&once, warm);
 }
 
 int mig_kex_derive(struct mig_kex *k, const uint8_t peer[MIG_KEX_SHARE], uint8_t secret[32])

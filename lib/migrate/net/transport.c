@@ -26,6 +26,7 @@
 
 #include "clock.h"
 #include "errf.h"
+#include "kex.h"
 #include "transport.h"
 
 /*
@@ -330,6 +331,7 @@ int mig_listen(const char *addr, char *err, size_t len)
 
 	if (ret < 0)
 		return ret;
+	mig_kex_ready(); /* a session's hello follows the connect at once */
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return mig_errf(err, len, -errno, "socket: %s", strerror(errno));
