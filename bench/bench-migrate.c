@@ -1535,7 +1535,7 @@ static int control(void)
 	if (e.lfd < 0 || bind(e.lfd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(e.lfd, 1) < 0 ||
 	    pthread_create(&e.thread, NULL, echo_loop, &e))
 		return -1;
-	if (mig_daemon_init(&d, false, path, &params) < 0)
+	if (mig_daemon_init(&d, false, path, &params, NULL, NULL) < 0)
 		return -1;
 	idle_q.path = busy_q.path = path;
 	echo_q.path = echo_path;

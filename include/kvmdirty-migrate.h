@@ -53,6 +53,7 @@ extern "C" {
 struct kvmdirty_mig_guest;
 /* A series of snapshots of one guest (kvmdirty_mig_snap_new()). */
 struct kvmdirty_mig_snap;
+struct kvmdirty_mig_control;
 
 /*
  * The calls into the VMM.  ctx is kvmdirty_mig_guest_new()'s.  The engine
@@ -161,7 +162,87 @@ enum kvmdirty_mig_outcome {
 	 * (kvmdirty-migrate(1), "Who runs the guest").
 	 */
 	KVMDIRTY_MIG_UNKNOWN,
+	/* kvmdirty_mig_control_outcome() only: a migration under way, or none begun */
+	KVMDIRTY_MIG_PENDING,
 };
+
+/*
+ * ---- a migration's control ----
+ * What one side of a migration is doing, where its guest runs, and the
+ * way to steer it while it runs or decide an outcome the engine cannot
+ * know: a status object handed to kvmdirty_mig_send() or
+ * kvmdirty_mig_recv() (their opts' control), with, if asked, a control
+ * socket over it that speaks kvmdirty-migrate-control(7) (query, resolve;
+ * the source's set, cancel and subscribe), as the kvmdirty-migrate daemon's
+ * --control does.
+ *
+ * With a control, an unknown outcome (the source sent COMMIT and heard no
+ * ACK; the destination sent READY and heard neither COMMIT nor ABORT) is
+ * waited out inside kvmdirty_mig_send()/_recv(), the vCPUs paused, until a
+ * late message from the peer or a resolve decides it: from another thread
+ * (kvmdirty_mig_control_resolve()) or through the socket.  Without one,
+ * those calls return -EINPROGRESS at once and the guest's fate is the
+ * caller's to learn.
+ */
+struct kvmdirty_mig_control_opts {
+	/*
+	 * A Unix socket to listen at (at most 107 bytes; an existing socket
+	 * file there that nobody listens on is replaced, anything else
+	 * refused), mode 0600; NULL: no socket, the calls below only.
+	 */
+	const char *path;
+	bool destination; /* a destination's (kvmdirty_mig_recv()); else a source's (kvmdirty_mig_send()) */
+	/*
+	 * A line for each resolve or cancel that came through the socket,
+	 * and when an outcome becomes unknown; from the engine's or the
+	 * socket's thread; it must not block.  NULL: none.
+	 */
+	void (*log)(void *ctx, const char *line);
+	void *log_ctx;
+};
+
+/*
+ * A control (opts required): 0, or -EINVAL (opts NULL, a path too long or
+ * empty), -EADDRINUSE (a server listens at path already), -EEXIST (path
+ * exists and is not a socket) or the socket's -errno, with err naming the
+ * path.  One control serves one migration at
+ * a time, and may serve the next after it (a destination's: every stream
+ * kvmdirty_mig_recv() takes).  Its calls are safe from any thread.
+ */
+int kvmdirty_mig_control_new(const struct kvmdirty_mig_control_opts *opts, struct kvmdirty_mig_control **ret_ctl,
+			     char *err, size_t len);
+/*
+ * Where the guest runs as this side sees it now: PENDING while a
+ * migration is under way (or none began), then HERE, THERE or UNKNOWN.
+ */
+enum kvmdirty_mig_outcome kvmdirty_mig_control_outcome(struct kvmdirty_mig_control *ctl);
+/*
+ * The control socket's query answer (one JSON object, no newline:
+ * kvmdirty-migrate-control(7)) into buf: its length, or -ENOSPC when len
+ * is short.
+ */
+int kvmdirty_mig_control_query(struct kvmdirty_mig_control *ctl, char *buf, size_t len);
+/*
+ * Decide an unknown outcome: run_here true runs the guest on this side
+ * (kvmdirty_mig_send() returns as for HERE, kvmdirty_mig_recv() returns
+ * 0), false drops it here.  Only the one who knows the other side's fate
+ * may call it: a guest must never run on both sides.  0, or -EINVAL with a
+ * line in err when the outcome is not unknown (nothing to decide).
+ */
+int kvmdirty_mig_control_resolve(struct kvmdirty_mig_control *ctl, bool run_here, char *err, size_t len);
+/*
+ * Cancel a source's migration: 0, and kvmdirty_mig_send() ends it at its
+ * next sample (within 100 ms) and returns -ECANCELED, the guest running
+ * on here; one not yet begun is cancelled as it begins.  -EALREADY once
+ * COMMIT is being sent, -ENOENT when no migration is under way or due,
+ * -EOPNOTSUPP on a destination's control; err: one line.
+ */
+int kvmdirty_mig_control_cancel(struct kvmdirty_mig_control *ctl, char *err, size_t len);
+/*
+ * The socket closed (its path removed) and the control freed; no
+ * migration may be using it.  NULL is ignored.
+ */
+void kvmdirty_mig_control_free(struct kvmdirty_mig_control *ctl);
 
 struct kvmdirty_mig_send_opts {
 	uint64_t downtime_ms;	  /* stop-and-copy once the rest fits this (0: 50) */
@@ -195,6 +276,12 @@ struct kvmdirty_mig_send_opts {
 	 */
 	void (*event)(void *ctx, const char *line);
 	void *event_ctx;
+	/*
+	 * A source's control (NULL: none): steered and queried through it
+	 * while the migration runs; an unknown outcome waited out (see
+	 * above).  It must outlive the call.
+	 */
+	struct kvmdirty_mig_control *control;
 };
 
 struct kvmdirty_mig_send_result {
@@ -215,7 +302,8 @@ struct kvmdirty_mig_send_result {
  *      and free them when you will;
  *   > 0: the same, but that many pages' final contents here differ from
  *      what was sent (a write tracking lost; named in err);
- *   -EINPROGRESS: the outcome is unknown (UNKNOWN): the vCPUs stay paused;
+ *   -EINPROGRESS: the outcome is unknown (UNKNOWN; only without a control,
+ *      which waits it out instead): the vCPUs stay paused;
  *   any other -errno: the guest runs on here (HERE), resumed where it was
  *      paused, and may be migrated again: -ETIME (did not converge and
  *      force_switchover off), -EACCES (authentication failed on either
@@ -253,6 +341,8 @@ struct kvmdirty_mig_recv_opts {
 	/* a line for each connection or stream refused (NULL: none) */
 	void (*log)(void *ctx, const char *line);
 	void *log_ctx;
+	/* a destination's control (NULL: none); see kvmdirty_mig_send_opts' */
+	struct kvmdirty_mig_control *control;
 };
 
 struct kvmdirty_mig_recv_result {
@@ -273,7 +363,7 @@ struct kvmdirty_mig_recv_result {
  * Returns 0 once the source committed: every page arrived and matched,
  * every vCPU's and the VM's state and the devices' state are loaded: run
  * the guest.  Otherwise do not run it: -EINPROGRESS (outcome unknown, see
- * enum kvmdirty_mig_outcome), -ENOTRECOVERABLE (the vCPUs could not be
+ * enum kvmdirty_mig_outcome; only without a control), -ENOTRECOVERABLE (the vCPUs could not be
  * loaded back as they were before a refused stream: free the guest),
  * -ENOTSOCK or -EPROTOTYPE (listen_fd is not a stream socket), or with
  * once a refusal's -errno (-EPROTO, -ECANCELED for a stream the source

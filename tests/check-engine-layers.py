@@ -24,7 +24,8 @@ LAYER = {
     "wire": 1,
     "net": 2, "guest": 2, "rate": 2,
     "source": 3, "dest": 3, "snapshot": 3,
-    "control": 4, "api": 4,
+    "control": 4,
+    "api": 5,
 }
 
 # Circles allowed: one job split over files of one folder, each file a part

@@ -39,7 +39,7 @@ static void open_daemon(bool dest)
 	snprintf(dir, sizeof(dir), "/tmp/kvmdirty-steer-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(path, sizeof(path), "%s/ctl.sock", dir);
-	ck_assert_int_eq(mig_daemon_init(&d, dest, path, dest ? NULL : &start_params), 0);
+	ck_assert_int_eq(mig_daemon_init(&d, dest, path, dest ? NULL : &start_params, NULL, NULL), 0);
 }
 
 static void setup(void)

@@ -26,64 +26,29 @@
 
 #include <kvmdirty-migrate.h>
 
+#include "api-guest.h"
 #include "kvm-skip.h"
 #include "test-util.h"
-#include "testvm.h"
 
 #define VCPUS 2
 #define DATA_GPA (4ull << 30)
 #define DATA_SIZE (2ull << 20)
 #define PERIOD_US 10000 /* the LAPIC timer: 100 Hz */
 
-struct side {
-	struct testvm *tv;
-	void *data;
-	struct kvmdirty_mig_guest *g;
-};
-
-static void t_pause(void *ctx)
+/* The source's: each vCPU checks its half of the data, the LAPIC timer set up at 100 Hz. */
+static void state_setup(struct api_side *s)
 {
-	testvm_pause_all(ctx);
+	api_shares(s, DATA_GPA, VCPUS, testvm_tsc_per_page(s->tv, 20000));
+	ck_assert_int_eq(testvm_state_setup(s->tv, PERIOD_US), 0);
 }
-
-static void t_resume(void *ctx)
-{
-	testvm_resume_all(ctx);
-}
-
-static const struct kvmdirty_mig_ops ops = { .pause = t_pause, .resume = t_resume };
 
 /* A state guest: a source's set up and running, a destination's bare. */
-static void side_new(struct side *s, bool source)
+static void side_new(struct api_side *s, bool source)
 {
 	struct testvm_opts o = { .nr_vcpus = VCPUS, .irqchip = true, .track = source,
 				 .track_opts.mode = KVMDIRTY_MODE_CLEAR_LOG };
-	unsigned int i;
 
-	memset(s, 0, sizeof(*s));
-	ck_assert_int_eq(testvm_new(&o, &s->tv), 0);
-	ck_assert_int_eq(testvm_add_memory(s->tv, DATA_GPA, DATA_SIZE, 0, &s->data, NULL), 0);
-	if (source) {
-		for (i = 0; i < VCPUS; i++) {
-			struct guest_vcpu *v = testvm_mailbox(s->tv, i);
-
-			v->gpa = DATA_GPA + i * (DATA_SIZE / VCPUS);
-			v->pages = DATA_SIZE / VCPUS / 4096;
-			v->flags = GUEST_F_CHECK;
-			v->tsc_per_page = testvm_tsc_per_page(s->tv, 20000);
-		}
-		ck_assert_int_eq(testvm_state_setup(s->tv, PERIOD_US), 0);
-	}
-	ck_assert_int_eq(kvmdirty_mig_guest_new(s->tv->vm, s->tv->tracker, s->tv->vcpu, VCPUS,
-						source ? 0 : KVMDIRTY_MIG_FRESH, &ops, s->tv, &s->g),
-			 0);
-}
-
-static void side_free(struct side *s)
-{
-	kvmdirty_mig_guest_free(s->g);
-	testvm_free(s->tv);
-	testvm_unmap(s->data, DATA_SIZE);
+	api_side_new(s, &o, DATA_GPA, DATA_SIZE, source ? state_setup : NULL);
 }
 
 static void sleep_ms(unsigned int ms)
@@ -114,7 +79,7 @@ static const char *check_name(uint64_t c)
  * counts from its own memory, as it arrived), or 20 s went by; then stop
  * it and require a clean stop.  what: where it runs, for the messages.
  */
-static void runs_on(struct side *s, const char *what)
+static void runs_on(struct api_side *s, const char *what)
 {
 	uint64_t ticks0[VCPUS], checks0[VCPUS];
 	struct testvm_exit ex = { 0 };
@@ -160,7 +125,7 @@ static void runs_on(struct side *s, const char *what)
 }
 
 struct recv_job {
-	struct side *dst;
+	struct api_side *dst;
 	int lfd, ret;
 	char err[512];
 };
@@ -179,7 +144,7 @@ START_TEST(migrated_whole)
 	char dir[] = "/tmp/test-whole-guest.XXXXXX", addr[128], err[512];
 	struct kvmdirty_mig_send_result res;
 	struct recv_job j = { 0 };
-	struct side src, dst;
+	struct api_side src, dst;
 	pthread_t t;
 	int ret;
 
@@ -206,8 +171,8 @@ START_TEST(migrated_whole)
 	testvm_halt_all(src.tv);
 	ck_assert_int_eq(testvm_spawn(dst.tv), 0);
 	runs_on(&dst, "after the migration");
-	side_free(&src);
-	side_free(&dst);
+	api_side_free(&src);
+	api_side_free(&dst);
 	unlink(addr + 5);
 	rmdir(dir);
 }
@@ -220,7 +185,7 @@ START_TEST(restored_whole)
 	struct kvmdirty_mig_snap_opts so = { .prefix = prefix };
 	struct kvmdirty_mig_snap *snap;
 	const char *chain[2];
-	struct side src, dst;
+	struct api_side src, dst;
 	uint64_t pages;
 
 	ck_assert_ptr_nonnull(mkdtemp(dir));
@@ -243,8 +208,8 @@ START_TEST(restored_whole)
 	ck_assert_msg(testvm_mailbox(dst.tv, 0)->st_ticks > 0, "the snapshot's guest took no tick");
 	ck_assert_int_eq(testvm_spawn(dst.tv), 0);
 	runs_on(&dst, "after the restore");
-	side_free(&src);
-	side_free(&dst);
+	api_side_free(&src);
+	api_side_free(&dst);
 	unlink(r0.path);
 	unlink(r1.path);
 	rmdir(dir);

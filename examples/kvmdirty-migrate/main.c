@@ -886,7 +886,7 @@ static pid_t fork_destination(struct args *a, char *addr, size_t len)
 		if (a->rate_migrate)
 			signal(SIGINT, SIG_IGN);
 		/* the destination's own status; --control is the source's */
-		ret = mig_daemon_init(&d, true, NULL, NULL);
+		ret = mig_daemon_init(&d, true, NULL, NULL, NULL, NULL);
 		a->d = &d;
 		if (ret == 0) {
 			ret = destination(a, lfd);
@@ -988,7 +988,7 @@ static int cmd_rate(struct args *a)
 	 */
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	ret = a->rate_migrate ? mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a)) : 0;
+	ret = a->rate_migrate ? mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a), NULL, NULL) : 0;
 	a->d = ret == 0 && a->rate_migrate ? &d : NULL;
 	if (ret < 0 || source_guest(a, &tv) < 0) {
 		if (pid > 0) {
@@ -1056,7 +1056,7 @@ static int cmd_demo(struct args *a)
 	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->mode, addr);
 	fflush(stdout);
 	/* the source's status and --control, once the child is forked: no thread of ours is in it */
-	ret = mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a));
+	ret = mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a), NULL, NULL);
 	a->d = &d;
 	if (ret < 0 || source_guest(a, &tv) < 0) {
 		kill(pid, SIGTERM);
@@ -1358,7 +1358,7 @@ static int with_daemon(struct args *a, int (*cmd)(struct args *a))
 
 	bool dest = !strcmp(a->cmd, "listen");
 
-	if (mig_daemon_init(&d, dest, a->control, dest ? NULL : &(struct mig_params)SEND_PARAMS(a)) < 0)
+	if (mig_daemon_init(&d, dest, a->control, dest ? NULL : &(struct mig_params)SEND_PARAMS(a), NULL, NULL) < 0)
 		return 1;
 	a->d = &d;
 	ret = cmd(a);

@@ -16,6 +16,7 @@
 
 #include <kvmdirty-migrate.h>
 
+#include "daemon.h"
 #include "dest.h"
 #include "gate.h"
 #include "guest.h"
@@ -44,6 +45,21 @@ struct kvmdirty_mig_guest {
 
 struct kvmdirty_mig_snap {
 	struct mig_snap *s;
+};
+
+/* The daemon's status and control socket (daemon.h), its lines to the caller's log. */
+struct kvmdirty_mig_control {
+	struct mig_daemon d;
+	void (*log)(void *ctx, const char *line);
+	void *log_ctx;
+	/*
+	 * The first line said while it is made (__atomic making): the reason
+	 * it could not be.  Said by kvmdirty_mig_control_new()'s thread
+	 * before the socket's thread exists, or by that thread alone (the
+	 * engine has no use of the control yet).
+	 */
+	bool making;
+	char first[256];
 };
 
 /* The engine's outcome as the header says it (PENDING: nothing left here, as THERE for a destination). */
@@ -238,6 +254,100 @@ EXPORT void kvmdirty_mig_guest_free(struct kvmdirty_mig_guest *guest)
 	free(guest);
 }
 
+/* The control's lines: to the caller's log; while it is made, the first kept as the reason. */
+static void control_log(void *ctx, const char *line)
+{
+	struct kvmdirty_mig_control *c = ctx;
+
+	if (__atomic_load_n(&c->making, __ATOMIC_ACQUIRE) && !c->first[0])
+		snprintf(c->first, sizeof(c->first), "%s", line);
+	if (c->log)
+		c->log(c->log_ctx, line);
+}
+
+EXPORT int kvmdirty_mig_control_new(const struct kvmdirty_mig_control_opts *opts,
+				    struct kvmdirty_mig_control **ret_ctl, char *err, size_t len)
+{
+	struct kvmdirty_mig_control *c;
+	size_t n;
+	int ret;
+
+	if (!ret_ctl) {
+		say(err, len, "kvmdirty_mig_control_new: ret_ctl is NULL");
+		return -EINVAL;
+	}
+	*ret_ctl = NULL;
+	if (!opts) {
+		say(err, len, "kvmdirty_mig_control_new: opts is NULL");
+		return -EINVAL;
+	}
+	n = opts->path ? strlen(opts->path) : 1;
+	if (!n || n >= sizeof(((struct mig_daemon *)0)->path)) {
+		say(err, len, "control socket '%s': a path of 1 to %zu bytes", opts->path,
+		    sizeof(((struct mig_daemon *)0)->path) - 1);
+		return -EINVAL;
+	}
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		say(err, len, "control: out of memory");
+		return -ENOMEM;
+	}
+	c->log = opts->log;
+	c->log_ctx = opts->log_ctx;
+	c->making = true;
+	/* a source's parameters stay its send opts' (the status takes them as each migration begins) */
+	ret = mig_daemon_init(&c->d, opts->destination, opts->path, NULL, control_log, c);
+	if (ret < 0) {
+		say(err, len, "%s", c->first);
+		free(c);
+		return ret;
+	}
+	__atomic_store_n(&c->making, false, __ATOMIC_RELEASE);
+	c->d.no_default = true; /* the caller asked for a socket where it wanted one */
+	*ret_ctl = c;
+	return 0;
+}
+
+EXPORT enum kvmdirty_mig_outcome kvmdirty_mig_control_outcome(struct kvmdirty_mig_control *ctl)
+{
+	enum mig_outcome o = mig_status_outcome(&ctl->d.st);
+
+	return o == MIG_OUTCOME_PENDING ? KVMDIRTY_MIG_PENDING : outcome(o, !ctl->d.st.dest);
+}
+
+EXPORT int kvmdirty_mig_control_query(struct kvmdirty_mig_control *ctl, char *buf, size_t len)
+{
+	int ret = mig_status_query(&ctl->d.st, buf, len);
+
+	return ret < 0 ? ret : (int)strlen(buf);
+}
+
+EXPORT int kvmdirty_mig_control_resolve(struct kvmdirty_mig_control *ctl, bool run_here, char *err, size_t len)
+{
+	char why[256] = "";
+	int ret = mig_status_resolve(&ctl->d.st, run_here, why, sizeof(why));
+
+	say(err, len, "%s", why);
+	return ret;
+}
+
+EXPORT int kvmdirty_mig_control_cancel(struct kvmdirty_mig_control *ctl, char *err, size_t len)
+{
+	char why[256] = "";
+	int ret = mig_status_cancel(&ctl->d.st, why, sizeof(why));
+
+	say(err, len, "%s", why);
+	return ret;
+}
+
+EXPORT void kvmdirty_mig_control_free(struct kvmdirty_mig_control *ctl)
+{
+	if (!ctl)
+		return;
+	mig_daemon_fini(&ctl->d);
+	free(ctl);
+}
+
 /* Hashing on threads of their own pays only where the host has CPUs to spare. */
 static bool inline_hash(void)
 {
@@ -303,6 +413,10 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 						   : (unsigned long long)MIG_MAX_BANDWIDTH_MIBPS);
 		return -EINVAL;
 	}
+	if (u->control && u->control->d.st.dest) {
+		say(err, len, "kvmdirty_mig_send: the control is a destination's");
+		return -EINVAL;
+	}
 	ret = mig_addr_check(addr, why, sizeof(why));
 	if (ret < 0) {
 		say(err, len, "%s", why);
@@ -327,6 +441,11 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 	o.wipe_psk = true;
 	o.peer_name = u->peer_name;
 	o.connections = u->connections ? u->connections : 1;
+	if (u->control) {
+		o.status = &u->control->d.st;
+		o.unknown = mig_daemon_unknown;
+		o.unknown_ctx = &u->control->d;
+	}
 	c = (struct send_ctx){ .addr = addr, .timeout_ms = o.peer_timeout_ms };
 	o.connect = connect_again;
 	o.connect_ctx = &c;
@@ -388,6 +507,10 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 		say(err, len, "kvmdirty_mig_recv: %s", !guest ? "the guest is NULL" : "no listening socket");
 		return -EINVAL;
 	}
+	if (u->control && !u->control->d.st.dest) {
+		say(err, len, "kvmdirty_mig_recv: the control is a source's");
+		return -EINVAL;
+	}
 	ret = load_psk(u->psk_file, &psk, err, len);
 	if (ret < 0)
 		return ret;
@@ -399,6 +522,11 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 	o.name = u->name;
 	o.log = u->log;
 	o.log_ctx = u->log_ctx;
+	if (u->control) {
+		o.status = &u->control->d.st;
+		o.unknown = mig_daemon_unknown;
+		o.unknown_ctx = &u->control->d;
+	}
 	mig_recv_session_opts(&o, &so);
 	ret = mig_gate_new(listen_fd, &so, &gate);
 	if (ret < 0) {

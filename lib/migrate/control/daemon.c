@@ -1,12 +1,30 @@
 // SPDX-License-Identifier: MIT
 /* The daemon's control socket over a migration's status (daemon.h). */
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "daemon.h"
 #include "errf.h"
+
+static void say(struct mig_daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(struct mig_daemon *d, const char *fmt, ...)
+{
+	char line[512];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	if (d->log) {
+		d->log(d->log_ctx, line);
+		return;
+	}
+	fprintf(stderr, "kvmdirty-migrate: %s: %s\n", d->side, line);
+	fflush(stderr);
+}
 
 static int query(void *ctx, char *buf, size_t len)
 {
@@ -21,8 +39,8 @@ static int resolve(void *ctx, bool run_here, char *err, size_t len)
 	int ret = mig_status_resolve(&d->st, run_here, err, len);
 
 	if (ret == 0)
-		fprintf(stderr, "kvmdirty-migrate: %s: resolved through the control socket: %s\n", d->side,
-			run_here ? "the guest runs here" : "the guest is dropped here");
+		say(d, "resolved through the control socket: %s",
+		    run_here ? "the guest runs here" : "the guest is dropped here");
 	return ret;
 }
 
@@ -95,7 +113,7 @@ static int cancel(void *ctx, const char **class, char *err, size_t len)
 	else if (ret == -ENOENT)
 		*class = "NotActive";
 	if (ret == 0)
-		fprintf(stderr, "kvmdirty-migrate: %s: cancel asked through the control socket\n", d->side);
+		say(d, "cancel asked through the control socket");
 	return ret;
 }
 
@@ -131,13 +149,16 @@ static int open_control(struct mig_daemon *d, const char *path, const char *what
 	snprintf(d->path, sizeof(d->path), "%s", path);
 	ret = mig_control_open(d->path, &ops, d, &d->ctl, err, sizeof(err));
 	if (ret < 0)
-		fprintf(stderr, "kvmdirty-migrate: %s: %s: %s\n", d->side, what, err);
+		say(d, "%s: %s", what, err);
 	return ret;
 }
 
-int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, const struct mig_params *params)
+int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, const struct mig_params *params,
+		    void (*log)(void *ctx, const char *line), void *log_ctx)
 {
 	memset(d, 0, sizeof(*d));
+	d->log = log;
+	d->log_ctx = log_ctx;
 	mig_status_init(&d->st, dest);
 	if (params) {
 		d->st.params = *params;
@@ -145,9 +166,13 @@ int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, c
 	}
 	d->side = dest ? "destination" : "source";
 	d->control_path = control_path;
-	if (control_path && open_control(d, control_path, "--control") < 0) {
-		mig_status_destroy(&d->st);
-		return -1;
+	if (control_path) {
+		int ret = open_control(d, control_path, "--control");
+
+		if (ret < 0) {
+			mig_status_destroy(&d->st);
+			return ret;
+		}
 	}
 	return 0;
 }
@@ -175,8 +200,8 @@ void mig_daemon_unknown(void *ctx, const char *line)
 	struct mig_daemon *d = ctx;
 	char path[108];
 
-	fprintf(stderr, "kvmdirty-migrate: %s: %s\n", d->side, line);
-	if (!d->ctl) {
+	say(d, "%s", line);
+	if (!d->ctl && !d->no_default) {
 		/*
 		 * Without one, nothing but a late message from the peer or a kill
 		 * ends the wait: where the default path is taken (another user may
@@ -187,7 +212,6 @@ void mig_daemon_unknown(void *ctx, const char *line)
 			open_control(d, path, "no control socket for the unknown outcome");
 	}
 	if (d->ctl)
-		fprintf(stderr, "kvmdirty-migrate: %s: control socket %s: {\"execute\":\"resolve\",\"arguments\":"
-			"{\"run\":\"here\"}} or {\"run\":\"nowhere\"}\n", d->side, d->path);
-	fflush(stderr);
+		say(d, "control socket %s: {\"execute\":\"resolve\",\"arguments\":{\"run\":\"here\"}} or "
+		    "{\"run\":\"nowhere\"}", d->path);
 }

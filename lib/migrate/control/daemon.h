@@ -20,20 +20,29 @@ struct mig_daemon {
 	const char *control_path;  /* --control, or NULL */
 	struct mig_control *ctl;   /* open, or NULL */
 	char path[108];		   /* where it listens */
+	/*
+	 * Its lines (a resolve or cancel through the socket, the socket
+	 * opened, an unknown outcome) without the "kvmdirty-migrate: SIDE: "
+	 * of stderr's; NULL: on stderr, so prefixed
+	 */
+	void (*log)(void *ctx, const char *line);
+	void *log_ctx;
+	bool no_default; /* an unknown outcome opens no socket at the default path */
 };
 
 /*
- * With --control PATH, listen there now; 0, or -1 after one line on
- * stderr.  params (a source's: its options; NULL for a destination) are
- * the status's from the start, so a set that comes before the migration
- * begins changes only what it names.
+ * With --control PATH, listen there now; 0, or -errno after one line (on
+ * stderr, or to log: see above; NULL for stderr).  params (a source's: its
+ * options; NULL for a destination) are the status's from the start, so a
+ * set that comes before the migration begins changes only what it names.
  */
-int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, const struct mig_params *params);
+int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, const struct mig_params *params,
+		    void (*log)(void *ctx, const char *line), void *log_ctx);
 void mig_daemon_fini(struct mig_daemon *d);
 /*
- * The engine's unknown() callback (ctx: the daemon): the line on stderr,
- * and the control socket opened at the default path if none is, with a
- * line saying where and how to resolve.
+ * The engine's unknown() callback (ctx: the daemon): the line, and (unless
+ * no_default) the control socket opened at the default path if none is,
+ * with a line saying where and how to resolve.
  */
 void mig_daemon_unknown(void *ctx, const char *line);
 

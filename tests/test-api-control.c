@@ -1,0 +1,585 @@
+// SPDX-License-Identifier: MIT
+/*
+ * A migration's control through the public API (kvmdirty-migrate.h):
+ * kvmdirty_mig_control_new() and its calls, its socket
+ * (kvmdirty-migrate-control(7)), and what it changes in
+ * kvmdirty_mig_send() and kvmdirty_mig_recv():
+ *   - misuse refused by name, a socket path taken refused, query and
+ *     outcome before any migration, a destination's control no source's;
+ *   - a cancel asked before the migration begins, and one through the
+ *     socket while it runs: -ECANCELED, and the guest runs on at the
+ *     source with every page it wrote intact;
+ *   - an unknown outcome (a relay passes READY and then nothing, so that
+ *     COMMIT and the ACK are lost): without a control the source returns
+ *     -EINPROGRESS at once; with one, each side waits, paused, until
+ *     resolved, the destination through its socket ("here") and the
+ *     source by the call ("nowhere"): the guest runs at the destination
+ *     only, its pages as the source left them.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kvmdirty-migrate.h>
+
+#include "api-guest.h"
+#include "control-client.h"
+#include "kvm-skip.h"
+#include "test-util.h"
+
+#define VCPUS 2
+#define DATA_GPA (4ull << 30)
+#define DATA_SIZE (8ull << 20)
+
+static char dir[64];
+
+static void setup(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(dir, sizeof(dir), "/tmp/test-api-control.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static void sleep_ms(unsigned int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* Lines a control logged, kept for the test to look at. */
+struct lines {
+	pthread_mutex_t lock;
+	char text[4096];
+};
+
+static void keep_line(void *ctx, const char *line)
+{
+	struct lines *l = ctx;
+
+	pthread_mutex_lock(&l->lock);
+	snprintf(l->text + strlen(l->text), sizeof(l->text) - strlen(l->text), "%s\n", line);
+	pthread_mutex_unlock(&l->lock);
+}
+
+static bool said(struct lines *l, const char *what)
+{
+	bool found;
+
+	pthread_mutex_lock(&l->lock);
+	found = strstr(l->text, what) != NULL;
+	pthread_mutex_unlock(&l->lock);
+	return found;
+}
+
+/* A request on the control socket at path, and its answer's line. */
+static void socket_ask(const char *path, const char *request, char *answer, size_t len)
+{
+	int fd = connect_to(path);
+
+	ck_assert(get_line(fd, answer, len));
+	ck_assert_ptr_nonnull(strstr(answer, "\"QMP\""));
+	ck_assert(send_all(fd, request, strlen(request)) && send_all(fd, "\n", 1));
+	ck_assert(get_line(fd, answer, len));
+	close(fd);
+}
+
+START_TEST(misuse_refused)
+{
+	struct kvmdirty_mig_control *c = (void *)1, *d, *again;
+	struct kvmdirty_mig_control_opts o = { 0 };
+	char path[200], longer[200], err[256], buf[4096];
+	int fd;
+
+	ck_assert_int_eq(kvmdirty_mig_control_new(NULL, &c, err, sizeof(err)), -EINVAL);
+	ck_assert_ptr_null(c);
+	ck_assert_ptr_nonnull(strstr(err, "opts"));
+	o.path = "";
+	ck_assert_int_eq(kvmdirty_mig_control_new(&o, &c, err, sizeof(err)), -EINVAL);
+	memset(longer, 'x', 150);
+	longer[150] = 0;
+	o.path = longer;
+	ck_assert_int_eq(kvmdirty_mig_control_new(&o, &c, err, sizeof(err)), -EINVAL);
+	ck_assert_msg(strstr(err, "xxxx") && strstr(err, "107"), "%s", err);
+	/* a path that is a file, not a socket: refused, the file left alone */
+	snprintf(path, sizeof(path), "%s/file", dir);
+	fd = open(path, O_CREAT | O_WRONLY, 0600);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	o.path = path;
+	ck_assert_int_lt(kvmdirty_mig_control_new(&o, &c, err, sizeof(err)), 0);
+	ck_assert_ptr_null(c);
+	ck_assert_msg(strstr(err, path), "the path is not named: %s", err);
+	ck_assert_int_eq(access(path, F_OK), 0);
+	/* a socket another control listens on: refused, the first one untouched */
+	snprintf(path, sizeof(path), "%s/ctl.sock", dir);
+	o.destination = true;
+	ck_assert_int_eq(kvmdirty_mig_control_new(&o, &d, err, sizeof(err)), 0);
+	ck_assert_int_lt(kvmdirty_mig_control_new(&o, &again, err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, path), "the path is not named: %s", err);
+	socket_ask(path, "{\"execute\":\"query\"}", buf, sizeof(buf));
+	ck_assert_msg(strstr(buf, "\"return\""), "query through the socket: %s", buf);
+	/* before any migration: pending, nothing to resolve, a destination's cannot cancel */
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(d), KVMDIRTY_MIG_PENDING);
+	ck_assert_int_gt(kvmdirty_mig_control_query(d, buf, sizeof(buf)), 0);
+	ck_assert_int_eq(buf[0], '{');
+	ck_assert_int_eq(kvmdirty_mig_control_query(d, buf, 8), -ENOSPC);
+	ck_assert_int_eq(kvmdirty_mig_control_resolve(d, true, err, sizeof(err)), -EINVAL);
+	ck_assert_int_eq(kvmdirty_mig_control_cancel(d, err, sizeof(err)), -EOPNOTSUPP);
+	kvmdirty_mig_control_free(d);
+	ck_assert_int_ne(access(path, F_OK), 0); /* its socket file gone */
+	/* a source's without a socket, handed to a destination */
+	o.path = NULL;
+	o.destination = false;
+	ck_assert_int_eq(kvmdirty_mig_control_new(&o, &c, err, sizeof(err)), 0);
+	ck_assert_int_eq(kvmdirty_mig_recv((void *)1, 0, &(struct kvmdirty_mig_recv_opts){ .control = c }, NULL, err,
+					   sizeof(err)),
+			 -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, "source's"));
+	kvmdirty_mig_control_free(c);
+	kvmdirty_mig_control_free(NULL);
+}
+END_TEST
+
+/* ---- with a guest ---- */
+
+/* The source's: each vCPU writes and checks its half of the data. */
+static void halves(struct api_side *s)
+{
+	api_shares(s, DATA_GPA, VCPUS, 0);
+}
+
+/* A guest whose vCPUs write and check their halves of DATA_SIZE (a source's), or a bare one. */
+static void side_new(struct api_side *s, bool source)
+{
+	struct testvm_opts o = { .nr_vcpus = VCPUS, .track = source, .track_opts.mode = KVMDIRTY_MODE_CLEAR_LOG };
+
+	api_side_new(s, &o, DATA_GPA, DATA_SIZE, source ? halves : NULL);
+}
+
+/*
+ * The guest runs on where s is: every vCPU completes 2 more passes over
+ * its half (each pass checking every page's tag from the one before), then
+ * stops cleanly with no self-check error.
+ */
+static void runs_on(struct api_side *s, const char *where)
+{
+	uint64_t pass0[VCPUS];
+	struct testvm_exit ex = { 0 };
+	unsigned int i, waited, bad = 0;
+	bool moved = false;
+	int ret;
+
+	for (i = 0; i < VCPUS; i++)
+		pass0[i] = testvm_mailbox(s->tv, i)->pass;
+	for (waited = 0; waited < 30000 && !moved; waited += 10) {
+		sleep_ms(10);
+		moved = true;
+		for (i = 0; i < VCPUS; i++)
+			if (testvm_mailbox(s->tv, i)->pass < pass0[i] + 2 || testvm_mailbox(s->tv, i)->err_gpa)
+				moved = false;
+	}
+	testvm_stop_all(s->tv);
+	ret = testvm_join(s->tv, &bad, &ex);
+	for (i = 0; i < VCPUS; i++) {
+		struct guest_vcpu *v = testvm_mailbox(s->tv, i);
+
+		ck_assert_msg(!v->err_gpa, "%s: vCPU %u's check found page %#" PRIx64 " tagged %#" PRIx64, where, i,
+			      v->err_gpa, v->err_tag[0]);
+		ck_assert_msg(v->pass >= pass0[i] + 2, "%s: vCPU %u made %" PRIu64 " passes in %u ms", where, i,
+			      v->pass - pass0[i], waited);
+	}
+	ck_assert_msg(ret == 0, "%s: vCPU %u stopped with %s: %s", where, bad, testvm_event_name(ex.event),
+		      strerror(-ret));
+}
+
+struct recv_job {
+	struct api_side *dst;
+	struct kvmdirty_mig_control *ctl;
+	int lfd, ret;
+	struct kvmdirty_mig_recv_result res;
+	char err[512];
+};
+
+static void *receive(void *p)
+{
+	struct recv_job *j = p;
+	struct kvmdirty_mig_recv_opts o = { .once = true, .timeout_ms = 1000, .control = j->ctl };
+
+	j->ret = kvmdirty_mig_recv(j->dst->g, j->lfd, &o, &j->res, j->err, sizeof(j->err));
+	return NULL;
+}
+
+/* dst listening at addr, its kvmdirty_mig_recv() on thread *t. */
+static void recv_start(struct recv_job *j, struct api_side *dst, const char *addr, pthread_t *t)
+{
+	char err[256];
+
+	j->dst = dst;
+	j->lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	ck_assert_msg(j->lfd >= 0, "listen: %s", err);
+	ck_assert_int_eq(pthread_create(t, NULL, receive, j), 0);
+}
+
+/* The source's guest running a pass or two before the migration. */
+static void source_running(struct api_side *src)
+{
+	unsigned int k;
+
+	side_new(src, true);
+	ck_assert_int_eq(testvm_spawn(src->tv), 0);
+	for (k = 0; k < 10000 && testvm_mailbox(src->tv, 0)->pass < 2; k++)
+		sleep_ms(1);
+}
+
+START_TEST(cancel_before_begin)
+{
+	char addr[128], err[512];
+	struct kvmdirty_mig_control *c;
+	struct kvmdirty_mig_send_result res;
+	struct api_side src;
+	int lfd, ret;
+
+	source_running(&src);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	ck_assert_msg(lfd >= 0, "listen: %s", err);
+	/* a destination's control handed to a source: refused before anything is dialled */
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ .destination = true }, &c, err,
+						  sizeof(err)),
+			 0);
+	ret = kvmdirty_mig_send(src.g, addr, &(struct kvmdirty_mig_send_opts){ .control = c }, &res, err, sizeof(err));
+	ck_assert_msg(ret == -EINVAL && strstr(err, "destination's"), "a destination's control: %d %s", ret, err);
+	kvmdirty_mig_control_free(c);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ 0 }, &c, err, sizeof(err)), 0);
+	ck_assert_int_eq(kvmdirty_mig_control_cancel(c, err, sizeof(err)), 0);
+	ret = kvmdirty_mig_send(src.g, addr, &(struct kvmdirty_mig_send_opts){ .control = c }, &res, err, sizeof(err));
+	ck_assert_msg(ret == -ECANCELED, "send after a cancel: %d %s", ret, err);
+	ck_assert_int_eq(res.outcome, KVMDIRTY_MIG_HERE);
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(c), KVMDIRTY_MIG_HERE);
+	/* nothing due any more */
+	ck_assert_int_eq(kvmdirty_mig_control_cancel(c, err, sizeof(err)), -ENOENT);
+	runs_on(&src, "the source after a cancel");
+	kvmdirty_mig_control_free(c);
+	close(lfd);
+	api_side_free(&src);
+}
+END_TEST
+
+struct send_job {
+	struct api_side *src;
+	const char *addr;
+	struct kvmdirty_mig_send_opts o;
+	struct kvmdirty_mig_send_result res;
+	int ret;
+	char err[512];
+};
+
+static void *send_run(void *p)
+{
+	struct send_job *s = p;
+
+	s->ret = kvmdirty_mig_send(s->src->g, s->addr, &s->o, &s->res, s->err, sizeof(s->err));
+	return NULL;
+}
+
+START_TEST(cancel_through_socket)
+{
+	char addr[128], path[128], err[512], answer[4096] = "";
+	struct kvmdirty_mig_control *c;
+	struct recv_job j = { 0 };
+	struct lines log = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct api_side src, dst;
+	struct send_job sj;
+	pthread_t t, st;
+	unsigned int k;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	snprintf(path, sizeof(path), "%s/ctl.sock", dir);
+	recv_start(&j, &dst, addr, &t);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ .path = path, .log = keep_line,
+											.log_ctx = &log },
+						  &c, err, sizeof(err)),
+			 0);
+	/* at 1 MiB/s the 8 MiB guest takes seconds: the cancel comes while it runs */
+	sj = (struct send_job){ .src = &src, .addr = addr, .o = { .control = c, .max_mibps = 1 } };
+	ck_assert_int_eq(pthread_create(&st, NULL, send_run, &sj), 0);
+	for (k = 0; k < 20000 && !strstr(answer, "\"precopy\""); k += 10) {
+		kvmdirty_mig_control_query(c, answer, sizeof(answer));
+		sleep_ms(10);
+	}
+	ck_assert_msg(strstr(answer, "\"precopy\""), "never in pre-copy: %s", answer);
+	socket_ask(path, "{\"execute\":\"cancel\"}", answer, sizeof(answer));
+	ck_assert_msg(strstr(answer, "\"return\""), "cancel through the socket: %s", answer);
+	pthread_join(st, NULL);
+	pthread_join(t, NULL);
+	ck_assert_msg(sj.ret == -ECANCELED, "send cancelled through the socket: %d %s", sj.ret, sj.err);
+	ck_assert_int_eq(sj.res.outcome, KVMDIRTY_MIG_HERE);
+	ck_assert_msg(said(&log, "cancel asked through the control socket"), "the log: %s", log.text);
+	ck_assert_msg(j.ret < 0, "the destination took a cancelled stream: %s", j.err);
+	runs_on(&src, "the source after a cancel through the socket");
+	kvmdirty_mig_control_free(c);
+	close(j.lfd);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
+ * ---- an unknown outcome ----
+ * A relay between a source and a destination on Unix sockets: both
+ * directions passed on until the destination's first bytes (READY: in a
+ * plain stream of one connection the destination says nothing before it)
+ * have gone to the source; from then on, nothing more either way (COMMIT
+ * and the ACK lost), the connections held open.
+ */
+struct relay {
+	int lfd;
+	char to[108];
+	bool ready_passed; /* __atomic */
+	bool stop;	   /* __atomic */
+	pthread_t th;
+};
+
+static int unix_dial(const char *path)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", path);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	return fd;
+}
+
+static void *relay_run(void *p)
+{
+	struct relay *r = p;
+	int src = accept(r->lfd, NULL, NULL), dst = unix_dial(r->to);
+	char buf[65536];
+
+	while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE)) {
+		struct pollfd pf[2] = { { .fd = src, .events = POLLIN }, { .fd = dst, .events = POLLIN } };
+		bool cut = __atomic_load_n(&r->ready_passed, __ATOMIC_ACQUIRE);
+		ssize_t n;
+
+		if (poll(pf, 2, 50) <= 0)
+			continue;
+		if (pf[0].revents) {
+			n = read(src, buf, sizeof(buf));
+			if (n <= 0)
+				break;
+			if (!cut)
+				ck_assert(send_all(dst, buf, (size_t)n));
+		}
+		if (pf[1].revents) {
+			n = read(dst, buf, sizeof(buf));
+			if (n <= 0)
+				break;
+			if (!cut) {
+				ck_assert(send_all(src, buf, (size_t)n));
+				__atomic_store_n(&r->ready_passed, true, __ATOMIC_RELEASE);
+			}
+		}
+	}
+	while (!__atomic_load_n(&r->stop, __ATOMIC_ACQUIRE))
+		sleep_ms(10);
+	close(src);
+	close(dst);
+	return NULL;
+}
+
+static void relay_start(struct relay *r, const char *listen_path, const char *to)
+{
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+
+	memset(r, 0, sizeof(*r));
+	snprintf(r->to, sizeof(r->to), "%s", to);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s", listen_path);
+	r->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_eq(bind(r->lfd, (struct sockaddr *)&a, sizeof(a)), 0);
+	ck_assert_int_eq(listen(r->lfd, 4), 0);
+	ck_assert_int_eq(pthread_create(&r->th, NULL, relay_run, r), 0);
+}
+
+static void relay_stop(struct relay *r)
+{
+	__atomic_store_n(&r->stop, true, __ATOMIC_RELEASE);
+	pthread_join(r->th, NULL);
+	close(r->lfd);
+}
+
+START_TEST(unknown_without_control)
+{
+	char dst_addr[128], relay_path[128], relay_addr[140];
+	struct send_job s = { 0 };
+	struct recv_job j = { 0 };
+	struct api_side src, dst;
+	struct relay r;
+	pthread_t t;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(dst_addr, sizeof(dst_addr), "unix:%s/dst.sock", dir);
+	snprintf(relay_path, sizeof(relay_path), "%s/relay.sock", dir);
+	recv_start(&j, &dst, dst_addr, &t);
+	relay_start(&r, relay_path, dst_addr + 5);
+	snprintf(relay_addr, sizeof(relay_addr), "unix:%s", relay_path);
+	s = (struct send_job){ .src = &src, .addr = relay_addr, .o = { .peer_timeout_ms = 1000, .force_switchover = true } };
+	send_run(&s);
+	ck_assert_msg(__atomic_load_n(&r.ready_passed, __ATOMIC_ACQUIRE), "READY never passed: %d %s", s.ret, s.err);
+	ck_assert_msg(s.ret == -EINPROGRESS, "source whose ACK was lost, without a control: %d %s", s.ret, s.err);
+	ck_assert_int_eq(s.res.outcome, KVMDIRTY_MIG_UNKNOWN);
+	pthread_join(t, NULL);
+	ck_assert_msg(j.ret == -EINPROGRESS, "destination whose COMMIT was lost, without a control: %d %s", j.ret,
+		      j.err);
+	ck_assert_int_eq(j.res.outcome, KVMDIRTY_MIG_UNKNOWN);
+	relay_stop(&r);
+	close(j.lfd);
+	testvm_stop_all(src.tv);
+	testvm_join(src.tv, NULL, NULL);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+START_TEST(unknown_resolved)
+{
+	char dst_addr[128], relay_path[128], relay_addr[140], dst_ctl[128], err[512], answer[4096];
+	struct kvmdirty_mig_control *src_ctl;
+	struct lines src_log = { .lock = PTHREAD_MUTEX_INITIALIZER }, dst_log = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct send_job s = { 0 };
+	struct recv_job j = { 0 };
+	struct api_side src, dst;
+	struct relay r;
+	pthread_t t, st;
+	unsigned int k;
+	uint64_t pass_at_pause[VCPUS];
+	unsigned int i;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(dst_addr, sizeof(dst_addr), "unix:%s/dst.sock", dir);
+	snprintf(relay_path, sizeof(relay_path), "%s/relay.sock", dir);
+	snprintf(dst_ctl, sizeof(dst_ctl), "%s/dst-ctl.sock", dir);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ .path = dst_ctl,
+											.destination = true,
+											.log = keep_line,
+											.log_ctx = &dst_log },
+						  &j.ctl, err, sizeof(err)),
+			 0);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ .log = keep_line,
+											.log_ctx = &src_log },
+						  &src_ctl, err, sizeof(err)),
+			 0);
+	recv_start(&j, &dst, dst_addr, &t);
+	relay_start(&r, relay_path, dst_addr + 5);
+	snprintf(relay_addr, sizeof(relay_addr), "unix:%s", relay_path);
+	s.src = &src;
+	s.addr = relay_addr;
+	s.o = (struct kvmdirty_mig_send_opts){ .control = src_ctl, .peer_timeout_ms = 1000, .force_switchover = true };
+	ck_assert_int_eq(pthread_create(&st, NULL, send_run, &s), 0);
+	/* both sides unknown, and both still in their calls: each waits for a word */
+	for (k = 0; k < 60000 && (kvmdirty_mig_control_outcome(src_ctl) != KVMDIRTY_MIG_UNKNOWN ||
+				  kvmdirty_mig_control_outcome(j.ctl) != KVMDIRTY_MIG_UNKNOWN);
+	     k += 10)
+		sleep_ms(10);
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(src_ctl), KVMDIRTY_MIG_UNKNOWN);
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(j.ctl), KVMDIRTY_MIG_UNKNOWN);
+	/* past -T (1 s): each said so, and each still waits */
+	for (k = 0; k < 10000 && !(said(&src_log, "unknown") && said(&dst_log, "unknown")); k += 10)
+		sleep_ms(10);
+	ck_assert_msg(said(&src_log, "unknown"), "the source's log: %s", src_log.text);
+	ck_assert_msg(said(&dst_log, "unknown"), "the destination's log: %s", dst_log.text);
+	ck_assert_int_eq(pthread_tryjoin_np(st, NULL), EBUSY);
+	ck_assert_int_eq(pthread_tryjoin_np(t, NULL), EBUSY);
+	/* the source's vCPUs are paused: they make no pass meanwhile */
+	for (i = 0; i < VCPUS; i++)
+		pass_at_pause[i] = testvm_mailbox(src.tv, i)->pass;
+	sleep_ms(200);
+	for (i = 0; i < VCPUS; i++)
+		ck_assert_uint_eq(testvm_mailbox(src.tv, i)->pass, pass_at_pause[i]);
+	/* the orchestrator, who knows both sides: the destination runs it (its socket), the source drops it */
+	socket_ask(dst_ctl, "{\"execute\":\"resolve\",\"arguments\":{\"run\":\"here\"}}", answer, sizeof(answer));
+	ck_assert_msg(strstr(answer, "\"return\""), "resolve through the socket: %s", answer);
+	pthread_join(t, NULL);
+	ck_assert_msg(j.ret == 0, "destination resolved here: %d %s", j.ret, j.err);
+	ck_assert_int_eq(j.res.outcome, KVMDIRTY_MIG_HERE);
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(j.ctl), KVMDIRTY_MIG_HERE);
+	ck_assert_int_eq(kvmdirty_mig_control_resolve(src_ctl, false, err, sizeof(err)), 0);
+	pthread_join(st, NULL);
+	ck_assert_msg(s.ret == 0, "source resolved nowhere: %d %s", s.ret, s.err);
+	ck_assert_int_eq(s.res.outcome, KVMDIRTY_MIG_THERE);
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(src_ctl), KVMDIRTY_MIG_THERE);
+	/* decided: a second resolve has nothing to decide */
+	ck_assert_int_eq(kvmdirty_mig_control_resolve(src_ctl, true, err, sizeof(err)), -EINVAL);
+	relay_stop(&r);
+	/* the source's vCPUs stayed paused; the destination runs the guest, every page as the source left it */
+	ck_assert_int_eq(testvm_spawn(dst.tv), 0);
+	runs_on(&dst, "the destination resolved here");
+	for (i = 0; i < VCPUS; i++)
+		ck_assert_uint_eq(testvm_mailbox(src.tv, i)->pass, pass_at_pause[i]);
+	testvm_stop_all(src.tv);
+	testvm_resume_all(src.tv);
+	testvm_join(src.tv, NULL, NULL);
+	kvmdirty_mig_control_free(src_ctl);
+	kvmdirty_mig_control_free(j.ctl);
+	close(j.lfd);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
+ * CK_RUN_CASE=control: the cases without a guest (no KVM needed);
+ * CK_RUN_CASE=kvm: the guest's, skipped (77) on a host without KVM.
+ */
+int main(void)
+{
+	const char *only = getenv("CK_RUN_CASE");
+	Suite *s;
+	TCase *tc, *kvm;
+
+	if (only && !strcmp(only, "kvm")) {
+		int skip = require_kvm("test-api-control");
+
+		if (skip)
+			return skip;
+	}
+	s = suite_create("api-control");
+	tc = tcase_create("control");
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, misuse_refused);
+	suite_add_tcase(s, tc);
+	kvm = tcase_create("kvm");
+	tcase_add_checked_fixture(kvm, setup, teardown);
+	tcase_set_timeout(kvm, 120);
+	tcase_add_test(kvm, cancel_before_begin);
+	tcase_add_test(kvm, cancel_through_socket);
+	tcase_add_test(kvm, unknown_without_control);
+	tcase_add_test(kvm, unknown_resolved);
+	suite_add_tcase(s, kvm);
+	return run_suite(s);
+}
