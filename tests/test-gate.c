@@ -1656,8 +1656,10 @@ static void attack_flood(bool rst)
 		probe_fails = fails;
 		probe_tries = tries;
 	}
+	printf("flood (%s): the source dials\n", rst ? "RST" : "close");
 	ms = source_ms(&src, port);
 	mig_gate_stats(t.gate, &st);
+	printf("flood (%s): the source's call returned after %.1f ms; the flood stops\n", rst ? "RST" : "close", ms);
 	for (i = 0; i < 2; i++) {
 		__atomic_store_n(&f[i].stop, true, __ATOMIC_RELEASE);
 		pthread_join(f[i].th, NULL);
