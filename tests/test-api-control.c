@@ -149,6 +149,17 @@ START_TEST(misuse_refused)
 	ck_assert_int_eq(kvmdirty_mig_control_cancel(d, err, sizeof(err)), -EOPNOTSUPP);
 	kvmdirty_mig_control_free(d);
 	ck_assert_int_ne(access(path, F_OK), 0); /* its socket file gone */
+	/* a source's: a set before the migration names one parameter; the others show send's defaults */
+	o.destination = false;
+	ck_assert_int_eq(kvmdirty_mig_control_new(&o, &c, err, sizeof(err)), 0);
+	socket_ask(path, "{\"execute\":\"set\",\"arguments\":{\"downtime_ms\":200}}", buf, sizeof(buf));
+	ck_assert_msg(strstr(buf, "\"return\""), "set through the socket: %s", buf);
+	ck_assert_int_gt(kvmdirty_mig_control_query(c, buf, sizeof(buf)), 0);
+	ck_assert_msg(strstr(buf, "\"downtime_ms\":200") && strstr(buf, "\"max_passes\":10") &&
+			      strstr(buf, "\"timeout_ms\":60000") && strstr(buf, "\"throttle\":true"),
+		      "query after a set of downtime_ms: %s", buf);
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(c), KVMDIRTY_MIG_PENDING);
+	kvmdirty_mig_control_free(c);
 	/* a source's without a socket, handed to a destination */
 	o.path = NULL;
 	o.destination = false;

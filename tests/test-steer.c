@@ -623,6 +623,61 @@ START_TEST(set_between_migrations)
 END_TEST
 
 /*
+ * A status made without parameters (a control of the public API's): a set
+ * before the first migration names one member; the migration takes its
+ * options' for the others, and the set one (without the set members kept
+ * apart it ran with max_passes 0 and a timeout of 0 ms).  After it ends,
+ * a set names another, and the next migration's options give the rest.
+ */
+static bool same_params(const struct mig_params *a, const struct mig_params *b)
+{
+	return a->downtime_ms == b->downtime_ms && a->max_passes == b->max_passes && a->timeout_ms == b->timeout_ms &&
+	       a->max_bandwidth == b->max_bandwidth && a->throttle == b->throttle;
+}
+
+START_TEST(set_before_first_names_only_it)
+{
+	struct mig_status st;
+	struct mig_params got, opts = start_params, want = start_params;
+	char err[256];
+
+	mig_status_init(&st, false);
+	ck_assert_int_eq(mig_status_set(&st, &(struct mig_params){ .downtime_ms = 200 }, MIG_PARAM_DOWNTIME, err,
+					sizeof(err)),
+			 0);
+	ck_assert_int_eq(mig_status_begin(&st, &opts), 0);
+	mig_status_params(&st, &got);
+	want.downtime_ms = 200;
+	ck_assert_msg(same_params(&got, &want),
+		      "began with downtime_ms %" PRIu64 " max_passes %" PRIu64 " timeout_ms %" PRIu64
+		      " max_bandwidth %" PRIu64 " throttle %d",
+		      got.downtime_ms, got.max_passes, got.timeout_ms, got.max_bandwidth, got.throttle);
+	/* under way, a set changes it at once, and is not the next one's */
+	ck_assert_int_eq(mig_status_set(&st, &(struct mig_params){ .max_passes = 3 }, MIG_PARAM_MAX_PASSES, err,
+					sizeof(err)),
+			 0);
+	mig_status_params(&st, &got);
+	ck_assert_uint_eq(got.max_passes, 3);
+	mig_status_decide(&st, MIG_OUTCOME_HERE, "failed");
+	mig_status_end(&st);
+	ck_assert_int_eq(mig_status_set(&st, &(struct mig_params){ .throttle = false }, MIG_PARAM_THROTTLE, err,
+					sizeof(err)),
+			 0);
+	opts.timeout_ms = 9000;
+	ck_assert_int_eq(mig_status_begin(&st, &opts), 0);
+	mig_status_params(&st, &got);
+	want = opts;
+	want.throttle = false;
+	ck_assert_msg(same_params(&got, &want),
+		      "the second began with downtime_ms %" PRIu64 " max_passes %" PRIu64 " timeout_ms %" PRIu64
+		      " throttle %d",
+		      got.downtime_ms, got.max_passes, got.timeout_ms, got.throttle);
+	mig_status_end(&st);
+	mig_status_destroy(&st);
+}
+END_TEST
+
+/*
  * A cancel and the commit point from two threads at once, released by a
  * barrier, many times: exactly one wins.  COMMIT goes and the cancel is
  * refused (the connection the engine registered stays writable, so the
@@ -702,6 +757,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, event_too_long_loses_its_data);
 	tcase_add_test(tc, sink_told_at_the_end);
 	tcase_add_test(tc, set_between_migrations);
+	tcase_add_test(tc, set_before_first_names_only_it);
 	tcase_add_test(tc, cancel_races_the_commit_point);
 	suite_add_tcase(s, tc);
 	return s;

@@ -47,6 +47,10 @@ struct kvmdirty_mig_snap {
 	struct mig_snap *s;
 };
 
+/* kvmdirty_mig_send()'s parameters where its opts give none (a control's query shows them before) */
+static const struct mig_params send_defaults = { .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
+						 .throttle = true };
+
 /* The daemon's status and control socket (daemon.h), its lines to the caller's log. */
 struct kvmdirty_mig_control {
 	struct mig_daemon d;
@@ -303,6 +307,9 @@ EXPORT int kvmdirty_mig_control_new(const struct kvmdirty_mig_control_opts *opts
 		return ret;
 	}
 	__atomic_store_n(&c->making, false, __ATOMIC_RELEASE);
+	/* shown by a query before the first migration, which takes its own opts' but for what a set names */
+	if (!opts->destination)
+		mig_status_show_params(&c->d.st, &send_defaults);
 	c->d.no_default = true; /* the caller asked for a socket where it wanted one */
 	*ret_ctl = c;
 	return 0;
@@ -425,9 +432,9 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 	ret = load_psk(u->psk_file, &psk, err, len);
 	if (ret < 0)
 		return ret;
-	o.downtime_ms = u->downtime_ms ? u->downtime_ms : 50;
-	o.max_passes = u->max_passes ? u->max_passes : 10;
-	o.timeout_ms = u->timeout_ms ? u->timeout_ms : 60000;
+	o.downtime_ms = u->downtime_ms ? u->downtime_ms : send_defaults.downtime_ms;
+	o.max_passes = u->max_passes ? u->max_passes : (unsigned int)send_defaults.max_passes;
+	o.timeout_ms = u->timeout_ms ? u->timeout_ms : send_defaults.timeout_ms;
 	o.peer_timeout_ms = u->peer_timeout_ms ? u->peer_timeout_ms : 30000;
 	o.verify = !u->no_verify;
 	o.inline_hash = inline_hash();

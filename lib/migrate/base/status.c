@@ -228,6 +228,21 @@ static bool decided_locked(const struct mig_status *s)
 	return decided(s->outcome);
 }
 
+/* The members of from that mask names, put over to. */
+static void overlay(struct mig_params *to, const struct mig_params *from, unsigned int mask)
+{
+	if (mask & MIG_PARAM_DOWNTIME)
+		to->downtime_ms = from->downtime_ms;
+	if (mask & MIG_PARAM_MAX_PASSES)
+		to->max_passes = from->max_passes;
+	if (mask & MIG_PARAM_TIMEOUT)
+		to->timeout_ms = from->timeout_ms;
+	if (mask & MIG_PARAM_MAX_BANDWIDTH)
+		to->max_bandwidth = from->max_bandwidth;
+	if (mask & MIG_PARAM_THROTTLE)
+		to->throttle = from->throttle;
+}
+
 int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
 {
 	pthread_mutex_lock(&s->lock);
@@ -244,10 +259,14 @@ int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
 		s->committed = s->cancelled = false;
 		s->pass = s->bytes_sent = s->remaining_bytes = 0;
 	}
-	/* its options' parameters, unless a set came since the last migration ended (or before the first) */
-	if (!s->params_valid)
-		s->params = *from_opts;
-	s->params_valid = true;
+	/* its options' parameters, but for the members set since the last migration ended (or before the first) */
+	{
+		struct mig_params p = *from_opts;
+
+		overlay(&p, &s->params, s->params_set);
+		s->params = p;
+		s->params_set = 0;
+	}
 	s->running = true;
 	s->n_cancel_fd = 0;
 	s->state = "setup";
@@ -270,12 +289,26 @@ void mig_status_end(struct mig_status *s)
 	sink_settle(s);
 	s->running = false;
 	s->n_cancel_fd = 0;
-	/* the next migration takes its options' parameters, unless a set comes before it */
-	s->params_valid = false;
+	/* the next migration takes its options' parameters, but for what a set names before it */
 	s->sink = NULL;
 	s->sink_ctx = NULL;
 	s->sink_fd = -1;
 	s->sink_lost = s->sink_rest_len = 0;
+	pthread_mutex_unlock(&s->lock);
+}
+
+void mig_status_show_params(struct mig_status *s, const struct mig_params *p)
+{
+	struct mig_params cur;
+	unsigned int m;
+
+	pthread_mutex_lock(&s->lock);
+	cur = s->params;
+	m = s->params_set;
+	if (!s->running) {
+		s->params = *p;
+		overlay(&s->params, &cur, m);
+	}
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -339,7 +372,8 @@ int mig_status_set(struct mig_status *s, const struct mig_params *p, unsigned in
 		s->params.max_bandwidth = p->max_bandwidth;
 	if (mask & MIG_PARAM_THROTTLE)
 		s->params.throttle = p->throttle;
-	s->params_valid = true;
+	if (!s->running)
+		s->params_set |= mask;
 	pthread_mutex_unlock(&s->lock);
 	return 0;
 }

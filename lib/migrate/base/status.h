@@ -78,7 +78,11 @@ struct mig_status {
 	int wake_fd;   /* while UNKNOWN: a resolve shuts its reading side down to wake the engine (-1: none) */
 	/* steering (source): the parameters, a cancel asked for, COMMIT's point of no return passed */
 	struct mig_params params;
-	bool params_valid; /* set by someone: the engine starts from these, not its options */
+	/*
+	 * The members of params set (MIG_PARAM_*) while no migration ran:
+	 * the next one starts from its options with these put over them
+	 */
+	unsigned int params_set;
 	bool cancel, committed, cancelled;
 	bool running; /* mig_send() is under way */
 	/* what a cancel shuts down, and how, to end a wait of the engine's on the peer (until the commit point) */
@@ -134,13 +138,19 @@ const char *mig_outcome_name(enum mig_outcome o);
 /*
  * ---- steering (the source's) ----
  * A migration under way: mig_send() begins it (mig_status_begin(): the
- * parameters from its options unless someone set them since the last
- * migration ended; a status whose last migration ended is made fresh;
+ * parameters from its options, but for the members someone set since the
+ * last migration ended (or before the first), which stand; a status whose
+ * last migration ended is made fresh;
  * -EBUSY while another migration runs on it) and ends it (the engine's
  * sink given what it still owes, for at most 100 ms).
  */
 int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts);
 void mig_status_end(struct mig_status *s);
+/*
+ * What a query shows as the parameters until a migration begins (its
+ * options give them then): p, but for the members a set named, which stand.
+ */
+void mig_status_show_params(struct mig_status *s, const struct mig_params *p);
 /* The parameters as they stand. */
 void mig_status_params(struct mig_status *s, struct mig_params *ret);
 /*

@@ -162,7 +162,9 @@ int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, c
 	mig_status_init(&d->st, dest);
 	if (params) {
 		d->st.params = *params;
-		d->st.params_valid = true;
+		/* its options stand as if set: a set before the migration changes only what it names */
+		d->st.params_set = MIG_PARAM_DOWNTIME | MIG_PARAM_MAX_PASSES | MIG_PARAM_TIMEOUT |
+				   MIG_PARAM_MAX_BANDWIDTH | MIG_PARAM_THROTTLE;
 	}
 	d->side = dest ? "destination" : "source";
 	d->control_path = control_path;
