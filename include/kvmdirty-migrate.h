@@ -39,6 +39,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <kvmdirty.h>
 
@@ -199,6 +200,19 @@ struct kvmdirty_mig_control_opts {
 	 */
 	void (*log)(void *ctx, const char *line);
 	void *log_ctx;
+	/*
+	 * When an outcome becomes unknown and no socket is open: open one at
+	 * the default path ($XDG_RUNTIME_DIR/kvmdirty-migrate-PID.sock, else
+	 * /tmp/kvmdirty-migrate-PID.sock, else a directory of its own) and say
+	 * where in a line, so that someone can resolve it.
+	 */
+	bool socket_on_unknown;
+	/*
+	 * A source's: the opts its kvmdirty_mig_send() will take, whose
+	 * parameters a query shows until the migration begins (NULL: the
+	 * defaults).  Read here only.
+	 */
+	const struct kvmdirty_mig_send_opts *send_opts;
 };
 
 /*
@@ -282,6 +296,20 @@ struct kvmdirty_mig_send_opts {
 	 * above).  It must outlive the call.
 	 */
 	struct kvmdirty_mig_control *control;
+	/*
+	 * Statistics as JSON lines (doc/migrate-stats.md, version 1): every
+	 * 100 ms and at each pass's end, then a summary; written and flushed
+	 * by the engine's thread, left open (NULL: none).
+	 */
+	FILE *stats;
+	/* a progress line on stderr, rewritten in place, while it runs (a terminal's) */
+	bool progress;
+	/*
+	 * Each vCPU's progress (ops.progress) measured this long before
+	 * tracking starts, to compare with its progress during pre-copy in
+	 * the statistics (0: not measured)
+	 */
+	uint64_t baseline_ms;
 };
 
 struct kvmdirty_mig_send_result {
@@ -292,6 +320,13 @@ struct kvmdirty_mig_send_result {
 	uint64_t passes, pages, zero_pages;
 	bool converged;	     /* the rest fitted the downtime */
 	uint64_t lost_pages; /* pages whose final contents differ from what was sent (the check after switchover) */
+	uint64_t untouched_pages; /* of zero_pages: never faulted in, sent without being read */
+	uint64_t verified_pages;  /* pages the check after switchover compared */
+	bool cancelled;		  /* a cancel ended it before COMMIT: the guest runs here (-ECANCELED) */
+	bool resolved;		  /* the outcome was decided by a resolve */
+	bool throttled;		  /* the throttle slowed the vCPUs at some point */
+	/* why pre-copy ended: "fits_downtime", "pass_limit", "time_limit", "cancelled" or "failed" */
+	const char *reason;
 };
 
 /*
@@ -393,6 +428,16 @@ struct kvmdirty_mig_snap_result {
 	double total_ms;    /* the whole snapshot, the file synced to disk included */
 	uint64_t pages;	    /* pages written, every pass */
 	uint64_t file_len;  /* the file's length */
+	unsigned int passes; /* passes while the guest ran */
+	uint64_t bytes;	     /* bytes of pages written */
+	uint64_t pause_pages; /* pages written in the pause */
+	uint64_t data_pages, zero_pages; /* what the file holds */
+	double write_ms;		 /* writing pages (hashing included), the pause's too */
+	/* of pause_ms: the vCPUs out of KVM_RUN; the last sync; the last pages; the vCPUs' and VM's state */
+	double pause_stop_ms, pause_sync_ms, pause_write_ms, pause_vcpu_ms;
+	double fsync_ms;		/* index, header, trailer, fsync, rename, the directory's fsync */
+	double dirty_pps;		/* pages the guest made dirty a second meanwhile */
+	unsigned int throttle_permille; /* the lowest run share the throttle gave the vCPUs (1000: none) */
 };
 
 /*
@@ -433,6 +478,28 @@ void kvmdirty_mig_snap_free(struct kvmdirty_mig_snap *snap);
  */
 int kvmdirty_mig_restore(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,
 			 uint64_t *ret_pages, char *err, size_t len);
+
+/* What a snapshot file holds, from its header: what a guest to restore it into must have. */
+struct kvmdirty_mig_snap_region {
+	uint64_t gpa, size; /* in the guest, bytes */
+};
+
+struct kvmdirty_mig_snap_info {
+	uint64_t seq;	         /* 0: a full snapshot; then its diffs' numbers */
+	unsigned int nr_vcpus;   /* vCPUs, in the order of the guest that was saved */
+	unsigned int nr_regions; /* regions, in the library's order */
+};
+
+/*
+ * The header of the snapshot file at path, checked whole (magic, version,
+ * tables, index and checksums; not its pages: kvmdirty_mig_verify()): 0
+ * with *ret filled and regions[0 .. min(nr_regions, max_regions)) (regions
+ * may be NULL with max_regions 0), or -errno with err naming the file and
+ * what is wrong (-ENOENT; -EPROTO: not a snapshot this library reads, or
+ * damaged).  Any thread.
+ */
+int kvmdirty_mig_snap_info(const char *path, struct kvmdirty_mig_snap_info *ret, struct kvmdirty_mig_snap_region *regions,
+			   unsigned int max_regions, char *err, size_t len);
 
 /*
  * Check the chain paths[0 .. n) without a guest: every file whole, in
@@ -479,6 +546,16 @@ int kvmdirty_mig_rate_new(struct kvmdirty_mig_guest *guest, struct kvmdirty_mig_
 			  size_t len);
 /* The rates since the sample before (or kvmdirty_mig_rate_new()): 0, or -errno of the count. */
 int kvmdirty_mig_rate_sample(struct kvmdirty_mig_rate *rate, struct kvmdirty_mig_rate_sample *ret_sample);
+/*
+ * One line for a sample into buf (NUL-terminated, truncated to len; 256
+ * bytes and 96 a vCPU always do):
+ *   rate t_ms=T guest_pages_per_s=P guest_bytes_per_s=B vcpu_by=ring|faults
+ *        vcpu0=P0 vcpu0_bytes_per_s=B0 vcpu1=...
+ * or with json one JSON object:
+ *   {"t_ms":T,"guest_pages_per_s":P,"guest_bytes_per_s":B,"vcpu_by":"ring",
+ *    "vcpus":[{"pages_per_s":P0,"bytes_per_s":B0},...]}
+ */
+void kvmdirty_mig_rate_format(const struct kvmdirty_mig_rate_sample *sample, bool json, char *buf, size_t len);
 /* The sampler's consumer freed (logging off where nothing else needs it).  NULL is ignored. */
 void kvmdirty_mig_rate_free(struct kvmdirty_mig_rate *rate);
 

@@ -258,12 +258,26 @@ static int rate_sees(struct vmm *v)
 	ret = kvmdirty_tracker_mark_dirty_hva(v->tracker, v->mem + 65536, 3 * 4096);
 	if (ret == 0)
 		ret = kvmdirty_mig_rate_sample(rate, &smp);
-	kvmdirty_mig_rate_free(rate);
 	if (ret < 0 || smp.pages != 3 || smp.nr_vcpus != 1) {
 		fprintf(stderr, "consumer-migrate: the rate sampler: %s, %" PRIu64 " pages (3 written), %u vCPUs\n",
 			strerror(ret < 0 ? -ret : 0), ret < 0 ? 0 : smp.pages, ret < 0 ? 0 : smp.nr_vcpus);
+		kvmdirty_mig_rate_free(rate);
 		return -EIO;
 	}
+	{
+		/* the sample as a line and as JSON, the vCPU's part in each */
+		char line[512], json[512];
+
+		kvmdirty_mig_rate_format(&smp, false, line, sizeof(line));
+		kvmdirty_mig_rate_format(&smp, true, json, sizeof(json));
+		if (strncmp(line, "rate t_ms=", 10) || !strstr(line, " vcpu0=") || json[0] != '{' ||
+		    !strstr(json, "\"vcpus\":[{\"pages_per_s\":")) {
+			fprintf(stderr, "consumer-migrate: the rate's lines: '%s' and '%s'\n", line, json);
+			kvmdirty_mig_rate_free(rate);
+			return -EIO;
+		}
+	}
+	kvmdirty_mig_rate_free(rate);
 	return 0;
 }
 

@@ -325,6 +325,7 @@ START_TEST(cancel_through_socket)
 	struct send_job sj;
 	pthread_t t, st;
 	unsigned int k;
+	FILE *stats;
 
 	source_running(&src);
 	side_new(&dst, false);
@@ -336,7 +337,9 @@ START_TEST(cancel_through_socket)
 						  &c, err, sizeof(err)),
 			 0);
 	/* at 1 MiB/s the 8 MiB guest takes seconds: the cancel comes while it runs */
-	sj = (struct send_job){ .src = &src, .addr = addr, .o = { .control = c, .max_mibps = 1 } };
+	stats = tmpfile();
+	ck_assert_ptr_nonnull(stats);
+	sj = (struct send_job){ .src = &src, .addr = addr, .o = { .control = c, .max_mibps = 1, .stats = stats } };
 	ck_assert_int_eq(pthread_create(&st, NULL, send_run, &sj), 0);
 	for (k = 0; k < 20000 && !strstr(answer, "\"precopy\""); k += 10) {
 		kvmdirty_mig_control_query(c, answer, sizeof(answer));
@@ -350,6 +353,22 @@ START_TEST(cancel_through_socket)
 	ck_assert_msg(sj.ret == -ECANCELED, "send cancelled through the socket: %d %s", sj.ret, sj.err);
 	ck_assert_int_eq(sj.res.outcome, KVMDIRTY_MIG_HERE);
 	ck_assert_msg(said(&log, "cancel asked through the control socket"), "the log: %s", log.text);
+	ck_assert(sj.res.cancelled);
+	ck_assert_str_eq(sj.res.reason, "cancelled");
+	{
+		/* the statistics: a start line first, an end line last saying where the guest runs and why */
+		char line[8192], last[8192] = "";
+
+		rewind(stats);
+		ck_assert_ptr_nonnull(fgets(line, sizeof(line), stats));
+		ck_assert_msg(strstr(line, "\"v\":1") && strstr(line, "\"type\":\"start\""), "first line: %s", line);
+		while (fgets(line, sizeof(line), stats))
+			snprintf(last, sizeof(last), "%s", line);
+		ck_assert_msg(strstr(last, "\"type\":\"end\"") && strstr(last, "\"outcome\":\"here\"") &&
+				      strstr(last, "\"reason\":\"cancelled\""),
+			      "last line: %s", last);
+		fclose(stats);
+	}
 	ck_assert_msg(j.ret < 0, "the destination took a cancelled stream: %s", j.err);
 	runs_on(&src, "the source after a cancel through the socket");
 	kvmdirty_mig_control_free(c);

@@ -201,6 +201,26 @@ START_TEST(restored_whole)
 	testvm_stop_all(src.tv);
 	testvm_halt_all(src.tv);
 
+	{
+		/* what the files say a guest to restore them into must have */
+		struct kvmdirty_mig_snap_region reg[8];
+		struct kvmdirty_mig_snap_info in0, in1;
+		unsigned int i;
+		bool data = false;
+
+		ck_assert_msg(kvmdirty_mig_snap_info(r0.path, &in0, reg, 8, err, sizeof(err)) == 0, "info: %s", err);
+		ck_assert_msg(kvmdirty_mig_snap_info(r1.path, &in1, NULL, 0, err, sizeof(err)) == 0, "info: %s", err);
+		ck_assert_uint_eq(in0.seq, 0);
+		ck_assert_uint_eq(in1.seq, 1);
+		ck_assert_uint_eq(in0.nr_vcpus, VCPUS);
+		ck_assert_uint_eq(in1.nr_regions, in0.nr_regions);
+		ck_assert_uint_le(in0.nr_regions, 8);
+		for (i = 0; i < in0.nr_regions; i++)
+			data |= reg[i].gpa == DATA_GPA && reg[i].size == DATA_SIZE;
+		ck_assert_msg(data, "the data region is not in %s's table", r0.path);
+		ck_assert_int_eq(kvmdirty_mig_snap_info(dir, &in0, NULL, 0, err, sizeof(err)) < 0, 1);
+		ck_assert_msg(strstr(err, dir), "a directory, not a snapshot, not named: %s", err);
+	}
 	side_new(&dst, false);
 	chain[0] = r0.path;
 	chain[1] = r1.path;

@@ -51,6 +51,16 @@ struct kvmdirty_mig_snap {
 static const struct mig_params send_defaults = { .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
 						 .throttle = true };
 
+/* The parameters of send opts u, the defaults where it gives none. */
+static void send_params(const struct kvmdirty_mig_send_opts *u, struct mig_params *p)
+{
+	p->downtime_ms = u->downtime_ms ? u->downtime_ms : send_defaults.downtime_ms;
+	p->max_passes = u->max_passes ? u->max_passes : send_defaults.max_passes;
+	p->timeout_ms = u->timeout_ms ? u->timeout_ms : send_defaults.timeout_ms;
+	p->max_bandwidth = u->max_mibps;
+	p->throttle = !u->no_throttle;
+}
+
 /* The daemon's status and control socket (daemon.h), its lines to the caller's log. */
 struct kvmdirty_mig_control {
 	struct mig_daemon d;
@@ -308,9 +318,14 @@ EXPORT int kvmdirty_mig_control_new(const struct kvmdirty_mig_control_opts *opts
 	}
 	__atomic_store_n(&c->making, false, __ATOMIC_RELEASE);
 	/* shown by a query before the first migration, which takes its own opts' but for what a set names */
-	if (!opts->destination)
-		mig_status_show_params(&c->d.st, &send_defaults);
-	c->d.no_default = true; /* the caller asked for a socket where it wanted one */
+	if (!opts->destination) {
+		struct mig_params p = send_defaults;
+
+		if (opts->send_opts)
+			send_params(opts->send_opts, &p);
+		mig_status_show_params(&c->d.st, &p);
+	}
+	c->d.no_default = !opts->socket_on_unknown;
 	*ret_ctl = c;
 	return 0;
 }
@@ -432,9 +447,14 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 	ret = load_psk(u->psk_file, &psk, err, len);
 	if (ret < 0)
 		return ret;
-	o.downtime_ms = u->downtime_ms ? u->downtime_ms : send_defaults.downtime_ms;
-	o.max_passes = u->max_passes ? u->max_passes : (unsigned int)send_defaults.max_passes;
-	o.timeout_ms = u->timeout_ms ? u->timeout_ms : send_defaults.timeout_ms;
+	{
+		struct mig_params p;
+
+		send_params(u, &p);
+		o.downtime_ms = p.downtime_ms;
+		o.max_passes = (unsigned int)p.max_passes;
+		o.timeout_ms = p.timeout_ms;
+	}
 	o.peer_timeout_ms = u->peer_timeout_ms ? u->peer_timeout_ms : 30000;
 	o.verify = !u->no_verify;
 	o.inline_hash = inline_hash();
@@ -448,6 +468,9 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 	o.wipe_psk = true;
 	o.peer_name = u->peer_name;
 	o.connections = u->connections ? u->connections : 1;
+	o.stats = u->stats;
+	o.progress = u->progress;
+	o.baseline_ms = u->baseline_ms;
 	if (u->control) {
 		o.status = &u->control->d.st;
 		o.unknown = mig_daemon_unknown;
@@ -475,7 +498,13 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 							  .pages = r.pages,
 							  .zero_pages = r.zero_pages,
 							  .converged = r.converged,
-							  .lost_pages = r.lost_pages };
+							  .lost_pages = r.lost_pages,
+							  .untouched_pages = r.untouched_pages,
+							  .verified_pages = r.verified_pages,
+							  .cancelled = r.cancelled,
+							  .resolved = r.resolved,
+							  .throttled = r.throttled,
+							  .reason = r.reason ? r.reason : "failed" };
 	return ret;
 }
 
@@ -638,6 +667,19 @@ EXPORT int kvmdirty_mig_snap_take(struct kvmdirty_mig_snap *snap, struct kvmdirt
 		res->total_ms = r.total_ms;
 		res->pages = r.pages;
 		res->file_len = r.file_len;
+		res->passes = r.passes;
+		res->bytes = r.bytes;
+		res->pause_pages = r.pause_pages;
+		res->data_pages = r.data_pages;
+		res->zero_pages = r.zero_pages;
+		res->write_ms = r.write_ms;
+		res->pause_stop_ms = r.pause_stop_ms;
+		res->pause_sync_ms = r.pause_sync_ms;
+		res->pause_write_ms = r.pause_write_ms;
+		res->pause_vcpu_ms = r.pause_vcpu_ms;
+		res->fsync_ms = r.fsync_ms;
+		res->dirty_pps = r.dirty_pps;
+		res->throttle_permille = r.throttle_permille;
 	}
 	return ret;
 }
@@ -748,6 +790,34 @@ EXPORT int kvmdirty_mig_verify(const char *const *paths, unsigned int n, uint64_
 	return ret;
 }
 
+EXPORT int kvmdirty_mig_snap_info(const char *path, struct kvmdirty_mig_snap_info *ret,
+				  struct kvmdirty_mig_snap_region *regions, unsigned int max_regions, char *err,
+				  size_t len)
+{
+	struct snap_file *f;
+	char why[512] = "";
+	unsigned int i;
+	int r;
+
+	if (!path || !ret || (!regions && max_regions)) {
+		say(err, len, "kvmdirty_mig_snap_info: %s is NULL", !path ? "the path" : !ret ? "ret" : "regions");
+		return -EINVAL;
+	}
+	memset(ret, 0, sizeof(*ret));
+	r = snap_file_open(path, &f, why, sizeof(why));
+	if (r < 0) {
+		say(err, len, "%s", why);
+		return r;
+	}
+	ret->seq = f->h.seq;
+	ret->nr_vcpus = f->h.nr_vcpus;
+	ret->nr_regions = f->h.nr_regions;
+	for (i = 0; i < f->h.nr_regions && i < max_regions; i++)
+		regions[i] = (struct kvmdirty_mig_snap_region){ .gpa = f->regions[i].gpa, .size = f->regions[i].size };
+	snap_file_close(f);
+	return 0;
+}
+
 EXPORT int kvmdirty_mig_genkey(const char *path, char *err, size_t len)
 {
 	char why[512] = "";
@@ -813,6 +883,27 @@ EXPORT int kvmdirty_mig_rate_sample(struct kvmdirty_mig_rate *rate, struct kvmdi
 							  .nr_vcpus = s.nr_vcpus,
 							  .vcpu_pages_per_s = s.vcpu_pages_per_s };
 	return 0;
+}
+
+EXPORT void kvmdirty_mig_rate_format(const struct kvmdirty_mig_rate_sample *sample, bool json, char *buf,
+				     size_t len)
+{
+	struct mig_rate_sample s;
+
+	if (!buf || !len)
+		return;
+	if (!sample) {
+		buf[0] = 0;
+		return;
+	}
+	s = (struct mig_rate_sample){ .t_ms = sample->t_ms,
+				      .ns = sample->ns,
+				      .pages = sample->pages,
+				      .pages_per_s = sample->pages_per_s,
+				      .by_ring = sample->by_ring,
+				      .nr_vcpus = sample->nr_vcpus,
+				      .vcpu_pages_per_s = sample->vcpu_pages_per_s };
+	mig_rate_format(&s, json, buf, len);
 }
 
 EXPORT void kvmdirty_mig_rate_free(struct kvmdirty_mig_rate *rate)
