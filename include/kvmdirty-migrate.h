@@ -519,6 +519,36 @@ int kvmdirty_mig_verify(const char *const *paths, unsigned int n, uint64_t *ret_
  */
 int kvmdirty_mig_genkey(const char *path, char *err, size_t len);
 
+/*
+ * Whether the key file at path is one kvmdirty_mig_send()/_recv() take:
+ * a regular file (not a symbolic link), this user's own, with no
+ * permission for group or others, holding exactly 64 hex digits and at
+ * most one newline; read, checked and wiped.  0, or -errno with err naming
+ * the file (never its content): -ENOENT and the like, -ELOOP (a link),
+ * -EPERM (another user's, or others may read it), -EINVAL (anything
+ * else).  A tool calls it before it builds a guest: a bad key costs nothing.
+ */
+int kvmdirty_mig_key_check(const char *path, char *err, size_t len);
+
+/*
+ * Whether addr is an address kvmdirty_mig_send() and _listen() take
+ * ("IP:PORT", "[IPv6]:PORT", "HOST:PORT" whose host resolves,
+ * "unix:PATH"): 0, or -EINVAL (-ENOENT: the host does not resolve) with err
+ * naming it.  Nothing is built or dialled.
+ */
+int kvmdirty_mig_addr_check(const char *addr, char *err, size_t len);
+
+/*
+ * Protect this process before any key is read: /proc/self/pagemap kept
+ * open for the engine (it tells untouched guest pages from written ones;
+ * once the process is not dumpable, only root may open it), then the
+ * process made not dumpable (no core dump, no ptrace by this user's other
+ * processes) with a core limit of 0.  It holds for the process and what it
+ * forks, until execve(2).  Call it first, before any thread starts.  0, or
+ * -errno with one line in err.
+ */
+int kvmdirty_mig_protect_process(char *err, size_t len);
+
 /* A guest's dirty rate, sampled (kvmdirty_mig_rate_new()). */
 struct kvmdirty_mig_rate;
 

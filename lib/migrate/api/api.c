@@ -20,6 +20,7 @@
 #include "dest.h"
 #include "gate.h"
 #include "guest.h"
+#include "hostmem.h"
 #include "keyfile.h"
 #include "rate.h"
 #include "snapfile.h"
@@ -836,6 +837,47 @@ EXPORT int kvmdirty_mig_genkey(const char *path, char *err, size_t len)
 struct kvmdirty_mig_rate {
 	struct mig_rate *r;
 };
+
+EXPORT int kvmdirty_mig_key_check(const char *path, char *err, size_t len)
+{
+	struct mig_psk psk;
+	int ret;
+
+	if (!path) {
+		say(err, len, "kvmdirty_mig_key_check: the path is NULL");
+		return -EINVAL;
+	}
+	ret = load_psk(path, &psk, err, len);
+	mig_psk_clear(&psk);
+	return ret;
+}
+
+EXPORT int kvmdirty_mig_addr_check(const char *addr, char *err, size_t len)
+{
+	char why[256] = "";
+	int ret;
+
+	if (!addr) {
+		say(err, len, "kvmdirty_mig_addr_check: the address is NULL");
+		return -EINVAL;
+	}
+	ret = mig_addr_check(addr, why, sizeof(why));
+	if (ret < 0)
+		say(err, len, "%s", why);
+	return ret;
+}
+
+EXPORT int kvmdirty_mig_protect_process(char *err, size_t len)
+{
+	char why[256] = "";
+	int ret;
+
+	(void)mig_pagemap_keep(); /* where it cannot be kept, the engine opens it as before */
+	ret = mig_psk_protect_process(why, sizeof(why));
+	if (ret < 0)
+		say(err, len, "%s", why);
+	return ret;
+}
 
 EXPORT int kvmdirty_mig_rate_new(struct kvmdirty_mig_guest *guest, struct kvmdirty_mig_rate **ret_rate, char *err,
 				 size_t len)
