@@ -331,7 +331,8 @@ struct kvmdirty_mig_send_result {
 
 /*
  * Migrate guest (a source: its tracker set, its vCPUs running) to the
- * destination listening at addr ("IP:PORT", "[IPv6]:PORT", "unix:PATH").
+ * destination listening at addr ("tcp:HOST:PORT": HOST a name or an
+ * address, IPv6 without brackets, empty for loopback; or "unix:PATH").
  * opts may be NULL (every default).  Returns:
  *   0: the destination runs the guest (THERE); keep the vCPUs here paused
  *      and free them when you will;
@@ -532,9 +533,9 @@ int kvmdirty_mig_key_check(const char *path, char *err, size_t len);
 
 /*
  * Whether addr is an address kvmdirty_mig_send() and _listen() take
- * ("IP:PORT", "[IPv6]:PORT", "HOST:PORT" whose host resolves,
- * "unix:PATH"): 0, or -EINVAL (-ENOENT: the host does not resolve) with err
- * naming it.  Nothing is built or dialled.
+ * ("tcp:HOST:PORT" whose host resolves, "unix:PATH" of at most 107
+ * bytes): 0, or -EINVAL with err naming it and what is wrong.  Nothing is
+ * built or dialled.
  */
 int kvmdirty_mig_addr_check(const char *addr, char *err, size_t len);
 

@@ -27,9 +27,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -170,6 +172,36 @@ START_TEST(misuse_refused)
 	ck_assert_ptr_nonnull(strstr(err, "source's"));
 	kvmdirty_mig_control_free(c);
 	kvmdirty_mig_control_free(NULL);
+}
+END_TEST
+
+/* The checks a tool makes before it builds a guest, and the process's protection. */
+START_TEST(checks_before_a_guest)
+{
+	char key[200], err[256];
+	pid_t pid;
+	int st;
+
+	snprintf(key, sizeof(key), "%s/key", dir);
+	ck_assert_int_eq(kvmdirty_mig_key_check(key, err, sizeof(err)), -ENOENT);
+	ck_assert_msg(strstr(err, key), "the file is not named: %s", err);
+	ck_assert_int_eq(kvmdirty_mig_genkey(key, err, sizeof(err)), 0);
+	ck_assert_msg(kvmdirty_mig_key_check(key, err, sizeof(err)) == 0, "genkey's key: %s", err);
+	ck_assert_int_eq(chmod(key, 0644), 0);
+	ck_assert_int_eq(kvmdirty_mig_key_check(key, err, sizeof(err)), -EPERM);
+	ck_assert_int_eq(kvmdirty_mig_key_check(NULL, err, sizeof(err)), -EINVAL);
+	ck_assert_int_eq(kvmdirty_mig_addr_check("unix:/tmp/x.sock", err, sizeof(err)), 0);
+	ck_assert_int_eq(kvmdirty_mig_addr_check("tcp:127.0.0.1:4444", err, sizeof(err)), 0);
+	ck_assert_int_eq(kvmdirty_mig_addr_check("tcp::4444", err, sizeof(err)), 0);
+	ck_assert_int_lt(kvmdirty_mig_addr_check("no-port-here", err, sizeof(err)), 0);
+	ck_assert_msg(strstr(err, "no-port-here"), "the address is not named: %s", err);
+	/* in a child: it holds for the process */
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0)
+		_exit(kvmdirty_mig_protect_process(err, sizeof(err)) == 0 && prctl(PR_GET_DUMPABLE) == 0 ? 0 : 1);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the protected child is dumpable");
 }
 END_TEST
 
@@ -602,6 +634,7 @@ int main(void)
 	tc = tcase_create("control");
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, misuse_refused);
+	tcase_add_test(tc, checks_before_a_guest);
 	suite_add_tcase(s, tc);
 	kvm = tcase_create("kvm");
 	tcase_add_checked_fixture(kvm, setup, teardown);
