@@ -49,6 +49,11 @@ extern "C" {
 
 #define KVMDIRTY_MIG_MAX_VCPUS 1024		    /* vCPUs of a guest, at most */
 #define KVMDIRTY_MIG_DEVICES_MAX (256ul * 1048576) /* device state a stream or snapshot carries, all parts, at most */
+#define KVMDIRTY_MIG_MAX_CONNS 16		    /* connections of a migration, at most */
+#define KVMDIRTY_MIG_MAX_MIBPS 1048576		    /* a bandwidth cap, at most (MiB/s) */
+#define KVMDIRTY_MIG_MAX_REGIONS 65535u	    /* regions of a guest, at most */
+#define KVMDIRTY_MIG_CONTROL_PATH_MAX 107	    /* a control socket's path, at most (bytes) */
+#define KVMDIRTY_MIG_NAME_MAX 63		    /* a name (peer_name, name), at most (bytes) */
 
 /* A guest as the engine knows it (kvmdirty_mig_guest_new()). */
 struct kvmdirty_mig_guest;
@@ -244,10 +249,41 @@ int kvmdirty_mig_control_query(struct kvmdirty_mig_control *ctl, char *buf, size
  * line in err when the outcome is not unknown (nothing to decide).
  */
 int kvmdirty_mig_control_resolve(struct kvmdirty_mig_control *ctl, bool run_here, char *err, size_t len);
+/* A source's parameters, as the control socket's set names them. */
+struct kvmdirty_mig_params {
+	uint64_t downtime_ms; /* 0 .. 3,600,000 */
+	uint64_t max_passes;  /* 1 .. 100,000 */
+	uint64_t timeout_ms;  /* 1 .. 86,400,000, from the start of tracking */
+	uint64_t max_mibps;   /* 0 .. KVMDIRTY_MIG_MAX_MIBPS (0: no cap) */
+	bool throttle;
+};
+
+/* Which members of a struct kvmdirty_mig_params a set gives */
+#define KVMDIRTY_MIG_SET_DOWNTIME (1u << 0)
+#define KVMDIRTY_MIG_SET_MAX_PASSES (1u << 1)
+#define KVMDIRTY_MIG_SET_TIMEOUT (1u << 2)
+#define KVMDIRTY_MIG_SET_MAX_MIBPS (1u << 3)
+#define KVMDIRTY_MIG_SET_THROTTLE (1u << 4)
+
+/*
+ * Set the members of p that mask names on a source's control, as the
+ * socket's set does: each checked first, nothing changed unless all are
+ * in range.  While a migration runs it takes them at its next sample
+ * (within 100 ms); before one begins, it begins with them (and with its
+ * opts' for the rest: a zero downtime_ms here is 0 ms, not the default).
+ * 0, -EINVAL (mask 0 or unknown bits), -ERANGE (a member out of range,
+ * named in err), -EOPNOTSUPP (a destination's control).
+ */
+int kvmdirty_mig_control_set(struct kvmdirty_mig_control *ctl, const struct kvmdirty_mig_params *p, unsigned int mask,
+			     char *err, size_t len);
+
 /*
  * Cancel a source's migration: 0, and kvmdirty_mig_send() ends it at its
  * next sample (within 100 ms) and returns -ECANCELED, the guest running
- * on here; one not yet begun is cancelled as it begins.  -EALREADY once
+ * on here; one not yet begun (or still connecting: the connect is not cut
+ * short, it ends within peer_timeout_ms) is cancelled as it begins, and a
+ * call whose connect fails ends as that cancel; the next call on the
+ * control is not touched by it.  -EALREADY once
  * COMMIT is being sent, -ENOENT when no migration is under way or due,
  * -EOPNOTSUPP on a destination's control; err: one line.
  */
@@ -345,7 +381,9 @@ struct kvmdirty_mig_send_result {
  *      force_switchover off), -EACCES (authentication failed on either
  *      side), -ECONNREFUSED and the like (the address), -EPROTO (the
  *      destination refused the stream, err says which field), -ENOENT
- *      (psk_file), -EINVAL (opts).
+ *      (psk_file), -EINVAL (opts), -EBUSY (opts->control is another
+ *      migration's, under way: refused before anything is dialled, that
+ *      migration untouched), -ECANCELED (a cancel through the control).
  * res (may be NULL) says the same and how it went.  One migration of a
  * guest at a time, from any thread; snapshots of the guest may be taken
  * beside it where the series began first (kvmdirty_mig_snap_new()).
@@ -501,6 +539,15 @@ struct kvmdirty_mig_snap_info {
  */
 int kvmdirty_mig_snap_info(const char *path, struct kvmdirty_mig_snap_info *ret, struct kvmdirty_mig_snap_region *regions,
 			   unsigned int max_regions, char *err, size_t len);
+
+/*
+ * Check the chain paths[0 .. n) as kvmdirty_mig_restore() will before it
+ * reads a page: every file whole (its header, tables, index and
+ * checksums), a full snapshot first and its diffs in order, without a gap.
+ * No page is read: a VMM calls it before it builds the guest.  0, or
+ * -errno with err naming the file and what is wrong.
+ */
+int kvmdirty_mig_snap_check(const char *const *paths, unsigned int n, char *err, size_t len);
 
 /*
  * Check the chain paths[0 .. n) without a guest: every file whole, in

@@ -615,6 +615,192 @@ START_TEST(unknown_resolved)
 END_TEST
 
 /*
+ * A second kvmdirty_mig_send() on a control whose migration runs is
+ * refused (-EBUSY) and leaves the running one alone.  It once decided the
+ * running migration's status HERE as it tore down, and the running one,
+ * finding its outcome decided, resumed the guest at the source after its
+ * COMMIT while the destination ran it too: checked here by running both
+ * sides' vCPUs where the outcomes say so.
+ */
+START_TEST(busy_send_splits_brain)
+{
+	char addr[128], other[128], path[128], err[512], answer[4096] = "";
+	struct kvmdirty_mig_control *c;
+	struct recv_job j = { 0 };
+	struct api_side src, dst;
+	struct send_job sj;
+	pthread_t t, st;
+	unsigned int k;
+	int lfd2, ret;
+	enum kvmdirty_mig_outcome before, after;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	snprintf(other, sizeof(other), "unix:%s/other", dir);
+	snprintf(path, sizeof(path), "%s/ctl.sock", dir);
+	recv_start(&j, &dst, addr, &t);
+	lfd2 = kvmdirty_mig_listen(other, err, sizeof(err)); /* somewhere the refused call may dial */
+	ck_assert_int_ge(lfd2, 0);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ .path = path }, &c, err,
+						  sizeof(err)), 0);
+	sj = (struct send_job){ .src = &src, .addr = addr,
+				.o = { .control = c, .max_mibps = 1, .force_switchover = true } };
+	ck_assert_int_eq(pthread_create(&st, NULL, send_run, &sj), 0);
+	for (k = 0; k < 20000 && !strstr(answer, "\"precopy\""); k += 10) {
+		kvmdirty_mig_control_query(c, answer, sizeof(answer));
+		sleep_ms(10);
+	}
+	ck_assert_msg(strstr(answer, "\"precopy\""), "never in pre-copy: %s", answer);
+	before = kvmdirty_mig_control_outcome(c);
+	ret = kvmdirty_mig_send(src.g, other, &(struct kvmdirty_mig_send_opts){ .control = c }, NULL, err, sizeof(err));
+	after = kvmdirty_mig_control_outcome(c);
+	kvmdirty_mig_control_query(c, answer, sizeof(answer));
+	printf("busy send: second send on a busy control: %d (%s); outcome before %d after %d (PENDING=%d HERE=%d)\n", ret, err,
+	       before, after, KVMDIRTY_MIG_PENDING, KVMDIRTY_MIG_HERE);
+	printf("busy send: query while the first still runs: %s\n", answer);
+	/* the first one now at full speed */
+	socket_ask(path, "{\"execute\":\"set\",\"arguments\":{\"max_bandwidth\":0}}", answer, sizeof(answer));
+	pthread_join(st, NULL);
+	pthread_join(t, NULL);
+	printf("busy send: first send: %d outcome %d (%s)\nbusy send: recv: %d outcome %d (%s)\n", sj.ret, sj.res.outcome, sj.err,
+	       j.ret, j.res.outcome, j.err);
+	fflush(stdout);
+	if (sj.res.outcome == KVMDIRTY_MIG_HERE && j.ret == 0 && j.res.outcome == KVMDIRTY_MIG_HERE) {
+		/* both sides run the guest: each makes passes over its pages */
+		ck_assert_int_eq(testvm_spawn(dst.tv), 0);
+		runs_on(&dst, "the destination (told COMMIT)");
+		runs_on(&src, "the source (resumed after its COMMIT)");
+		printf("busy send: the guest ran on BOTH sides: each vCPU made 2+ passes at the source and at the destination\n");
+		fflush(stdout);
+	}
+	ck_assert_msg(after == KVMDIRTY_MIG_PENDING, "a refused second send decided the running migration: %d", after);
+	ck_assert_msg(!(sj.res.outcome == KVMDIRTY_MIG_HERE && j.res.outcome == KVMDIRTY_MIG_HERE && j.ret == 0),
+		      "SPLIT BRAIN: source returned %d outcome HERE (%s) and destination returned 0 outcome HERE",
+		      sj.ret, sj.err);
+	kvmdirty_mig_control_free(c);
+	close(lfd2);
+	close(j.lfd);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
+ * A cancel asked before a kvmdirty_mig_send() whose dial fails ends that
+ * call (-ECANCELED) and not the next, unrelated migration on the control.
+ */
+START_TEST(cancel_outlives_failed_send)
+{
+	char addr[128], nobody[128], err[512], answer[4096];
+	struct kvmdirty_mig_control *c;
+	struct kvmdirty_mig_send_result res;
+	struct recv_job j = { 0 };
+	struct api_side src, dst;
+	pthread_t t;
+	int ret;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	snprintf(nobody, sizeof(nobody), "unix:%s/nobody", dir);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ 0 }, &c, err, sizeof(err)), 0);
+	ck_assert_int_eq(kvmdirty_mig_control_cancel(c, err, sizeof(err)), 0);
+	ret = kvmdirty_mig_send(src.g, nobody, &(struct kvmdirty_mig_send_opts){ .control = c }, &res, err, sizeof(err));
+	kvmdirty_mig_control_query(c, answer, sizeof(answer));
+	printf("cancel then a failed dial: cancelled send that could not dial: %d (%s)\nB: query after it: %s\n", ret, err, answer);
+	recv_start(&j, &dst, addr, &t);
+	ret = kvmdirty_mig_send(src.g, addr, &(struct kvmdirty_mig_send_opts){ .control = c, .force_switchover = true },
+				&res, err, sizeof(err));
+	printf("cancel then a failed dial: the next send, no cancel asked for it: %d (%s) outcome %d\n", ret, err,
+	       res.outcome);
+	ck_assert_msg(ret == 0, "a cancel aimed at a failed call ended the next migration: %d %s", ret, err);
+	pthread_join(t, NULL);
+	ck_assert_msg(j.ret == 0, "the destination of the next migration: %s", j.err);
+	testvm_stop_all(src.tv);
+	testvm_join(src.tv, NULL, NULL);
+	kvmdirty_mig_control_free(c);
+	close(j.lfd);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
+ * A control reused (its last migration over), and a cancel asked while
+ * kvmdirty_mig_send() dials the next (its connect waits on a full
+ * backlog): taken (0), and the migration ends -ECANCELED as it begins.
+ */
+START_TEST(cancel_lost_during_dial_on_reused_control)
+{
+	char addr[128], err[512];
+	struct kvmdirty_mig_control *c;
+	struct kvmdirty_mig_send_result res;
+	struct recv_job j = { 0 };
+	struct api_side src, dst;
+	struct send_job sj;
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int lfd, fill[16], nfill = 0, ret;
+	pthread_t t, st;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ 0 }, &c, err, sizeof(err)), 0);
+	/* migration 1: cancelled, the guest stays here (HERE, "may be migrated again") */
+	lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	ck_assert_int_eq(kvmdirty_mig_control_cancel(c, err, sizeof(err)), 0);
+	ret = kvmdirty_mig_send(src.g, addr, &(struct kvmdirty_mig_send_opts){ .control = c }, &res, err, sizeof(err));
+	ck_assert_int_eq(ret, -ECANCELED);
+	close(lfd);
+	/* migration 2: the destination's backlog full, so that the dial waits */
+	lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	ck_assert_int_ge(lfd, 0);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s/sock", dir);
+	for (nfill = 0; nfill < 16; nfill++) {
+		fill[nfill] = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		if (connect(fill[nfill], (struct sockaddr *)&a, sizeof(a)) < 0) {
+			close(fill[nfill]);
+			break;
+		}
+	}
+	sj = (struct send_job){ .src = &src, .addr = addr, .o = { .control = c, .force_switchover = true } };
+	ck_assert_int_eq(pthread_create(&st, NULL, send_run, &sj), 0);
+	sleep_ms(500);
+	ck_assert_int_eq(pthread_tryjoin_np(st, NULL), EBUSY);
+	ret = kvmdirty_mig_control_cancel(c, err, sizeof(err));
+	printf("cancel while dialling: %d fillers; cancel while send dials (call under way): %d (%s)\n", nfill, ret, err);
+	fflush(stdout);
+	for (int i = 0; i < nfill; i++)
+		close(fill[i]);
+	j.lfd = lfd;
+	j.dst = &dst;
+	ck_assert_int_eq(pthread_create(&t, NULL, receive, &j), 0);
+	pthread_join(st, NULL);
+	printf("cancel while dialling: send: %d outcome %d (%s)\n", sj.ret, sj.res.outcome, sj.err);
+	fflush(stdout);
+	ck_assert_msg(ret == 0 && sj.ret == -ECANCELED,
+		      "a cancel during the call was refused (%d) and the migration went on: send %d outcome %d", ret,
+		      sj.ret, sj.res.outcome);
+	ck_assert_int_eq(sj.res.outcome, KVMDIRTY_MIG_HERE);
+	/* the guest ran on here and the control serves the next: it moves, and runs there (the waiting destination) */
+	ret = kvmdirty_mig_send(src.g, addr, &(struct kvmdirty_mig_send_opts){ .control = c, .force_switchover = true },
+				&res, err, sizeof(err));
+	ck_assert_msg(ret == 0 && res.outcome == KVMDIRTY_MIG_THERE, "the next send on the control: %d %s", ret, err);
+	pthread_join(t, NULL);
+	ck_assert_msg(j.ret == 0, "the destination: %s", j.err);
+	ck_assert_int_eq(testvm_spawn(dst.tv), 0);
+	runs_on(&dst, "the destination of the send after the cancelled one");
+	testvm_stop_all(src.tv);
+	testvm_join(src.tv, NULL, NULL);
+	kvmdirty_mig_control_free(c);
+	close(lfd);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
  * CK_RUN_CASE=control: the cases without a guest (no KVM needed);
  * CK_RUN_CASE=kvm: the guest's, skipped (77) on a host without KVM.
  */
@@ -643,6 +829,9 @@ int main(void)
 	tcase_add_test(kvm, cancel_through_socket);
 	tcase_add_test(kvm, unknown_without_control);
 	tcase_add_test(kvm, unknown_resolved);
+	tcase_add_test(kvm, busy_send_splits_brain);
+	tcase_add_test(kvm, cancel_outlives_failed_send);
+	tcase_add_test(kvm, cancel_lost_during_dial_on_reused_control);
 	suite_add_tcase(s, kvm);
 	return run_suite(s);
 }

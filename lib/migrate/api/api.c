@@ -32,6 +32,16 @@
 
 _Static_assert(KVMDIRTY_MIG_MAX_VCPUS == MIG_MAX_VCPUS, "the header's vCPU limit is the engine's");
 _Static_assert(KVMDIRTY_MIG_DEVICES_MAX == MIG_DEVICES_MAX, "the header's device state limit is the engine's");
+_Static_assert(KVMDIRTY_MIG_MAX_CONNS == MIG_MAX_CONNS, "the header's connections are the engine's");
+_Static_assert(KVMDIRTY_MIG_MAX_MIBPS == MIG_MAX_BANDWIDTH_MIBPS, "the header's bandwidth cap is the engine's");
+_Static_assert(KVMDIRTY_MIG_MAX_REGIONS == MIG_MAX_REGIONS, "the header's regions are the engine's");
+_Static_assert(KVMDIRTY_MIG_SET_DOWNTIME == MIG_PARAM_DOWNTIME && KVMDIRTY_MIG_SET_MAX_PASSES == MIG_PARAM_MAX_PASSES &&
+		       KVMDIRTY_MIG_SET_TIMEOUT == MIG_PARAM_TIMEOUT && KVMDIRTY_MIG_SET_MAX_MIBPS == MIG_PARAM_MAX_BANDWIDTH &&
+		       KVMDIRTY_MIG_SET_THROTTLE == MIG_PARAM_THROTTLE,
+	       "the header's set bits are the status's");
+_Static_assert(KVMDIRTY_MIG_NAME_MAX + 1 == MIG_NAME_MAX, "the header's names are the hello's");
+_Static_assert(KVMDIRTY_MIG_CONTROL_PATH_MAX + 1 == sizeof(((struct mig_daemon *)0)->path),
+	       "the header's control path is the daemon's");
 _Static_assert(sizeof(((struct kvmdirty_mig_snap_result *)0)->path) ==
 		       sizeof(((struct mig_snap_result *)0)->path),
 	       "the header's snapshot path is the engine's");
@@ -274,8 +284,13 @@ static void control_log(void *ctx, const char *line)
 {
 	struct kvmdirty_mig_control *c = ctx;
 
-	if (__atomic_load_n(&c->making, __ATOMIC_ACQUIRE) && !c->first[0])
-		snprintf(c->first, sizeof(c->first), "%s", line);
+	if (__atomic_load_n(&c->making, __ATOMIC_ACQUIRE)) {
+		/* the reason it cannot be made: kvmdirty_mig_control_new()'s err, the path first */
+		if (!c->first[0])
+			snprintf(c->first, sizeof(c->first), "%s",
+				 strncmp(line, "--control: ", 11) ? line : line + 11);
+		return;
+	}
 	if (c->log)
 		c->log(c->log_ctx, line);
 }
@@ -351,6 +366,32 @@ EXPORT int kvmdirty_mig_control_resolve(struct kvmdirty_mig_control *ctl, bool r
 	int ret = mig_status_resolve(&ctl->d.st, run_here, why, sizeof(why));
 
 	say(err, len, "%s", why);
+	return ret;
+}
+
+EXPORT int kvmdirty_mig_control_set(struct kvmdirty_mig_control *ctl, const struct kvmdirty_mig_params *p,
+				    unsigned int mask, char *err, size_t len)
+{
+	const unsigned int all = KVMDIRTY_MIG_SET_DOWNTIME | KVMDIRTY_MIG_SET_MAX_PASSES | KVMDIRTY_MIG_SET_TIMEOUT |
+				 KVMDIRTY_MIG_SET_MAX_MIBPS | KVMDIRTY_MIG_SET_THROTTLE;
+	struct mig_params mp;
+	char why[256] = "";
+	int ret;
+
+	if (!ctl || !p || !mask || (mask & ~all)) {
+		say(err, len, "kvmdirty_mig_control_set: %s", !ctl ? "the control is NULL" : !p ? "p is NULL" :
+							      !mask ? "no parameter named (mask 0)" : "unknown bits in mask");
+		return -EINVAL;
+	}
+	if (ctl->d.st.dest) {
+		say(err, len, "kvmdirty_mig_control_set: the parameters are the source's: this control is a destination's");
+		return -EOPNOTSUPP;
+	}
+	mp = (struct mig_params){ .downtime_ms = p->downtime_ms, .max_passes = p->max_passes, .timeout_ms = p->timeout_ms,
+				  .max_bandwidth = p->max_mibps, .throttle = p->throttle };
+	ret = mig_status_set(&ctl->d.st, &mp, mask, why, sizeof(why));
+	if (ret < 0)
+		say(err, len, "%s", why);
 	return ret;
 }
 
@@ -480,8 +521,21 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 	c = (struct send_ctx){ .addr = addr, .timeout_ms = o.peer_timeout_ms };
 	o.connect = connect_again;
 	o.connect_ctx = &c;
-	fd = mig_connect(addr, o.peer_timeout_ms, why, sizeof(why));
-	if (fd < 0) {
+	/* with a control: another migration on it refused before a dial; a cancel during the dial is due */
+	ret = u->control ? mig_status_prepare(o.status) : 0;
+	if (ret < 0) {
+		snprintf(why, sizeof(why), "kvmdirty_mig_send: the control is another migration's, under way");
+		fd = ret;
+	} else {
+		fd = mig_connect(addr, o.peer_timeout_ms, why, sizeof(why));
+	}
+	if (fd < 0 && ret == 0 && u->control && mig_status_abandon(o.status, why)) {
+		/* a cancel asked while it dialled: the dial's failure ends it as the cancel */
+		ret = -ECANCELED;
+		r.cancelled = true;
+		r.reason = "cancelled";
+		snprintf(why, sizeof(why), "cancelled before it began: the guest runs here");
+	} else if (fd < 0) {
 		ret = fd;
 	} else {
 		ret = mig_send(&guest->g, fd, &o, &r, why, sizeof(why));
@@ -769,6 +823,20 @@ static int open_chain(const char *const *paths, unsigned int n, struct snap_file
 	return 0;
 }
 
+EXPORT int kvmdirty_mig_snap_check(const char *const *paths, unsigned int n, char *err, size_t len)
+{
+	struct snap_file **files;
+	char why[512] = "";
+	int ret = open_chain(paths, n, &files, why, sizeof(why));
+
+	if (ret < 0) {
+		say(err, len, "%s", why);
+		return ret;
+	}
+	close_chain(files, n);
+	return 0;
+}
+
 EXPORT int kvmdirty_mig_verify(const char *const *paths, unsigned int n, uint64_t *ret_pages, char *err,
 			       size_t len)
 {
@@ -785,7 +853,7 @@ EXPORT int kvmdirty_mig_verify(const char *const *paths, unsigned int n, uint64_
 		close_chain(files, n);
 	}
 	if (ret < 0)
-		say(err, len, "kvmdirty_mig_verify: %s", why);
+		say(err, len, "%s", why); /* it names the file, or the call's argument */
 	else if (ret_pages)
 		*ret_pages = pages;
 	return ret;

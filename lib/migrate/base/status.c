@@ -243,6 +243,48 @@ static void overlay(struct mig_params *to, const struct mig_params *from, unsign
 		to->throttle = from->throttle;
 }
 
+/* The last migration of this status ended: the next starts afresh (the lock held). */
+static void afresh_locked(struct mig_status *s)
+{
+	if (!decided_locked(s))
+		return;
+	s->outcome = MIG_OUTCOME_PENDING;
+	s->resolved = false;
+	s->why[0] = 0;
+	__atomic_store_n(&s->cancel, false, __ATOMIC_RELAXED);
+	s->committed = s->cancelled = false;
+	s->pass = s->bytes_sent = s->remaining_bytes = 0;
+}
+
+int mig_status_prepare(struct mig_status *s)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->running)
+		ret = -EBUSY;
+	else
+		afresh_locked(s);
+	pthread_mutex_unlock(&s->lock);
+	return ret;
+}
+
+bool mig_status_abandon(struct mig_status *s, const char *why)
+{
+	bool cancelled = false;
+
+	pthread_mutex_lock(&s->lock);
+	if (!s->running && s->outcome == MIG_OUTCOME_PENDING) {
+		cancelled = __atomic_load_n(&s->cancel, __ATOMIC_RELAXED);
+		s->cancelled = cancelled;
+		s->outcome = MIG_OUTCOME_HERE;
+		s->state = "failed";
+		snprintf(s->why, sizeof(s->why), "%s", cancelled ? "cancelled before it began: the guest runs here" : why);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return cancelled;
+}
+
 int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
 {
 	pthread_mutex_lock(&s->lock);
@@ -250,15 +292,7 @@ int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
 		pthread_mutex_unlock(&s->lock);
 		return -EBUSY;
 	}
-	if (decided_locked(s)) {
-		/* the last migration of this status ended: this one starts afresh */
-		s->outcome = MIG_OUTCOME_PENDING;
-		s->resolved = false;
-		s->why[0] = 0;
-		__atomic_store_n(&s->cancel, false, __ATOMIC_RELAXED);
-		s->committed = s->cancelled = false;
-		s->pass = s->bytes_sent = s->remaining_bytes = 0;
-	}
+	afresh_locked(s);
 	/* its options' parameters, but for the members set since the last migration ended (or before the first) */
 	{
 		struct mig_params p = *from_opts;

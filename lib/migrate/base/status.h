@@ -145,6 +145,19 @@ const char *mig_outcome_name(enum mig_outcome o);
  * sink given what it still owes, for at most 100 ms).
  */
 int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts);
+/*
+ * Before the caller dials for a migration it will begin on s (the public
+ * API's kvmdirty_mig_send()): -EBUSY while another runs on s; else a
+ * status whose last migration ended is made fresh now, so that a cancel
+ * asked while it dials is due, and taken as the migration begins.
+ */
+int mig_status_prepare(struct mig_status *s);
+/*
+ * The migration prepared for never began (its dial failed): decided HERE
+ * with why, unless another began meanwhile.  Returns whether a cancel had
+ * been asked (then the end is the cancel's, and s says so).
+ */
+bool mig_status_abandon(struct mig_status *s, const char *why);
 void mig_status_end(struct mig_status *s);
 /*
  * What a query shows as the parameters until a migration begins (its

@@ -331,7 +331,6 @@ int mig_listen(const char *addr, char *err, size_t len)
 
 	if (ret < 0)
 		return ret;
-	mig_kex_ready(); /* a session's hello follows the connect at once */
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return mig_errf(err, len, -errno, "socket: %s", strerror(errno));
@@ -366,6 +365,7 @@ int mig_connect(const char *addr, uint64_t timeout_ms, char *err, size_t len)
 
 	if (ret < 0)
 		return ret;
+	mig_kex_ready(); /* a session's hello follows the connect at once */
 	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return mig_errf(err, len, -errno, "socket: %s", strerror(errno));

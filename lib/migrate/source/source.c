@@ -24,15 +24,21 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 	s->g = g;
 	s->o = o;
 	mig_status_init(&s->own, false);
-	s->st = o->status ? o->status : &s->own;
+	/*
+	 * Its own status until the caller's is begun: a call refused here
+	 * (another migration under way on the caller's status) must not
+	 * write that migration's outcome when it ends
+	 */
+	s->st = &s->own;
 	pthread_mutex_init(&s->pace_lock, NULL);
 	s->t0 = s->sample_ms = mig_clock_msf();
 	s->pagemap = -1;
 	if (o->max_bandwidth > MIG_MAX_BANDWIDTH_MIBPS)
 		return mig_errf(err, len, -EINVAL, "a bandwidth cap of %" PRIu64 " MiB/s: at most %d", o->max_bandwidth,
 				MIG_MAX_BANDWIDTH_MIBPS);
-	if (mig_status_begin(s->st, &p) < 0)
+	if (mig_status_begin(o->status ? o->status : &s->own, &p) < 0)
 		return mig_errf(err, len, -EBUSY, "the status is another migration's, under way");
+	s->st = o->status ? o->status : &s->own;
 	s->begun = true;
 	mig_status_sink(s->st, o->event, o->event_ctx, o->event_to_fd ? o->event_fd : -1);
 	src_take_params(s);
