@@ -51,7 +51,7 @@
 #include "hostmem.h"
 #include "rate.h"
 #include "source.h"
-#include "testguest.h"
+#include "testguest-engine.h"
 #include "tricklers.h"
 #include "../examples/common/kvm-host.h"
 

@@ -51,7 +51,7 @@
 #include "../examples/common/kvm-host.h"
 #include "snapcmd.h"
 #include "snapshot.h"
-#include "testguest.h"
+#include "testguest-engine.h"
 
 #define MAX_DIFFS 64
 

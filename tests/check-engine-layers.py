@@ -11,7 +11,14 @@
   a circle, but for the splits of one object's work across files of one
   folder named in SPLITS (each with its reason).
 
-usage: check-engine-layers.py ENGINE_DIR ENGINE.a
+- the tools over the engine (TOOL_DIR..., e.g. examples/kvmdirty-migrate)
+  see it through its public header alone: no file there includes a
+  header of the engine's own, but for the engine's tests' view of the test
+  guest (testguest-engine.*), which the tools do not link, and the JSON
+  reader (TOOL_HEADERS): a leaf of base/ with nothing of the engine in
+  it, its own archive (migrate-json), which plot reads --stats files with.
+
+usage: check-engine-layers.py ENGINE_DIR ENGINE.a [TOOL_DIR...]
 """
 import os
 import sys
@@ -27,6 +34,9 @@ LAYER = {
     "control": 4,
     "api": 5,
 }
+
+# Headers of the engine's a tool may include, and why.
+TOOL_HEADERS = {"json.h": "the JSON reader: a leaf of base/, its own archive, plot's reader of --stats files"}
 
 # Circles allowed: one job split over files of one folder, each file a part
 # of it (names without .o).
@@ -61,6 +71,17 @@ def main():
             elif not allowed(d, dst):
                 errors.append(f"{d}/{f}:{lineno}: {d} (layer {LAYER[d]}) includes {dst}/{inc} (layer {LAYER[dst]})")
 
+    tools = 0
+    for tool in sys.argv[3:]:
+        for f in sorted(os.listdir(tool)):
+            if not f.endswith((".c", ".h")) or f.startswith("testguest-engine."):
+                continue
+            tools += 1
+            for lineno, name in layercheck.includes(os.path.join(tool, f)):
+                if os.path.basename(name) in folder_of and os.path.basename(name) not in TOOL_HEADERS:
+                    errors.append(f"{tool}/{f}:{lineno}: includes the engine's {name}: a tool sees the engine "
+                                  "through kvmdirty-migrate.h alone")
+
     uses = layercheck.uses_of(*layercheck.symbols(archive))
 
     def where(obj):
@@ -77,7 +98,7 @@ def main():
 
     return layercheck.report(errors, uses, f"engine layers: {len(folder_of)} files in {len(LAYER)} folders, "
                              f"{{calls}} calls between objects, all pointing down, no circle but {len(SPLITS)} "
-                             "named split(s)")
+                             f"named split(s); {tools} files of the tools over it, the public header alone")
 
 
 if __name__ == "__main__":

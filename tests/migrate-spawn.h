@@ -21,7 +21,7 @@
 #include <check.h>
 
 #include "transport.h"
-#include "testguest.h"
+#include "testguest-engine.h"
 #include "test-util.h"
 
 extern char **environ;

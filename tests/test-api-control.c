@@ -149,6 +149,9 @@ START_TEST(misuse_refused)
 	ck_assert_int_eq(kvmdirty_mig_control_query(d, buf, 8), -ENOSPC);
 	ck_assert_int_eq(kvmdirty_mig_control_resolve(d, true, err, sizeof(err)), -EINVAL);
 	ck_assert_int_eq(kvmdirty_mig_control_cancel(d, err, sizeof(err)), -EOPNOTSUPP);
+	ck_assert_int_eq(kvmdirty_mig_control_set(d, &(struct kvmdirty_mig_params){ .downtime_ms = 5 },
+						  KVMDIRTY_MIG_SET_DOWNTIME, err, sizeof(err)),
+			 -EOPNOTSUPP);
 	kvmdirty_mig_control_free(d);
 	ck_assert_int_ne(access(path, F_OK), 0); /* its socket file gone */
 	/* a source's: a set before the migration names one parameter; the others show send's defaults */
@@ -161,6 +164,21 @@ START_TEST(misuse_refused)
 			      strstr(buf, "\"timeout_ms\":60000") && strstr(buf, "\"throttle\":true"),
 		      "query after a set of downtime_ms: %s", buf);
 	ck_assert_int_eq(kvmdirty_mig_control_outcome(c), KVMDIRTY_MIG_PENDING);
+	/* the same set from code: each member checked, nothing changed unless all are in range */
+	ck_assert_int_eq(kvmdirty_mig_control_set(c, &(struct kvmdirty_mig_params){ .max_passes = 0, .timeout_ms = 5 },
+						  KVMDIRTY_MIG_SET_MAX_PASSES | KVMDIRTY_MIG_SET_TIMEOUT, err, sizeof(err)),
+			 -ERANGE);
+	ck_assert_msg(strstr(err, "max_passes"), "the member is not named: %s", err);
+	ck_assert_int_eq(kvmdirty_mig_control_set(c, &(struct kvmdirty_mig_params){ 0 }, 0, err, sizeof(err)), -EINVAL);
+	ck_assert_int_eq(kvmdirty_mig_control_set(c, &(struct kvmdirty_mig_params){ 0 }, 1u << 7, err, sizeof(err)),
+			 -EINVAL);
+	ck_assert_int_eq(kvmdirty_mig_control_set(c, &(struct kvmdirty_mig_params){ .downtime_ms = 0, .max_mibps = 7 },
+						  KVMDIRTY_MIG_SET_DOWNTIME | KVMDIRTY_MIG_SET_MAX_MIBPS, err, sizeof(err)),
+			 0);
+	ck_assert_int_gt(kvmdirty_mig_control_query(c, buf, sizeof(buf)), 0);
+	ck_assert_msg(strstr(buf, "\"downtime_ms\":0,") && strstr(buf, "\"max_bandwidth\":7") &&
+			      strstr(buf, "\"timeout_ms\":60000"),
+		      "query after the sets: %s", buf);
 	kvmdirty_mig_control_free(c);
 	/* a source's without a socket, handed to a destination */
 	o.path = NULL;

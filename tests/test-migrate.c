@@ -36,7 +36,7 @@
 #include "stream.h"
 #include "kvm-skip.h"
 #include "test-util.h"
-#include "testguest.h"
+#include "testguest-engine.h"
 
 #define MIB (1ull << 20)
 #define PAGE ((uint64_t)MIG_PAGE_SIZE)

@@ -34,7 +34,7 @@
 #include "source.h"
 #include "status.h"
 #include "test-util.h"
-#include "testguest.h"
+#include "testguest-engine.h"
 
 #define MAX_SNAPS 8
 #define MODES	  3

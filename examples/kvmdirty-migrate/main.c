@@ -86,41 +86,28 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <kvmdirty-migrate.h>
+
 #include "../common/cli.h"
 #include "../common/kvm-host.h"
-#include "daemon.h"
-#include "dest.h"
-#include "gate.h"
-#include "hostmem.h"
-#include "keyfile.h"
 #include "plot.h"
-#include "rate.h"
 #include "snapcmd.h"
-#include "source.h"
 #include "testguest.h"
 
 #define EXIT_LOST 3
 #define EXIT_CANCELLED 4
-
-/* The parameters a control socket's set can change, as the send options give them. */
-#define SEND_PARAMS(a)                                                                                    \
-	{ .downtime_ms = (a)->send.downtime_ms, .max_passes = (a)->send.max_passes,                      \
-	  .timeout_ms = (a)->send.timeout_ms, .max_bandwidth = (a)->send.max_bandwidth,                   \
-	  .throttle = (a)->send.throttle }
 
 struct args {
 	const char *cmd, *addr, *stats;
 	const char *mode; /* -M as given */
 	bool baseline_set;
 	struct mig_testvm_opts guest;
-	struct mig_send_opts send;
-	struct mig_recv_opts recv;
+	struct kvmdirty_mig_send_opts send;
+	struct kvmdirty_mig_recv_opts recv;
 	uint64_t run_ms;
-	bool once; /* listen: the first stream only, accepted or not */
 	const char *psk_file;
-	struct mig_psk psk;
 	const char *control; /* --control PATH, or NULL */
-	struct mig_daemon *d;
+	struct kvmdirty_mig_control *ctl; /* the side's control (its socket at --control), or NULL */
 	/* rate: every interval_ms, count times (0: until interrupted), as JSON, beside a migration */
 	uint64_t rate_interval_ms, rate_count;
 	bool rate_json, rate_migrate, rate_opts; /* rate_opts: one of them given */
@@ -207,7 +194,7 @@ static int parse_fill(struct args *a, const char *arg)
 	return 0;
 }
 
-/* --name, --peer-name: what a hello carries (session.h), 1 .. MIG_NAME_MAX - 1 printable ASCII characters */
+/* --name, --peer-name: what a hello carries, 1 .. KVMDIRTY_MIG_NAME_MAX printable ASCII characters */
 static int bad_name(const char *opt, const char *arg)
 {
 	const char *p;
@@ -215,12 +202,16 @@ static int bad_name(const char *opt, const char *arg)
 	for (p = arg; *p; p++)
 		if (*p < 0x21 || *p > 0x7e)
 			break;
-	if (!*arg || *p || p - arg >= MIG_NAME_MAX) {
-		char shown[4 * MIG_NAME_MAX];
+	if (!*arg || *p || p - arg > KVMDIRTY_MIG_NAME_MAX) {
+		char shown[KVMDIRTY_MIG_NAME_MAX + 2];
+		size_t i;
 
-		mig_printable(arg, strnlen(arg, MIG_NAME_MAX), shown, sizeof(shown));
+		/* what it holds, each byte a terminal would take as a control one shown as '?' */
+		for (i = 0; arg[i] && i <= KVMDIRTY_MIG_NAME_MAX; i++)
+			shown[i] = (unsigned char)arg[i] >= 0x20 && (unsigned char)arg[i] < 0x7f ? arg[i] : '?';
+		shown[i] = 0;
 		fprintf(stderr, "kvmdirty-migrate: %s '%s%s': a name of 1 to %d printable ASCII characters, no space\n",
-			opt, shown, strlen(arg) >= MIG_NAME_MAX ? "..." : "", MIG_NAME_MAX - 1);
+			opt, shown, strlen(arg) > KVMDIRTY_MIG_NAME_MAX ? "..." : "", KVMDIRTY_MIG_NAME_MAX);
 		return -1;
 	}
 	return 0;
@@ -331,7 +322,7 @@ static int set_regions(struct args *a, const char *arg)
 {
 	uint64_t v;
 
-	if (NUMBER("--regions", arg, 1, MIG_MAX_REGIONS - 1, &v))
+	if (NUMBER("--regions", arg, 1, MIG_TESTVM_MAX_REGIONS, &v))
 		return -1;
 	a->guest.regions = (unsigned int)v;
 	return 0;
@@ -345,14 +336,14 @@ static int set_baseline(struct args *a, const char *arg)
 
 static int set_bandwidth(struct args *a, const char *arg)
 {
-	return NUMBER("--max-bandwidth", arg, 0, MIG_MAX_BANDWIDTH_MIBPS, &a->send.max_bandwidth);
+	return NUMBER("--max-bandwidth", arg, 0, KVMDIRTY_MIG_MAX_MIBPS, &a->send.max_mibps);
 }
 
 static int set_connections(struct args *a, const char *arg)
 {
 	uint64_t v;
 
-	if (NUMBER("--connections", arg, 1, MIG_MAX_CONNS, &v))
+	if (NUMBER("--connections", arg, 1, KVMDIRTY_MIG_MAX_CONNS, &v))
 		return -1;
 	a->send.connections = (unsigned int)v;
 	return 0;
@@ -360,7 +351,7 @@ static int set_connections(struct args *a, const char *arg)
 
 static int set_control(struct args *a, const char *arg)
 {
-	size_t most = sizeof(((struct mig_daemon *)0)->path) - 1;
+	size_t most = KVMDIRTY_MIG_CONTROL_PATH_MAX;
 
 	if (!arg[0] || strlen(arg) > most) {
 		fprintf(stderr, "kvmdirty-migrate: --control '%s': a socket path of 1 to %zu bytes\n", arg, most);
@@ -438,16 +429,16 @@ static int set_flag(struct args *a, int key)
 {
 	switch (key) {
 	case 'N':
-		a->send.verify = false;
+		a->send.no_verify = true;
 		break;
 	case 'X':
-		a->send.throttle = false;
+		a->send.no_throttle = true;
 		break;
 	case 'W':
 		a->send.force_switchover = true;
 		break;
 	case 'O':
-		a->once = true;
+		a->recv.once = true;
 		break;
 	case OPT_LAZY:
 		a->guest.lazy = true;
@@ -521,15 +512,9 @@ static const struct opt {
 static void defaults(struct args *a)
 {
 	a->guest = (struct mig_testvm_opts){ .mib = 256, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG };
-	/*
-	 * Hashing on threads of their own pays where the host has CPUs to
-	 * spare (in stop-and-copy the paused vCPUs leave theirs); on two CPUs
-	 * shared by both ends it only adds cache traffic between them.
-	 */
-	a->send = (struct mig_send_opts){ .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
-					  .peer_timeout_ms = 30000, .verify = true, .throttle = true,
-					  .inline_hash = sysconf(_SC_NPROCESSORS_ONLN) <= 2 };
-	a->recv = (struct mig_recv_opts){ .timeout_ms = 30000, .inline_hash = a->send.inline_hash };
+	a->send = (struct kvmdirty_mig_send_opts){ .downtime_ms = 50, .max_passes = 10, .timeout_ms = 60000,
+						   .peer_timeout_ms = 30000 };
+	a->recv = (struct kvmdirty_mig_recv_opts){ .timeout_ms = 30000 };
 	a->run_ms = 1000;
 	a->mode = "clear-log";
 	a->rate_interval_ms = 1000;
@@ -556,14 +541,14 @@ static int check_args(struct args *a)
 	}
 	if (!strcmp(a->cmd, "rate") && !a->rate_migrate &&
 	    (a->stats || a->control || a->psk_file || a->send.connections || a->send.peer_name || a->recv.name ||
-	     a->send.max_bandwidth || a->recv.deadline_ms)) {
+	     a->send.max_mibps || a->recv.deadline_ms)) {
 		fprintf(stderr, "kvmdirty-migrate: rate: --stats, --control, --psk, --connections, --name, --peer-name, "
 				"--max-bandwidth and --deadline are the migration's: with --during-migration only\n");
 		return -1;
 	}
 	if (!strcmp(a->cmd, "snapshot") &&
 	    (a->stats || a->control || a->psk_file || a->send.connections || a->send.peer_name || a->recv.name ||
-	     a->send.max_bandwidth || a->recv.deadline_ms || a->send.encrypt)) {
+	     a->send.max_mibps || a->recv.deadline_ms || a->send.encrypt)) {
 		fprintf(stderr, "kvmdirty-migrate: snapshot: --stats, --control, --psk, --encrypt, --connections, --name, "
 				"--peer-name, --max-bandwidth and --deadline are a migration's\n");
 		return -1;
@@ -615,61 +600,76 @@ static void sleep_ms(uint64_t ms)
 	nanosleep(&ts, NULL);
 }
 
+/*
+ * The destination's lines: a stream refused (and another awaited) as the
+ * library says it, any other a connection refused at the gate.
+ */
 static void log_refused(void *ctx, const char *line)
 {
-	fprintf(stderr, "kvmdirty-migrate: destination: connection refused: %s\n", line);
+	(void)ctx;
+	if (!strncmp(line, "stream refused, waiting", 23) || !strncmp(line, "dropped at the handoff, waiting", 31))
+		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", line);
+	else
+		fprintf(stderr, "kvmdirty-migrate: destination: connection refused: %s\n", line);
+}
+
+/* A control's lines (a resolve, a cancel, an unknown outcome), on stderr as the daemon's (ctx: the side). */
+static void log_control(void *ctx, const char *line)
+{
+	fprintf(stderr, "kvmdirty-migrate: %s: %s\n", (const char *)ctx, line);
+	fflush(stderr);
 }
 
 /*
- * Take streams until one is accepted, through a gate (gate.h: many
+ * The side's control: its socket at --control now (or, without one, at
+ * the default path the moment an outcome becomes unknown, said on stderr).
+ * 0, or -1 after one line.
+ */
+static int control_new(struct args *a, bool dest, const char *path)
+{
+	struct kvmdirty_mig_control_opts o = { .path = path, .destination = dest, .log = log_control,
+					       .log_ctx = (void *)(dest ? "destination" : "source"),
+					       .socket_on_unknown = true, .send_opts = dest ? NULL : &a->send };
+	char err[256];
+
+	if (kvmdirty_mig_control_new(&o, &a->ctl, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: %s: --control: %s\n", dest ? "destination" : "source", err);
+		return -1;
+	}
+	/* -d 0 means 0 ms (send opts' 0 is the library's default) */
+	if (!dest && !a->send.downtime_ms &&
+	    kvmdirty_mig_control_set(a->ctl, &(struct kvmdirty_mig_params){ .downtime_ms = 0 }, KVMDIRTY_MIG_SET_DOWNTIME,
+				     err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvmdirty-migrate: source: -d 0: %s\n", err);
+		kvmdirty_mig_control_free(a->ctl);
+		a->ctl = NULL;
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Take streams until one is accepted, through the library's gate (many
  * handshakes at once, none of them able to hold the others); a refused
  * or silent peer is dropped and logged.  With --once the first stream
  * whose peer passed authentication decides.
  */
-static int take_stream(const struct args *a, int lfd, const struct mig_guest *g, struct mig_recv_result *res)
+static int take_stream(const struct args *a, int lfd, struct kvmdirty_mig_guest *g,
+		       struct kvmdirty_mig_recv_result *res)
 {
-	struct mig_recv_opts o = a->recv;
-	struct mig_session_opts so;
-	struct mig_gate *gate;
-	struct mig_session s;
-	char err[256];
+	struct kvmdirty_mig_recv_opts o = a->recv;
+	char err[512];
 	int ret;
 
-	o.psk = a->psk_file ? &a->psk : NULL;
+	o.psk_file = a->psk_file;
 	o.log = log_refused;
-	o.status = &a->d->st;
-	o.unknown = mig_daemon_unknown;
-	o.unknown_ctx = a->d;
-	mig_recv_session_opts(&o, &so);
-	ret = mig_gate_new(lfd, &so, &gate);
-	if (ret < 0) {
-		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", strerror(-ret));
-		return ret;
-	}
-	for (;;) {
-		ret = mig_gate_take(gate, &s, err, sizeof(err));
-		if (ret < 0) {
-			fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
-			break;
-		}
-		ret = mig_recv_session(g, &s, &o, res, err, sizeof(err));
-		if (ret == 0)
-			break;
-		/* the vCPUs could not be loaded back as they were: no other stream can land right */
-		if (ret == -ENOTRECOVERABLE) {
-			fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
-			break;
-		}
-		if (a->once && ret != -EACCES) {
-			fprintf(stderr, "kvmdirty-migrate: destination: %s: %s\n",
-				ret == -ECANCELED ? "dropped at the handoff" : "stream refused", err);
-			break;
-		}
-		/* nothing ran: the next stream must bring every page again */
-		fprintf(stderr, "kvmdirty-migrate: destination: %s, waiting for another: %s\n",
+	o.control = a->ctl;
+	ret = kvmdirty_mig_recv(g, lfd, &o, res, err, sizeof(err));
+	if (ret < 0 && o.once && ret != -ENOTRECOVERABLE && ret != -EACCES && ret != -EINPROGRESS)
+		fprintf(stderr, "kvmdirty-migrate: destination: %s: %s\n",
 			ret == -ECANCELED ? "dropped at the handoff" : "stream refused", err);
-	}
-	mig_gate_free(gate);
+	else if (ret < 0)
+		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
 	return ret;
 }
 
@@ -680,10 +680,10 @@ static int take_stream(const struct args *a, int lfd, const struct mig_guest *g,
  */
 static int destination(const struct args *a, int lfd)
 {
-	struct mig_recv_result res;
-	struct mig_guest g = { 0 };
+	struct kvmdirty_mig_recv_result res;
+	struct kvmdirty_mig_guest *g = NULL;
 	struct testvm *tv = NULL;
-	char err[256];
+	char err[512];
 	int ret;
 
 	if (!a->guest.lazy && !a->guest.data_file && !mig_testvm_prefaults(&a->guest, false))
@@ -691,25 +691,21 @@ static int destination(const struct args *a, int lfd)
 				"faulted in as pages arrive, as with --lazy\n",
 			a->guest.mib);
 	ret = mig_testvm_new(&a->guest, false, &tv, err, sizeof(err));
-	if (ret == 0 && (ret = mig_testvm_guest(tv, &g)) < 0)
-		snprintf(err, sizeof(err), "the guest's regions: %s", strerror(-ret));
 	/* fresh memory: ZERO records for pages no stream wrote cost nothing */
-	if (ret == 0 && (ret = mig_guest_zero_known(&g)) < 0)
-		snprintf(err, sizeof(err), "out of memory");
+	if (ret == 0)
+		ret = mig_testvm_api(tv, false, &g, err, sizeof(err));
 	if (ret == 0 && lfd < 0)
-		lfd = ret = mig_listen(a->addr, err, sizeof(err));
+		lfd = ret = kvmdirty_mig_listen(a->addr, err, sizeof(err));
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
-		mig_guest_release(&g);
+		kvmdirty_mig_guest_free(g);
 		if (tv)
 			mig_testvm_free(tv);
 		return 1;
 	}
-	ret = take_stream(a, lfd, &g, &res);
+	ret = take_stream(a, lfd, g, &res);
 	close(lfd);
-	/* no other stream will be taken: the key is not needed again */
-	mig_psk_clear((struct mig_psk *)&a->psk);
-	mig_guest_release(&g);
+	kvmdirty_mig_guest_free(g);
 	if (ret < 0) {
 		mig_testvm_free(tv);
 		return 1;
@@ -776,30 +772,17 @@ static void guest_runs_on(const struct args *a, struct testvm *tv, const char *h
 		       a->run_ms, how, err);
 }
 
-/* A session's next connection. */
-static int connect_again(void *ctx, char *err, size_t len)
-{
-	const struct args *a = ctx;
-
-	return mig_connect(a->addr, a->send.peer_timeout_ms, err, len);
-}
-
 static int migrate_to(const struct args *a, struct testvm *tv)
 {
-	struct mig_send_opts o = a->send;
-	struct mig_result r = { 0 }; /* read below also where mig_send() never ran (no connection) */
-	struct mig_guest g;
+	struct kvmdirty_mig_send_opts o = a->send;
+	struct kvmdirty_mig_send_result r = { 0 }; /* read below also where it failed before it began */
+	struct kvmdirty_mig_guest *g = NULL;
 	char err[512];
-	int fd, ret;
+	int ret;
 
 	o.progress = isatty(2);
-	o.psk = a->psk_file ? &a->psk : NULL;
-	o.wipe_psk = true; /* one migration: the key is not needed once its session's keys exist */
-	o.connect = connect_again;
-	o.connect_ctx = (void *)a;
-	o.status = &a->d->st;
-	o.unknown = mig_daemon_unknown;
-	o.unknown_ctx = a->d;
+	o.psk_file = a->psk_file;
+	o.control = a->ctl;
 	if (a->stats) {
 		o.stats = fopen(a->stats, "w");
 		if (!o.stats) {
@@ -807,19 +790,17 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 			return 1;
 		}
 	}
-	ret = mig_testvm_guest(tv, &g);
-	fd = ret < 0 ? ret : mig_connect(a->addr, o.peer_timeout_ms, err, sizeof(err));
-	if (fd < 0) {
-		if (ret < 0)
-			snprintf(err, sizeof(err), "source: the guest's regions: %s", strerror(-ret));
-		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
-		ret = fd;
+	ret = mig_testvm_api(tv, true, &g, err, sizeof(err));
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 	} else {
-		ret = mig_send(&g, fd, &o, &r, err, sizeof(err));
-		close(fd);
+		ret = kvmdirty_mig_send(g, a->addr, &o, &r, err, sizeof(err));
 		if (ret < 0 && r.cancelled) {
 			fprintf(stderr, "kvmdirty-migrate: migration cancelled, the guest runs on here: %s\n", err);
 			guest_runs_on(a, tv, "cancelled");
+		} else if (ret < 0 && !r.passes && !r.bytes && strstr(err, "connecting to '")) {
+			/* nothing was sent: the guest never stopped running here */
+			fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		} else if (ret < 0) {
 			fprintf(stderr, "kvmdirty-migrate: migration failed, the guest runs on here%s: %s\n",
 				r.resolved ? " (resolved)" : "", err);
@@ -829,11 +810,11 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 			       " and not read) in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime, %s; %s\n",
 			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.untouched_pages, r.passes, r.total_ms, r.downtime_ms,
 			       r.converged ? "converged" : "not converged (pass or time limit)",
-			       !o.verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified");
+			       o.no_verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified");
 		if (ret > 0)
 			fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 	}
-	mig_guest_release(&g);
+	kvmdirty_mig_guest_free(g);
 	if (o.stats)
 		fclose(o.stats);
 	return ret < 0 ? (r.cancelled ? EXIT_CANCELLED : 1) : ret > 0 ? EXIT_LOST : 0;
@@ -858,14 +839,13 @@ static int cmd_send(struct args *a)
  */
 static pid_t fork_destination(struct args *a, char *addr, size_t len)
 {
-	struct mig_daemon d;
 	char err[256];
 	int lfd, ret;
 	pid_t pid;
 
 	snprintf(addr, len, "unix:/tmp/kvmdirty-%s-%d.sock", a->cmd, (int)getpid());
 	a->addr = addr;
-	lfd = mig_listen(addr, err, sizeof(err));
+	lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
 	if (lfd < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		return -1;
@@ -885,12 +865,11 @@ static pid_t fork_destination(struct args *a, char *addr, size_t len)
 		 */
 		if (a->rate_migrate)
 			signal(SIGINT, SIG_IGN);
-		/* the destination's own status; --control is the source's */
-		ret = mig_daemon_init(&d, true, NULL, NULL, NULL, NULL);
-		a->d = &d;
+		/* the destination's own control; --control is the source's */
+		ret = control_new(a, true, NULL);
 		if (ret == 0) {
 			ret = destination(a, lfd);
-			mig_daemon_fini(&d);
+			kvmdirty_mig_control_free(a->ctl);
 		}
 		fflush(stdout);
 		_exit(ret ? 1 : 0);
@@ -901,7 +880,7 @@ static pid_t fork_destination(struct args *a, char *addr, size_t len)
 
 /* The sampler of rate, on a thread of its own beside a migration or on the caller's. */
 struct sampler {
-	struct mig_rate *r;
+	struct kvmdirty_mig_rate *r;
 	const struct args *a;
 	_Atomic bool stop;
 	int ret;
@@ -930,19 +909,19 @@ static void *sampler_run(void *p)
 		return NULL;
 	}
 	for (i = 0; !sm->stop && !interrupted && (!sm->a->rate_count || i < sm->a->rate_count); i++) {
-		struct mig_rate_sample s;
+		struct kvmdirty_mig_rate_sample s;
 
 		/* in slices: a stop or an interrupt ends the wait */
 		for (waited = 0; waited < sm->a->rate_interval_ms && !sm->stop && !interrupted; waited += 10)
 			sleep_ms(sm->a->rate_interval_ms - waited < 10 ? sm->a->rate_interval_ms - waited : 10);
 		if (sm->stop || interrupted)
 			break;
-		sm->ret = mig_rate_sample(sm->r, &s);
+		sm->ret = kvmdirty_mig_rate_sample(sm->r, &s);
 		if (sm->ret < 0) {
 			fprintf(stderr, "kvmdirty-migrate: rate: counting: %s\n", strerror(-sm->ret));
 			break;
 		}
-		mig_rate_format(&s, sm->a->rate_json, line, len);
+		kvmdirty_mig_rate_format(&s, sm->a->rate_json, line, len);
 		printf("%s\n", line);
 		fflush(stdout);
 	}
@@ -950,10 +929,10 @@ static void *sampler_run(void *p)
 	while (sm->a->rate_migrate && !sm->stop && !interrupted)
 		sleep_ms(10);
 	/* interrupted beside a migration still under way: cancel it (too late after COMMIT: it completes) */
-	if (interrupted && !sm->stop && sm->a->rate_migrate && sm->a->d) {
+	if (interrupted && !sm->stop && sm->a->rate_migrate && sm->a->ctl) {
 		char err[256];
 
-		if (mig_status_cancel(&sm->a->d->st, err, sizeof(err)) < 0)
+		if (kvmdirty_mig_control_cancel(sm->a->ctl, err, sizeof(err)) < 0)
 			fprintf(stderr, "kvmdirty-migrate: rate: interrupted, the migration goes on: %s\n", err);
 	}
 	free(line);
@@ -971,7 +950,7 @@ static int cmd_rate(struct args *a)
 	struct sampler sm = { .a = a };
 	char addr[108] = "", err[256];
 	struct sigaction sa = { .sa_handler = on_interrupt };
-	struct mig_daemon d;
+	struct kvmdirty_mig_guest *rg = NULL;
 	int status = 0, wstatus, ret;
 	bool migrated = false;
 	struct testvm *tv;
@@ -988,19 +967,19 @@ static int cmd_rate(struct args *a)
 	 */
 	sigaction(SIGINT, &sa, NULL);
 	sigaction(SIGTERM, &sa, NULL);
-	ret = a->rate_migrate ? mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a), NULL, NULL) : 0;
-	a->d = ret == 0 && a->rate_migrate ? &d : NULL;
+	ret = a->rate_migrate ? control_new(a, false, a->control) : 0;
 	if (ret < 0 || source_guest(a, &tv) < 0) {
 		if (pid > 0) {
 			kill(pid, SIGTERM);
 			waitpid(pid, NULL, 0);
 			unlink(addr + 5);
 		}
-		if (ret == 0 && a->rate_migrate)
-			mig_daemon_fini(&d);
+		kvmdirty_mig_control_free(a->ctl);
 		return 1;
 	}
-	ret = mig_rate_new(tv->tracker, tv->vcpu, tv->nr_vcpus, &sm.r, err, sizeof(err));
+	ret = mig_testvm_api(tv, true, &rg, err, sizeof(err));
+	if (ret == 0)
+		ret = kvmdirty_mig_rate_new(rg, &sm.r, err, sizeof(err));
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		status = 1;
@@ -1017,7 +996,8 @@ static int cmd_rate(struct args *a)
 		sm.stop = true;
 		pthread_join(sm.thread, NULL);
 	}
-	mig_rate_free(sm.r);
+	kvmdirty_mig_rate_free(sm.r);
+	kvmdirty_mig_guest_free(rg);
 	mig_testvm_free(tv);
 	if (pid > 0) {
 		/*
@@ -1033,8 +1013,8 @@ static int cmd_rate(struct args *a)
 		if (migrated && !status && (ret < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus)))
 			status = 1;
 		unlink(addr + 5);
-		mig_daemon_fini(&d);
 	}
+	kvmdirty_mig_control_free(a->ctl);
 	/* a count that failed (said in its own line) once the migration's outcome is settled: it decided the above */
 	if (!status && sm.ret < 0)
 		status = 1;
@@ -1045,7 +1025,6 @@ static int cmd_demo(struct args *a)
 {
 	char addr[108];
 	int status, wstatus, ret;
-	struct mig_daemon d;
 	struct testvm *tv;
 	pid_t pid;
 
@@ -1055,21 +1034,19 @@ static int cmd_demo(struct args *a)
 	printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB flat out, tracked with %s, over %s\n",
 	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->mode, addr);
 	fflush(stdout);
-	/* the source's status and --control, once the child is forked: no thread of ours is in it */
-	ret = mig_daemon_init(&d, false, a->control, &(struct mig_params)SEND_PARAMS(a), NULL, NULL);
-	a->d = &d;
+	/* the source's control and --control, once the child is forked: no thread of ours is in it */
+	ret = control_new(a, false, a->control);
 	if (ret < 0 || source_guest(a, &tv) < 0) {
 		kill(pid, SIGTERM);
 		waitpid(pid, NULL, 0);
 		unlink(addr + 5);
-		if (ret == 0)
-			mig_daemon_fini(&d);
+		kvmdirty_mig_control_free(a->ctl);
 		return 1;
 	}
 	status = migrate_to(a, tv);
 	fflush(stdout);
 	mig_testvm_free(tv);
-	mig_daemon_fini(&d);
+	kvmdirty_mig_control_free(a->ctl);
 	ret = waitpid(pid, &wstatus, 0);
 	unlink(addr + 5);
 	if (ret < 0 || !WIFEXITED(wstatus) || WEXITSTATUS(wstatus))
@@ -1085,21 +1062,21 @@ static int cmd_demo(struct args *a)
  */
 static int cmd_snapshot(struct args *a)
 {
-	struct mig_guest g;
+	struct kvmdirty_mig_guest *g = NULL;
 	struct testvm *tv;
 	char err[256];
 	int status, ret;
 
 	if (source_guest(a, &tv) < 0)
 		return 1;
-	ret = mig_testvm_guest(tv, &g);
+	ret = mig_testvm_api(tv, true, &g, err, sizeof(err));
 	if (ret < 0) {
-		fprintf(stderr, "kvmdirty-migrate: snapshot: the guest's regions: %s\n", strerror(-ret));
+		fprintf(stderr, "kvmdirty-migrate: snapshot: %s\n", err);
 		status = 1;
 	} else {
-		status = mig_snap_run(&g, a->snap_prefix, a->snap_every_ms, a->snap_count, a->send.throttle);
+		status = mig_snap_run(g, a->snap_prefix, a->snap_every_ms, a->snap_count, !a->send.no_throttle);
 	}
-	mig_guest_release(&g);
+	kvmdirty_mig_guest_free(g);
 	fflush(stdout);
 	if (mig_testvm_check_running(tv, a->run_ms, err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvmdirty-migrate: snapshot: the guest after its snapshots: %s\n", err);
@@ -1260,7 +1237,7 @@ static int load_key(struct args *a)
 {
 	char err[256];
 
-	if (a->psk_file && mig_psk_load(a->psk_file, &a->psk, err, sizeof(err)) < 0) {
+	if (a->psk_file && kvmdirty_mig_key_check(a->psk_file, err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		return -1;
 	}
@@ -1285,7 +1262,7 @@ static int cmd_genkey(int argc, char **argv)
 		fprintf(stderr, "kvmdirty-migrate: unexpected argument '%s'\n", argv[3]);
 		return 2;
 	}
-	if (mig_psk_generate(argv[2], err, sizeof(err)) < 0) {
+	if (kvmdirty_mig_genkey(argv[2], err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		return 1;
 	}
@@ -1343,26 +1320,23 @@ static int before_guest(const struct args *a, const char *addr)
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		return 1;
 	}
-	if (addr && mig_addr_check(addr, err, sizeof(err)) < 0) {
+	if (addr && kvmdirty_mig_addr_check(addr, err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		return 1;
 	}
 	return kvm_host_check("kvmdirty-migrate: ");
 }
 
-/* Run cmd with the daemon's status (and --control's socket) in place. */
-static int with_daemon(struct args *a, int (*cmd)(struct args *a))
+/* Run cmd with the side's control (and --control's socket) in place. */
+static int with_control(struct args *a, int (*cmd)(struct args *a))
 {
-	struct mig_daemon d;
 	int ret;
 
-	bool dest = !strcmp(a->cmd, "listen");
-
-	if (mig_daemon_init(&d, dest, a->control, dest ? NULL : &(struct mig_params)SEND_PARAMS(a), NULL, NULL) < 0)
+	if (control_new(a, !strcmp(a->cmd, "listen"), a->control) < 0)
 		return 1;
-	a->d = &d;
 	ret = cmd(a);
-	mig_daemon_fini(&d);
+	kvmdirty_mig_control_free(a->ctl);
+	a->ctl = NULL;
 	return ret;
 }
 
@@ -1394,11 +1368,10 @@ static int run_demo(int argc, char **argv, struct args *a)
 	a->guest.ws_mib = 64;
 	a->run_ms = 500;
 	/* the one peer is the source: a stream it gave up on must not leave the destination waiting */
-	a->once = true;
+	a->recv.once = true;
 	ret = before_guest(a, NULL);
 	if (!ret)
 		ret = cmd_demo(a);
-	mig_psk_clear(&a->psk);
 	return ret;
 }
 
@@ -1409,11 +1382,10 @@ static int run_rate(int argc, char **argv, struct args *a)
 	if (parse(argc, argv, a) || load_key(a))
 		return 2;
 	/* one migration at most, from here: the destination takes the first stream */
-	a->once = true;
+	a->recv.once = true;
 	ret = before_guest(a, NULL);
 	if (!ret)
 		ret = cmd_rate(a);
-	mig_psk_clear(&a->psk);
 	return ret;
 }
 
@@ -1449,8 +1421,7 @@ static int run_migration(int argc, char **argv, struct args *a)
 		return 2;
 	ret = before_guest(a, a->addr);
 	if (!ret)
-		ret = with_daemon(a, !strcmp(a->cmd, "listen") ? cmd_listen : cmd_send);
-	mig_psk_clear(&a->psk);
+		ret = with_control(a, !strcmp(a->cmd, "listen") ? cmd_listen : cmd_send);
 	return ret;
 }
 
@@ -1496,10 +1467,9 @@ int main(int argc, char **argv)
 	char err[256];
 	size_t i;
 
-	/* pagemap first: once not dumpable, a process that is not root cannot open it (hostmem.h) */
-	mig_pagemap_keep();
 	room_for_fds();
-	if (mig_psk_protect_process(err, sizeof(err)) < 0) {
+	/* pagemap kept, then not dumpable: before any thread and any key */
+	if (kvmdirty_mig_protect_process(err, sizeof(err)) < 0) {
 		fprintf(stderr, "kvmdirty-migrate: %s\n", err);
 		return 1;
 	}

@@ -15,13 +15,19 @@
 #include <time.h>
 #include <sys/stat.h>
 
-#include "clock.h"
 #include "../common/cli.h"
 #include "../common/kvm-host.h"
 #include "snapcmd.h"
-#include "snapshot.h"
 
 static volatile sig_atomic_t stop_asked;
+
+static double now_msf(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
 
 static void on_stop(int sig)
 {
@@ -29,7 +35,7 @@ static void on_stop(int sig)
 	stop_asked = 1;
 }
 
-void mig_snap_line(FILE *out, const struct mig_snap_result *r, uint64_t alloc_bytes)
+void mig_snap_line(FILE *out, const struct kvmdirty_mig_snap_result *r, uint64_t alloc_bytes)
 {
 	uint64_t held = r->data_pages + r->zero_pages;
 
@@ -50,12 +56,12 @@ void mig_snap_line(FILE *out, const struct mig_snap_result *r, uint64_t alloc_by
 
 int mig_snap_prefix_check(const char *prefix, char *err, size_t len)
 {
-	char dir[SNAP_PATH_MAX], first[SNAP_PATH_MAX + 16];
+	char dir[MIG_SNAP_PATH_MAX], first[MIG_SNAP_PATH_MAX + 16];
 	const char *slash = strrchr(prefix, '/');
 	struct stat st;
 
-	if (strlen(prefix) >= SNAP_PATH_MAX - 32)
-		return snprintf(err, len, "-o: a prefix of at most %d bytes", SNAP_PATH_MAX - 33), -ENAMETOOLONG;
+	if (strlen(prefix) >= MIG_SNAP_PATH_MAX - 32)
+		return snprintf(err, len, "-o: a prefix of at most %d bytes", MIG_SNAP_PATH_MAX - 33), -ENAMETOOLONG;
 	snprintf(dir, sizeof(dir), "%.*s", slash ? (int)(slash - prefix) + 1 : 1, slash ? prefix : ".");
 	if (stat(dir, &st) < 0 || !S_ISDIR(st.st_mode))
 		return snprintf(err, len, "-o '%.256s': %.256s: %s", prefix, dir,
@@ -78,41 +84,41 @@ uint64_t mig_snap_allocated(const char *path)
 	return stat(path, &st) == 0 ? (uint64_t)st.st_blocks * 512 : 0;
 }
 
-int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_ms, uint64_t count, bool throttle)
+int mig_snap_run(struct kvmdirty_mig_guest *g, const char *prefix, uint64_t every_ms, uint64_t count, bool throttle)
 {
 	struct sigaction sa = { .sa_handler = on_stop }, old_int, old_term;
-	struct mig_snap_opts o = { .prefix = prefix, .no_throttle = !throttle };
-	struct mig_snap_result r;
-	struct mig_snap *s;
+	struct kvmdirty_mig_snap_opts o = { .prefix = prefix, .no_throttle = !throttle };
+	struct kvmdirty_mig_snap_result r;
+	struct kvmdirty_mig_snap *s;
 	unsigned int failed = 0;
 	char err[512];
 	uint64_t i;
 	double next;
 	int ret;
 
-	ret = mig_snap_new(g, &o, &s, err, sizeof(err));
+	ret = kvmdirty_mig_snap_new(g, &o, &s, err, sizeof(err));
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: snapshot: %s\n", err);
 		return 1;
 	}
 	sigaction(SIGINT, &sa, &old_int);
 	sigaction(SIGTERM, &sa, &old_term);
-	next = mig_clock_msf();
+	next = now_msf();
 	for (i = 0; i < count && !stop_asked; i++) {
 		if (i) {
 			/* every every_ms from the start of the one before; one that overran starts the next at once */
 			next += (double)every_ms;
-			while (!stop_asked && mig_clock_msf() < next) {
-				double left = next - mig_clock_msf();
+			while (!stop_asked && now_msf() < next) {
+				double left = next - now_msf();
 				struct timespec ts = { 0, (long)((left > 10 ? 10 : left) * 1e6) };
 
 				nanosleep(&ts, NULL);
 			}
 			if (stop_asked)
 				break;
-			next = mig_clock_msf();
+			next = now_msf();
 		}
-		ret = mig_snap_take(s, &r, err, sizeof(err));
+		ret = kvmdirty_mig_snap_take(s, &r, err, sizeof(err));
 		if (ret < 0) {
 			failed++;
 			fprintf(stderr,
@@ -125,29 +131,35 @@ int mig_snap_run(const struct mig_guest *g, const char *prefix, uint64_t every_m
 	}
 	sigaction(SIGINT, &old_int, NULL);
 	sigaction(SIGTERM, &old_term, NULL);
-	mig_snap_free(s);
+	kvmdirty_mig_snap_free(s);
 	return failed ? 1 : 0;
 }
 
-/* restore's guest options, from the chain's header: the test guest's layout (testguest.h). */
-static int guest_opts(const struct snap_file *f, struct mig_testvm_opts *o, char *err, size_t len)
+/* restore's guest options, from the chain's first file: the test guest's layout (testguest.h). */
+static int guest_opts(const char *path, struct mig_testvm_opts *o, char *err, size_t len)
 {
+	struct kvmdirty_mig_snap_region reg[256];
+	struct kvmdirty_mig_snap_info in;
 	uint64_t data = 0;
 	uint32_t i, n = 0;
+	int ret;
 
 	memset(o, 0, sizeof(*o));
-	for (i = 0; i < f->h.nr_regions; i++) {
-		if (f->regions[i].gpa < MIG_DATA_GPA)
+	ret = kvmdirty_mig_snap_info(path, &in, reg, 256, err, len);
+	if (ret < 0)
+		return ret;
+	for (i = 0; i < in.nr_regions && i < 256; i++) {
+		if (reg[i].gpa < MIG_DATA_GPA)
 			continue;
-		data += f->regions[i].size;
+		data += reg[i].size;
 		n++;
 	}
 	o->mib = data >> 20;
-	o->vcpus = f->h.nr_vcpus;
+	o->vcpus = in.nr_vcpus;
 	o->regions = n;
 	o->lazy = true; /* fresh memory, faulted in as pages are read: the holes never are */
-	if (!n || data % (2u << 20) || mig_testvm_check(o, err, len) < 0)
-		return snprintf(err, len, "%.200s: its regions and vCPUs are not a test guest's", f->path), -EINVAL;
+	if (!n || in.nr_regions > 256 || data % (2u << 20) || mig_testvm_check(o, err, len) < 0)
+		return snprintf(err, len, "%.200s: its regions and vCPUs are not a test guest's", path), -EINVAL;
 	return 0;
 }
 
@@ -164,12 +176,12 @@ int mig_snap_restore_cmd(int argc, char **argv)
 						  { "check", no_argument, NULL, 'C' },
 						  { "help", no_argument, NULL, 'h' },
 						  { 0 } };
-	struct snap_file **files = NULL;
+	struct kvmdirty_mig_guest *g = NULL;
 	struct mig_testvm_opts go;
-	struct mig_guest g = { 0 };
 	struct testvm *tv = NULL;
 	uint64_t run_ms = 1000, pages = 0, checked = 0;
-	unsigned int n = 0, i;
+	const char *const *files;
+	unsigned int n;
 	bool check = false;
 	char err[512];
 	int c, ret = 0;
@@ -187,17 +199,13 @@ int mig_snap_restore_cmd(int argc, char **argv)
 	}
 	if (optind == argc)
 		return restore_usage();
-	files = calloc((size_t)(argc - optind), sizeof(*files));
-	if (!files)
-		return 1;
+	files = (const char *const *)argv + optind;
+	n = (unsigned int)(argc - optind);
 	/* every file whole and the chain in order before anything is built */
-	for (; optind < argc && ret == 0; optind++)
-		ret = snap_file_open(argv[optind], &files[n++], err, sizeof(err));
-	if (ret == 0)
-		ret = snap_chain_check(files, n, err, sizeof(err));
+	ret = kvmdirty_mig_snap_check(files, n, err, sizeof(err));
 	/* --check: every copy of every page, older ones too, before anything is built */
 	if (ret == 0 && check)
-		ret = snap_chain_verify(files, n, &checked, err, sizeof(err));
+		ret = kvmdirty_mig_verify(files, n, &checked, err, sizeof(err));
 	if (ret == 0)
 		ret = guest_opts(files[0], &go, err, sizeof(err));
 	if (ret < 0) {
@@ -210,11 +218,11 @@ int mig_snap_restore_cmd(int argc, char **argv)
 		goto out;
 	}
 	ret = mig_testvm_new(&go, false, &tv, err, sizeof(err));
-	if (ret == 0 && (ret = mig_testvm_guest(tv, &g)) < 0)
-		snprintf(err, sizeof(err), "the guest's regions: %s", strerror(-ret));
 	if (ret == 0)
-		ret = mig_snap_restore(&g, files, n, &pages, err, sizeof(err));
-	mig_guest_release(&g);
+		ret = mig_testvm_api(tv, false, &g, err, sizeof(err));
+	if (ret == 0)
+		ret = kvmdirty_mig_restore(g, files, n, &pages, err, sizeof(err));
+	kvmdirty_mig_guest_free(g);
 	if (ret < 0) {
 		fprintf(stderr, "kvmdirty-migrate: restore refused, the guest does not run: %s\n", err);
 		goto out;
@@ -233,9 +241,6 @@ int mig_snap_restore_cmd(int argc, char **argv)
 out:
 	if (tv)
 		mig_testvm_free(tv);
-	for (i = 0; i < n; i++)
-		snap_file_close(files[i]);
-	free(files);
 	/* a host without KVM: its exit status, said in one line */
 	return ret == -KVM_HOST_MISSING_EXIT ? KVM_HOST_MISSING_EXIT : ret < 0;
 }

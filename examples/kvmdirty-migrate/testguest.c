@@ -1,17 +1,36 @@
 // SPDX-License-Identifier: MIT
-/* The test VM of examples/vmm behind the engine's guest interface. */
+/*
+ * The test VM of examples/vmm as kvmdirty-migrate builds it, and behind
+ * the public API's guest (kvmdirty-migrate.h).  Nothing of the engine's
+ * own: its view for the engine's tests is testguest-engine.c.
+ */
 #include <errno.h>
 #include <signal.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 
-#include "errf.h"
 #include "testguest.h"
 
 #define PAGE GUEST_PAGE_SIZE
+
+/* One line into err; returns ret. */
+static int tg_err(char *err, size_t len, int ret, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static int tg_err(char *err, size_t len, int ret, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (err && len) {
+		va_start(ap, fmt);
+		vsnprintf(err, len, fmt, ap);
+		va_end(ap);
+	}
+	return ret;
+}
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
@@ -44,7 +63,7 @@ static int plan_work(const struct mig_testvm_opts *g, uint64_t ret_pages[], char
 		total += ret_pages[i];
 	}
 	if (total > (g->mib << 20) / PAGE)
-		return mig_errf(err, len, -EINVAL, "working sets of %" PRIu64 " MiB exceed memory %" PRIu64 " MiB",
+		return tg_err(err, len, -EINVAL, "working sets of %" PRIu64 " MiB exceed memory %" PRIu64 " MiB",
 				(uint64_t)(total * PAGE >> 20), g->mib);
 	return 0;
 }
@@ -54,10 +73,10 @@ int mig_testvm_check(const struct mig_testvm_opts *g, char *err, size_t len)
 	uint64_t pages[GUEST_MAX_VCPUS];
 
 	if (!g->vcpus || g->vcpus > GUEST_MAX_VCPUS)
-		return mig_errf(err, len, -EINVAL, "%u vCPUs: 1 to %u", g->vcpus, GUEST_MAX_VCPUS);
-	if (g->regions > MIG_MAX_REGIONS - 1 || g->regions > (g->mib << 20) / PAGE)
-		return mig_errf(err, len, -EINVAL, "--regions %u: at most %u, and no more than memory's %" PRIu64 " pages",
-				g->regions, MIG_MAX_REGIONS - 1, (uint64_t)((g->mib << 20) / PAGE));
+		return tg_err(err, len, -EINVAL, "%u vCPUs: 1 to %u", g->vcpus, GUEST_MAX_VCPUS);
+	if (g->regions > MIG_TESTVM_MAX_REGIONS || g->regions > (g->mib << 20) / PAGE)
+		return tg_err(err, len, -EINVAL, "--regions %u: at most %u, and no more than memory's %" PRIu64 " pages",
+				g->regions, MIG_TESTVM_MAX_REGIONS, (uint64_t)((g->mib << 20) / PAGE));
 	return plan_work(g, pages, err, len);
 }
 
@@ -189,13 +208,13 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 	plan_work(g, pages, err, len);
 	ret = testvm_new(&o, &tv);
 	if (ret < 0 && (max = max_vcpus()) > 0 && g->vcpus > (uint64_t)max)
-		return mig_errf(err, len, ret, "-v %u: this host's KVM allows %lld vCPUs", g->vcpus, (long long)max);
+		return tg_err(err, len, ret, "-v %u: this host's KVM allows %lld vCPUs", g->vcpus, (long long)max);
 	if (ret < 0)
-		return mig_errf(err, len, ret, "creating the VM: %s", strerror(-ret));
+		return tg_err(err, len, ret, "creating the VM: %s", strerror(-ret));
 	ret = add_data(tv, g, &mem);
 	if (ret < 0) {
 		testvm_free(tv);
-		return mig_errf(err, len, ret, "adding %" PRIu64 " MiB of guest memory: %s", g->mib, strerror(-ret));
+		return tg_err(err, len, ret, "adding %" PRIu64 " MiB of guest memory: %s", g->mib, strerror(-ret));
 	}
 	/* first touches cost about 5 us a page on this nested host: not inside the migration */
 	if (mig_testvm_prefaults(g, source) && madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
@@ -278,86 +297,57 @@ uint64_t mig_testvm_progress(struct testvm *tv, unsigned int i)
 	return testvm_mailbox(tv, i)->writes;
 }
 
-static int tg_vcpu_save(void *ctx, unsigned int i, struct mig_vcpu_state *st)
+void mig_testvm_pause(void *tv)
 {
-	struct testvm *tv = ctx;
-
-	return mig_vcpu_save_kvm(kvmdirty_vcpu_fd(tv->vcpu[i]), st);
+	testvm_pause_all(tv);
 }
 
-static int tg_vcpu_load(void *ctx, unsigned int i, const struct mig_vcpu_state *st)
+void mig_testvm_resume(void *tv)
 {
-	struct testvm *tv = ctx;
-
-	return mig_vcpu_load_kvm(kvmdirty_vcpu_fd(tv->vcpu[i]), st);
+	testvm_resume_all(tv);
 }
 
-static int tg_vm_save(void *ctx, struct mig_vm_state *st)
+uint64_t mig_testvm_progress_of(void *tv, unsigned int i)
 {
-	struct testvm *tv = ctx;
-
-	return mig_vm_save_kvm(kvmdirty_vm_fd(tv->vm), st);
+	return mig_testvm_progress(tv, i);
 }
 
-static int tg_vm_load(void *ctx, const struct mig_vm_state *st)
+int mig_testvm_run_share(void *tv, unsigned int i, unsigned int permille)
 {
-	struct testvm *tv = ctx;
-
-	return mig_vm_load_kvm(kvmdirty_vm_fd(tv->vm), st);
+	return testvm_set_run_share(tv, i, permille);
 }
 
-static void tg_pause(void *ctx)
+uint64_t mig_testvm_kept_out_ns(void *tv, unsigned int i)
 {
-	testvm_pause_all(ctx);
+	return testvm_out_ns(tv, i);
 }
 
-static void tg_resume(void *ctx)
-{
-	testvm_resume_all(ctx);
-}
-
-static uint64_t tg_progress(void *ctx, unsigned int i)
-{
-	return mig_testvm_progress(ctx, i);
-}
-
-static int tg_set_run_share(void *ctx, unsigned int i, unsigned int permille)
-{
-	return testvm_set_run_share(ctx, i, permille);
-}
-
-static uint64_t tg_kept_out_ns(void *ctx, unsigned int i)
-{
-	return testvm_out_ns(ctx, i);
-}
-
-static const struct mig_guest_ops tg_ops = {
-	.vcpu_save = tg_vcpu_save,
-	.progress = tg_progress,
-	.vcpu_load = tg_vcpu_load,
-	.vm_save = tg_vm_save,
-	.vm_load = tg_vm_load,
-	.pause = tg_pause,
-	.resume = tg_resume,
-	.set_run_share = tg_set_run_share,
-	.kept_out_ns = tg_kept_out_ns,
+static const struct kvmdirty_mig_ops tg_ops = {
+	.pause = mig_testvm_pause,
+	.resume = mig_testvm_resume,
+	.progress = mig_testvm_progress_of,
+	.set_run_share = mig_testvm_run_share,
+	.kept_out_ns = mig_testvm_kept_out_ns,
 };
 
-int mig_testvm_guest(struct testvm *tv, struct mig_guest *g)
+void mig_testvm_kick_signal(struct testvm *tv)
 {
-	unsigned int i;
-
-	memset(g, 0, sizeof(*g));
-	g->nr_vcpus = tv->nr_vcpus;
-	g->tracker = tv->tracker;
-	g->ops = &tg_ops;
-	g->ctx = tv;
-	for (i = 0; i < tv->nr_vcpus && i < MIG_MAX_VCPUS; i++)
-		g->vcpu[i] = tv->vcpu[i];
 	/* testvm_spawn() installs SIGUSR1's handler: the library's kicks share it */
 	if (tv->tracker && kvmdirty_tracker_mode(tv->tracker) == KVMDIRTY_MODE_DIRTY_RING && tv->nr_threads)
 		kvmdirty_vm_set_kick_signal(tv->vm, SIGUSR1);
-	return mig_guest_set_regions(g, tv->vm);
+}
+
+int mig_testvm_api(struct testvm *tv, bool source, struct kvmdirty_mig_guest **ret_g, char *err, size_t len)
+{
+	int ret;
+
+	mig_testvm_kick_signal(tv);
+	/* a destination's or a restore's memory is fresh: pages no stream writes are left alone */
+	ret = kvmdirty_mig_guest_new(tv->vm, source ? tv->tracker : NULL, tv->vcpu, tv->nr_vcpus,
+				     source ? 0 : KVMDIRTY_MIG_FRESH, &tg_ops, tv, ret_g);
+	if (ret < 0)
+		return tg_err(err, len, ret, "the guest's regions: %s", strerror(-ret));
+	return 0;
 }
 
 /* Page writes vCPU i's pacing allows in ms (UINT64_MAX: not paced, or nothing to write). */
@@ -407,7 +397,7 @@ int mig_testvm_check_running(struct testvm *tv, uint64_t run_ms, char *err, size
 	testvm_halt_all(tv);
 	ret = testvm_join(tv, &bad, &ex);
 	if (ret < 0)
-		return mig_errf(err, len, ret, "vCPU %u: %s (page 0x%" PRIx64 ")", bad,
+		return tg_err(err, len, ret, "vCPU %u: %s (page 0x%" PRIx64 ")", bad,
 				ret == -EIO ? testvm_event_name(ex.event) : strerror(-ret), testvm_mailbox(tv, bad)->err_gpa);
 	for (i = 0; i < tv->nr_vcpus; i++) {
 		const struct guest_vcpu *mb = testvm_mailbox(tv, i);
@@ -415,10 +405,10 @@ int mig_testvm_check_running(struct testvm *tv, uint64_t run_ms, char *err, size
 
 		if (ran >= MIN_CPU_MS && expected_writes(tv, i, ran) >= MIN_EXPECTED_WRITES &&
 		    mb->pass == pass[i] && mb->writes == writes[i])
-			return mig_errf(err, len, -EIO, "vCPU %u made no progress in %" PRIu64 " ms (pass %"
+			return tg_err(err, len, -EIO, "vCPU %u made no progress in %" PRIu64 " ms (pass %"
 					PRIu64 ", %" PRIu64 " pages written)", i, run_ms, pass[i], writes[i]);
 	}
-	return mig_errf(err, len, 0, "vCPU 0: pass %" PRIu64 " -> %" PRIu64 ", %" PRIu64 " pages written", pass[0],
+	return tg_err(err, len, 0, "vCPU 0: pass %" PRIu64 " -> %" PRIu64 ", %" PRIu64 " pages written", pass[0],
 			testvm_mailbox(tv, 0)->pass, testvm_mailbox(tv, 0)->writes - writes[0]);
 }
 
@@ -427,6 +417,6 @@ int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_
 	int ret = testvm_spawn(tv);
 
 	if (ret < 0)
-		return mig_errf(err, len, ret, "starting vCPUs: %s", strerror(-ret));
+		return tg_err(err, len, ret, "starting vCPUs: %s", strerror(-ret));
 	return mig_testvm_check_running(tv, run_ms, err, len);
 }

@@ -3,7 +3,7 @@
 #define KVMDIRTY_MIGRATE_TESTGUEST_H
 
 /*
- * The test guest (examples/vmm) as the migration engine sees it: the one
+ * The test guest (examples/vmm) as kvmdirty-migrate builds it: the one
  * file of the daemon that knows the test VM.  Both ends build the same
  * guest (so the region tables match); the source's vCPUs dirty a working
  * set at a given rate and check each page's tag as they go, so a guest
@@ -13,10 +13,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "guest.h"
+#include <kvmdirty-migrate.h>
+
 #include "testvm.h"
 
 #define MIG_DATA_GPA (4ull << 30)
+#define MIG_TESTVM_MAX_REGIONS 65534u /* data regions, at most (the engine's 65,535 less the code's) */
 
 /* What one vCPU of the source does while it is migrated. */
 enum mig_work {
@@ -56,7 +58,7 @@ struct mig_testvm_opts {
 	 * The data memory as this many regions (memslots), one after another
 	 * in guest and host addresses, each of a whole number of pages, the
 	 * last taking what does not divide (0 or 1: one region); at most
-	 * MIG_MAX_REGIONS - 1 and the memory's pages.
+	 * MIG_TESTVM_MAX_REGIONS and the memory's pages.
 	 */
 	unsigned int regions;
 	/*
@@ -96,8 +98,21 @@ void mig_testvm_fill_range(struct testvm *tv, uint64_t first, uint64_t count, ui
 /* vCPU i's progress: the pages it wrote, or the units it computed, so far. */
 uint64_t mig_testvm_progress(struct testvm *tv, unsigned int i);
 
-/* The engine's view of tv: its regions, KVM vCPU state, testvm's pause and resume. */
-int mig_testvm_guest(struct testvm *tv, struct mig_guest *ret_g);
+/*
+ * tv behind the public API's guest (kvmdirty-migrate.h): its regions and
+ * vCPUs, testvm's pause, resume, run share and progress; a source's with
+ * its tracker, a destination's or a restore's fresh.  0, or -errno with
+ * err.  Free it (kvmdirty_mig_guest_free()) before tv.
+ */
+int mig_testvm_api(struct testvm *tv, bool source, struct kvmdirty_mig_guest **ret_g, char *err, size_t len);
+/* The guest's calls on tv (a struct testvm *), the same for the API's guest and the engine's */
+void mig_testvm_pause(void *tv);
+void mig_testvm_resume(void *tv);
+uint64_t mig_testvm_progress_of(void *tv, unsigned int i);
+int mig_testvm_run_share(void *tv, unsigned int i, unsigned int permille);
+uint64_t mig_testvm_kept_out_ns(void *tv, unsigned int i);
+/* In the dirty-ring mode, once tv's vCPU threads run: the library's kicks share testvm's SIGUSR1. */
+void mig_testvm_kick_signal(struct testvm *tv);
 
 /*
  * Run a received guest for run_ms, then take its vCPUs out of KVM_RUN
