@@ -55,3 +55,23 @@ _start:
 /* A spurious interrupt (GUEST_SPURIOUS_VECTOR): no EOI. */
 	.org	GUEST_SPURIOUS_OFF
 	iretq
+
+/*
+ * SYSCALL (GUEST_F_SYSCALL): here at CPL 0 through LSTAR, on the caller's
+ * stack (nothing switches it: a test guest's), rdi its mailbox, rcx and
+ * r11 its return address and flags: count the call, read TSC_AUX into the
+ * mailbox, SYSRET.
+ */
+	.org	GUEST_SYSCALL_OFF
+	push	%rcx
+	push	%rdx
+	push	%rax
+	mov	$0xc0000103, %ecx	/* IA32_TSC_AUX */
+	rdmsr
+	mov	%eax, GUEST_MAILBOX_SEEN_AUX_OFF(%rdi)
+	mov	%edx, GUEST_MAILBOX_SEEN_AUX_OFF + 4(%rdi)
+	lock incq GUEST_MAILBOX_SYSCALLS_OFF(%rdi)
+	pop	%rax
+	pop	%rdx
+	pop	%rcx
+	sysretq

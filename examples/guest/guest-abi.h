@@ -50,10 +50,20 @@
 #define GUEST_STATE_MAILBOX_GPA 0x10000 /* GUEST_MAILBOX_GPA */
 #define GUEST_TIMER_OFF 0x80	      /* entry.S, from GUEST_CODE_GPA: the LAPIC timer's handler */
 #define GUEST_SPURIOUS_OFF 0x100	      /* ... a spurious interrupt's */
+#define GUEST_SYSCALL_OFF 0x140	      /* ... SYSCALL's (LSTAR) */
 #define GUEST_TIMER_VECTOR 0x40
 #define GUEST_SPURIOUS_VECTOR 0xff
 #define GUEST_MAILBOX_TICKS_OFF 160 /* offsetof(struct guest_vcpu, st_ticks): entry.S counts there */
 #define GUEST_MAILBOX_SEEN_OFF 184  /* offsetof(struct guest_vcpu, st_seen_pat): ... and reads MSRs to */
+#define GUEST_MAILBOX_SYSCALLS_OFF 200 /* offsetof(struct guest_vcpu, st_syscalls): SYSCALL's handler counts there */
+#define GUEST_MAILBOX_SEEN_AUX_OFF 208 /* offsetof(struct guest_vcpu, st_seen_aux): ... and reads TSC_AUX to */
+/*
+ * SYSCALL's selectors (GUEST_F_SYSCALL): STAR's kernel base (CS, SS = +8)
+ * and SYSRET's user base (SS = +8, CS = +16: a user data and a user code
+ * descriptor after the TSS's, in that order)
+ */
+#define GUEST_STAR_KERNEL 0x08
+#define GUEST_STAR_USER 0x30
 
 /* entry.S includes what is above */
 #ifndef __ASSEMBLER__
@@ -93,11 +103,22 @@ enum guest_pattern {
  * (GUEST_STATE_*), err_tag[1] what was seen.
  */
 #define GUEST_F_STATE (1u << 3)
+/*
+ * With GUEST_F_STATE, each pass: a SYSCALL (CPL 3 to LSTAR's handler at
+ * CPL 0, STAR's selectors, SFMASK's flags, SYSRET back), whose handler
+ * counts it and reads TSC_AUX (RDMSR) for the workload to compare with
+ * st_aux.  A kernel's system-call path, and the MSRs it rests on, which
+ * only a whole migration or restore brings along.  Not on a PVM-based
+ * KVM, whose own switcher owns SYSCALL (testvm_syscall_setup() refuses).
+ */
+#define GUEST_F_SYSCALL (1u << 4)
 enum guest_state_check {
 	GUEST_STATE_PAT = 1,
 	GUEST_STATE_KVMCLOCK_MSR,
 	GUEST_STATE_YMM,
 	GUEST_STATE_TIME_BACK,
+	GUEST_STATE_SYSCALL, /* the call never reached LSTAR's handler (err_tag[1]: calls counted) */
+	GUEST_STATE_TSC_AUX, /* TSC_AUX as the handler read it */
 };
 
 /*
@@ -130,7 +151,10 @@ struct guest_vcpu {
 	volatile uint64_t st_last_ns;  /* kvmclock time at the last check */
 	/* the timer's handler: the MSRs as it read them last */
 	volatile uint64_t st_seen_pat, st_seen_kvmclock;
-	uint64_t reserved[7];
+	/* GUEST_F_SYSCALL: SYSCALL's handler counts its calls and reads TSC_AUX; what TSC_AUX must be */
+	volatile uint64_t st_syscalls, st_seen_aux;
+	uint64_t st_aux;
+	uint64_t reserved[4];
 };
 
 /*
@@ -149,6 +173,8 @@ _Static_assert(__builtin_offsetof(struct guest_vcpu, st_ticks) == GUEST_MAILBOX_
 _Static_assert(__builtin_offsetof(struct guest_vcpu, st_seen_pat) == GUEST_MAILBOX_SEEN_OFF, "entry.S's MSRs");
 _Static_assert(__builtin_offsetof(struct guest_vcpu, st_seen_kvmclock) == GUEST_MAILBOX_SEEN_OFF + 8, "entry.S's MSRs");
 _Static_assert(GUEST_STATE_MAILBOX_GPA == GUEST_MAILBOX_GPA, "entry.S's mailboxes");
+_Static_assert(__builtin_offsetof(struct guest_vcpu, st_syscalls) == GUEST_MAILBOX_SYSCALLS_OFF, "entry.S's SYSCALL count");
+_Static_assert(__builtin_offsetof(struct guest_vcpu, st_seen_aux) == GUEST_MAILBOX_SEEN_AUX_OFF, "entry.S's TSC_AUX");
 #endif
 
 /*

@@ -118,6 +118,15 @@ static bool check_state(struct guest_vcpu *v)
 	for (i = 0; i < 4; i++)
 		if (ymm[i] != v->st_ymm[i])
 			return state_failed(v, GUEST_STATE_YMM, ymm[i]);
+	if (v->flags & GUEST_F_SYSCALL) {
+		uint64_t before = v->st_syscalls;
+
+		__asm__ volatile("syscall" : : "D"(v) : "rcx", "r11", "memory");
+		if (v->st_syscalls != before + 1)
+			return state_failed(v, GUEST_STATE_SYSCALL, v->st_syscalls - before);
+		if (v->st_seen_aux != v->st_aux)
+			return state_failed(v, GUEST_STATE_TSC_AUX, v->st_seen_aux);
+	}
 	ns = kvmclock_ns((const struct pvclock *)v->st_pvclock_gpa);
 	if (ns < v->st_last_ns)
 		return state_failed(v, GUEST_STATE_TIME_BACK, v->st_last_ns - ns);

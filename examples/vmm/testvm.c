@@ -107,6 +107,9 @@ static void build_system(struct testvm *tv)
 	/* 64-bit TSS, 16 bytes; only for completeness: nothing switches stacks */
 	gdt[5] = 0x67 | ((tss & 0xffffff) << 16) | (0x89ull << 40) | ((tss >> 24 & 0xff) << 56);
 	gdt[6] = tss >> 32;
+	/* SYSRET's pair (GUEST_STAR_USER): user data, then user code, as SYSRET takes them */
+	gdt[7] = seg_desc(0xf3, 0xc);
+	gdt[8] = seg_desc(0xfb, 0xa);
 
 	/* identity map with 2 MiB pages (1 GiB pages triple-fault on this host) */
 	pml4[0] = GUEST_PDPT_GPA | PTE_P | PTE_RW | PTE_US;
@@ -168,7 +171,7 @@ static int setup_vcpu(struct testvm *tv, unsigned int i, struct kvm_cpuid2 *cpui
 	memset(&sregs.ldt, 0, sizeof(sregs.ldt));
 	sregs.ldt.unusable = 1;
 	sregs.gdt.base = GUEST_GDT_GPA;
-	sregs.gdt.limit = 7 * 8 - 1;
+	sregs.gdt.limit = 9 * 8 - 1;
 	sregs.idt.base = 0;
 	sregs.idt.limit = 0; /* no IDT: an exception becomes a triple fault */
 	ret = sys_ioctl(fd, KVM_SET_SREGS, &sregs);
@@ -499,6 +502,64 @@ int testvm_state_setup(struct testvm *tv, uint64_t period_us)
 	idt_gate(idt, GUEST_SPURIOUS_VECTOR, GUEST_SPURIOUS_OFF);
 	for (i = 0; i < tv->nr_vcpus; i++) {
 		ret = state_vcpu(tv, i, period_us);
+		if (ret < 0)
+			return ret;
+	}
+	return 0;
+}
+
+#define MSR_STAR 0xc0000081u
+#define MSR_LSTAR 0xc0000082u
+#define MSR_SFMASK 0xc0000084u
+#define MSR_TSC_AUX 0xc0000103u
+#define EFER_SCE (1ull << 0)
+
+static int syscall_vcpu(struct testvm *tv, unsigned int i)
+{
+	struct {
+		struct kvm_msrs h;
+		struct kvm_msr_entry e[4];
+	} msrs = { .h.nmsrs = 4 };
+	struct guest_vcpu *v = testvm_mailbox(tv, i);
+	int fd = kvmdirty_vcpu_fd(tv->vcpu[i]), ret;
+	struct kvm_sregs sregs;
+
+	ret = sys_ioctl(fd, KVM_GET_SREGS, &sregs);
+	if (ret < 0)
+		return ret;
+	sregs.efer |= EFER_SCE;
+	ret = sys_ioctl(fd, KVM_SET_SREGS, &sregs);
+	if (ret < 0)
+		return ret;
+	v->st_aux = 0x7a000000u | i;
+	msrs.e[0] = (struct kvm_msr_entry){ .index = MSR_STAR,
+					    .data = (uint64_t)GUEST_STAR_USER << 48 | (uint64_t)GUEST_STAR_KERNEL << 32 };
+	msrs.e[1] = (struct kvm_msr_entry){ .index = MSR_LSTAR, .data = GUEST_CODE_GPA + GUEST_SYSCALL_OFF };
+	msrs.e[2] = (struct kvm_msr_entry){ .index = MSR_SFMASK, .data = 0x700 }; /* TF, IF, DF: no interrupt on the user's stack */
+	msrs.e[3] = (struct kvm_msr_entry){ .index = MSR_TSC_AUX, .data = v->st_aux };
+	ret = sys_ioctl(fd, KVM_SET_MSRS, &msrs);
+	if (ret >= 0 && ret != 4)
+		return -EOPNOTSUPP;
+	if (ret < 0)
+		return ret;
+	v->flags |= GUEST_F_SYSCALL;
+	return 0;
+}
+
+bool testvm_pvm_host(void)
+{
+	return access("/sys/module/kvm_pvm", F_OK) == 0;
+}
+
+int testvm_syscall_setup(struct testvm *tv)
+{
+	unsigned int i;
+	int ret;
+
+	if (testvm_pvm_host() || !(testvm_mailbox(tv, 0)->flags & GUEST_F_STATE))
+		return -EOPNOTSUPP;
+	for (i = 0; i < tv->nr_vcpus; i++) {
+		ret = syscall_vcpu(tv, i);
 		if (ret < 0)
 			return ret;
 	}

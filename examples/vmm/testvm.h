@@ -131,6 +131,16 @@ int testvm_set_ring0(struct testvm *tv, unsigned int i, bool ring0);
  * stream or the snapshot, or its guest fails its checks.
  */
 int testvm_state_setup(struct testvm *tv, uint64_t period_us);
+/*
+ * After testvm_state_setup(), before any vCPU ran: the system-call path
+ * too (GUEST_F_SYSCALL): EFER.SCE, STAR, LSTAR at the guest's handler,
+ * SFMASK, and TSC_AUX (0x7a000000 | the vCPU's index, which the handler
+ * reads).  -EOPNOTSUPP on a PVM-based KVM (its switcher owns SYSCALL: the
+ * guest's never reaches LSTAR there) or without the state guest.
+ */
+int testvm_syscall_setup(struct testvm *tv);
+/* Whether this host's KVM is the PVM-based one (kvm_pvm loaded). */
+bool testvm_pvm_host(void);
 
 /* Pages/second to GUEST's tsc_per_page, from the vCPU's TSC frequency. */
 uint64_t testvm_tsc_per_page(const struct testvm *tv, uint64_t pages_per_sec);
