@@ -444,21 +444,13 @@ static int connect_again(void *ctx, char *err, size_t len)
 	return mig_connect(c->addr, c->timeout_ms, err, len);
 }
 
-EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
-			     const struct kvmdirty_mig_send_opts *opts, struct kvmdirty_mig_send_result *res, char *err,
-			     size_t len)
+/* What kvmdirty_mig_send() refuses before it loads a key or dials: 0, or -EINVAL with err. */
+static int send_check(struct kvmdirty_mig_guest *guest, const char *addr, const struct kvmdirty_mig_send_opts *u,
+		      char *err, size_t len)
 {
-	static const struct kvmdirty_mig_send_opts none;
-	const struct kvmdirty_mig_send_opts *u = opts ? opts : &none;
-	struct mig_send_opts o = { 0 };
-	struct mig_result r = { .outcome = MIG_OUTCOME_HERE };
-	struct send_ctx c;
-	struct mig_psk psk;
-	char why[512] = "";
-	int fd, ret;
+	char why[256] = "";
+	int ret;
 
-	if (res)
-		*res = (struct kvmdirty_mig_send_result){ .outcome = KVMDIRTY_MIG_HERE };
 	if (!guest || !addr) {
 		say(err, len, "kvmdirty_mig_send: %s is NULL", !guest ? "the guest" : "the address");
 		return -EINVAL;
@@ -482,45 +474,88 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 		return -EINVAL;
 	}
 	ret = mig_addr_check(addr, why, sizeof(why));
-	if (ret < 0) {
+	if (ret < 0)
 		say(err, len, "%s", why);
-		return ret;
+	return ret;
+}
+
+/* The engine's options from the caller's (psk: the key loaded, or NULL; c: the joins' dialler's context). */
+static void send_opts_of(const struct kvmdirty_mig_send_opts *u, const struct mig_psk *psk, struct send_ctx *c,
+			 struct mig_send_opts *o)
+{
+	struct mig_params p;
+
+	send_params(u, &p);
+	*o = (struct mig_send_opts){ .downtime_ms = p.downtime_ms,
+				     .max_passes = (unsigned int)p.max_passes,
+				     .timeout_ms = p.timeout_ms,
+				     .peer_timeout_ms = u->peer_timeout_ms ? u->peer_timeout_ms : 30000,
+				     .verify = !u->no_verify,
+				     .inline_hash = inline_hash(),
+				     .throttle = p.throttle,
+				     .force_switchover = u->force_switchover,
+				     .max_bandwidth = p.max_bandwidth,
+				     .event = u->event,
+				     .event_ctx = u->event_ctx,
+				     .psk = psk,
+				     .encrypt = u->encrypt,
+				     .wipe_psk = true,
+				     .peer_name = u->peer_name,
+				     .connections = u->connections ? u->connections : 1,
+				     .stats = u->stats,
+				     .progress = u->progress,
+				     .baseline_ms = u->baseline_ms,
+				     .connect = connect_again,
+				     .connect_ctx = c };
+	c->timeout_ms = o->peer_timeout_ms;
+	if (u->control) {
+		o->status = &u->control->d.st;
+		o->unknown = mig_daemon_unknown;
+		o->unknown_ctx = &u->control->d;
 	}
-	ret = load_psk(u->psk_file, &psk, err, len);
+}
+
+/* The engine's result as the header says it. */
+static void send_result(const struct mig_result *r, struct kvmdirty_mig_send_result *res)
+{
+	*res = (struct kvmdirty_mig_send_result){ .outcome = outcome(r->outcome, true),
+						  .total_ms = r->total_ms,
+						  .downtime_ms = r->downtime_ms,
+						  .bytes = r->bytes,
+						  .passes = r->passes,
+						  .pages = r->pages,
+						  .zero_pages = r->zero_pages,
+						  .converged = r->converged,
+						  .lost_pages = r->lost_pages,
+						  .untouched_pages = r->untouched_pages,
+						  .verified_pages = r->verified_pages,
+						  .cancelled = r->cancelled,
+						  .resolved = r->resolved,
+						  .throttled = r->throttled,
+						  .reason = r->reason ? r->reason : "failed" };
+}
+
+EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
+			     const struct kvmdirty_mig_send_opts *opts, struct kvmdirty_mig_send_result *res, char *err,
+			     size_t len)
+{
+	static const struct kvmdirty_mig_send_opts none;
+	const struct kvmdirty_mig_send_opts *u = opts ? opts : &none;
+	struct mig_result r = { .outcome = MIG_OUTCOME_HERE };
+	struct send_ctx c = { .addr = addr };
+	struct mig_send_opts o;
+	struct mig_psk psk;
+	char why[512] = "";
+	int fd, ret;
+
+	if (res)
+		*res = (struct kvmdirty_mig_send_result){ .outcome = KVMDIRTY_MIG_HERE };
+	ret = send_check(guest, addr, u, err, len);
+	if (ret == 0)
+		ret = load_psk(u->psk_file, &psk, err, len);
 	if (ret < 0)
 		return ret;
-	{
-		struct mig_params p;
-
-		send_params(u, &p);
-		o.downtime_ms = p.downtime_ms;
-		o.max_passes = (unsigned int)p.max_passes;
-		o.timeout_ms = p.timeout_ms;
-	}
-	o.peer_timeout_ms = u->peer_timeout_ms ? u->peer_timeout_ms : 30000;
-	o.verify = !u->no_verify;
-	o.inline_hash = inline_hash();
-	o.throttle = !u->no_throttle;
-	o.force_switchover = u->force_switchover;
-	o.max_bandwidth = u->max_mibps;
-	o.event = u->event;
-	o.event_ctx = u->event_ctx;
-	o.psk = u->psk_file ? &psk : NULL;
-	o.encrypt = u->encrypt;
-	o.wipe_psk = true;
-	o.peer_name = u->peer_name;
-	o.connections = u->connections ? u->connections : 1;
-	o.stats = u->stats;
-	o.progress = u->progress;
-	o.baseline_ms = u->baseline_ms;
-	if (u->control) {
-		o.status = &u->control->d.st;
-		o.unknown = mig_daemon_unknown;
-		o.unknown_ctx = &u->control->d;
-	}
-	c = (struct send_ctx){ .addr = addr, .timeout_ms = o.peer_timeout_ms };
-	o.connect = connect_again;
-	o.connect_ctx = &c;
+	send_opts_of(u, u->psk_file ? &psk : NULL, &c, &o);
 	/* with a control: another migration on it refused before a dial; a cancel during the dial is due */
 	ret = u->control ? mig_status_prepare(o.status) : 0;
 	if (ret < 0) {
@@ -545,21 +580,7 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 		mig_psk_clear(&psk);
 	say(err, len, "%s", why);
 	if (res)
-		*res = (struct kvmdirty_mig_send_result){ .outcome = outcome(r.outcome, true),
-							  .total_ms = r.total_ms,
-							  .downtime_ms = r.downtime_ms,
-							  .bytes = r.bytes,
-							  .passes = r.passes,
-							  .pages = r.pages,
-							  .zero_pages = r.zero_pages,
-							  .converged = r.converged,
-							  .lost_pages = r.lost_pages,
-							  .untouched_pages = r.untouched_pages,
-							  .verified_pages = r.verified_pages,
-							  .cancelled = r.cancelled,
-							  .resolved = r.resolved,
-							  .throttled = r.throttled,
-							  .reason = r.reason ? r.reason : "failed" };
+		send_result(&r, res);
 	return ret;
 }
 
