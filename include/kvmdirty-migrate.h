@@ -233,12 +233,13 @@ int kvmdirty_mig_control_new(const struct kvmdirty_mig_control_opts *opts, struc
 /*
  * Where the guest runs as this side sees it now: PENDING while a
  * migration is under way (or none began), then HERE, THERE or UNKNOWN.
+ * ctl must not be NULL (the calls below refuse a NULL one with -EINVAL).
  */
 enum kvmdirty_mig_outcome kvmdirty_mig_control_outcome(struct kvmdirty_mig_control *ctl);
 /*
  * The control socket's query answer (one JSON object, no newline:
  * kvmdirty-migrate-control(7)) into buf: its length, or -ENOSPC when len
- * is short.
+ * is short (or buf NULL).
  */
 int kvmdirty_mig_control_query(struct kvmdirty_mig_control *ctl, char *buf, size_t len);
 /*

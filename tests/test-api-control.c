@@ -190,6 +190,12 @@ START_TEST(misuse_refused)
 	ck_assert_ptr_nonnull(strstr(err, "source's"));
 	kvmdirty_mig_control_free(c);
 	kvmdirty_mig_control_free(NULL);
+	ck_assert_int_eq(kvmdirty_mig_control_query(NULL, buf, sizeof(buf)), -EINVAL);
+	ck_assert_int_eq(kvmdirty_mig_control_resolve(NULL, true, err, sizeof(err)), -EINVAL);
+	ck_assert_int_eq(kvmdirty_mig_control_cancel(NULL, err, sizeof(err)), -EINVAL);
+	ck_assert_int_eq(kvmdirty_mig_control_set(NULL, &(struct kvmdirty_mig_params){ 0 }, KVMDIRTY_MIG_SET_DOWNTIME, err,
+						  sizeof(err)),
+			 -EINVAL);
 }
 END_TEST
 

@@ -355,16 +355,24 @@ EXPORT enum kvmdirty_mig_outcome kvmdirty_mig_control_outcome(struct kvmdirty_mi
 
 EXPORT int kvmdirty_mig_control_query(struct kvmdirty_mig_control *ctl, char *buf, size_t len)
 {
-	int ret = mig_status_query(&ctl->d.st, buf, len);
+	int ret;
 
+	if (!ctl || !buf || !len)
+		return !ctl ? -EINVAL : -ENOSPC;
+	ret = mig_status_query(&ctl->d.st, buf, len);
 	return ret < 0 ? ret : (int)strlen(buf);
 }
 
 EXPORT int kvmdirty_mig_control_resolve(struct kvmdirty_mig_control *ctl, bool run_here, char *err, size_t len)
 {
 	char why[256] = "";
-	int ret = mig_status_resolve(&ctl->d.st, run_here, why, sizeof(why));
+	int ret;
 
+	if (!ctl) {
+		say(err, len, "kvmdirty_mig_control_resolve: the control is NULL");
+		return -EINVAL;
+	}
+	ret = mig_status_resolve(&ctl->d.st, run_here, why, sizeof(why));
 	say(err, len, "%s", why);
 	return ret;
 }
@@ -398,8 +406,13 @@ EXPORT int kvmdirty_mig_control_set(struct kvmdirty_mig_control *ctl, const stru
 EXPORT int kvmdirty_mig_control_cancel(struct kvmdirty_mig_control *ctl, char *err, size_t len)
 {
 	char why[256] = "";
-	int ret = mig_status_cancel(&ctl->d.st, why, sizeof(why));
+	int ret;
 
+	if (!ctl) {
+		say(err, len, "kvmdirty_mig_control_cancel: the control is NULL");
+		return -EINVAL;
+	}
+	ret = mig_status_cancel(&ctl->d.st, why, sizeof(why));
 	say(err, len, "%s", why);
 	return ret;
 }
