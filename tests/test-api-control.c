@@ -18,12 +18,14 @@
  */
 #define _GNU_SOURCE
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -711,16 +713,20 @@ START_TEST(busy_send_splits_brain)
 END_TEST
 
 /*
- * A cancel asked before a kvmdirty_mig_send() whose dial fails ends that
- * call (-ECANCELED) and not the next, unrelated migration on the control.
+ * A cancel asked before a kvmdirty_mig_send() that fails before it begins
+ * (its dial, or its own checks: its key file missing) ends that call
+ * (-ECANCELED) and not the next, unrelated migration on the control (it
+ * once outlived a failed dial, and then a failed check: "a cancel aimed at
+ * a call refused by its checks ended the next migration: -125").
  */
-START_TEST(cancel_outlives_failed_send)
+static void cancel_then_failed_call(bool by_checks)
 {
-	char addr[128], nobody[128], err[512], answer[4096];
+	char addr[128], nobody[128], nokey[128], err[512], answer[4096];
 	struct kvmdirty_mig_control *c;
 	struct kvmdirty_mig_send_result res;
 	struct recv_job j = { 0 };
 	struct api_side src, dst;
+	const char *what = by_checks ? "refused by its checks" : "that could not dial";
 	pthread_t t;
 	int ret;
 
@@ -728,17 +734,20 @@ START_TEST(cancel_outlives_failed_send)
 	side_new(&dst, false);
 	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
 	snprintf(nobody, sizeof(nobody), "unix:%s/nobody", dir);
+	snprintf(nokey, sizeof(nokey), "%s/no-such-key", dir);
 	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ 0 }, &c, err, sizeof(err)), 0);
 	ck_assert_int_eq(kvmdirty_mig_control_cancel(c, err, sizeof(err)), 0);
-	ret = kvmdirty_mig_send(src.g, nobody, &(struct kvmdirty_mig_send_opts){ .control = c }, &res, err, sizeof(err));
+	ret = kvmdirty_mig_send(src.g, by_checks ? addr : nobody,
+				&(struct kvmdirty_mig_send_opts){ .control = c, .psk_file = by_checks ? nokey : NULL }, &res,
+				err, sizeof(err));
 	kvmdirty_mig_control_query(c, answer, sizeof(answer));
-	printf("cancel then a failed dial: cancelled send that could not dial: %d (%s)\nB: query after it: %s\n", ret, err, answer);
+	printf("a cancelled send %s: %d (%s); query after it: %s\n", what, ret, err, answer);
+	ck_assert_int_eq(ret, by_checks ? -ENOENT : -ECANCELED);
 	recv_start(&j, &dst, addr, &t);
 	ret = kvmdirty_mig_send(src.g, addr, &(struct kvmdirty_mig_send_opts){ .control = c, .force_switchover = true },
 				&res, err, sizeof(err));
-	printf("cancel then a failed dial: the next send, no cancel asked for it: %d (%s) outcome %d\n", ret, err,
-	       res.outcome);
-	ck_assert_msg(ret == 0, "a cancel aimed at a failed call ended the next migration: %d %s", ret, err);
+	printf("the next send, no cancel asked for it: %d (%s) outcome %d\n", ret, err, res.outcome);
+	ck_assert_msg(ret == 0, "a cancel aimed at a call %s ended the next migration: %d %s", what, ret, err);
 	pthread_join(t, NULL);
 	ck_assert_msg(j.ret == 0, "the destination of the next migration: %s", j.err);
 	testvm_stop_all(src.tv);
@@ -747,6 +756,17 @@ START_TEST(cancel_outlives_failed_send)
 	close(j.lfd);
 	api_side_free(&dst);
 	api_side_free(&src);
+}
+
+START_TEST(cancel_outlives_failed_send)
+{
+	cancel_then_failed_call(false);
+}
+END_TEST
+
+START_TEST(cancel_outlives_checked_send)
+{
+	cancel_then_failed_call(true);
 }
 END_TEST
 
@@ -825,6 +845,354 @@ START_TEST(cancel_lost_during_dial_on_reused_control)
 END_TEST
 
 /*
+ * ---- a hook on open(2): the engine is linked statically, so its calls
+ * resolve here; it holds only a thread that asked for it (hk_me), at the
+ * path armed, until released ----
+ */
+
+static pthread_mutex_t hk_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hk_cond = PTHREAD_COND_INITIALIZER;
+static char hk_path[256];
+static bool hk_entered, hk_release;
+static __thread bool hk_me; /* the hook holds only the thread that asked for it */
+
+static void hk_gate(const char *path)
+{
+	pthread_mutex_lock(&hk_lock);
+	if (hk_me && hk_path[0] && path && !strcmp(path, hk_path)) {
+		hk_entered = true;
+		pthread_cond_broadcast(&hk_cond);
+		while (!hk_release)
+			pthread_cond_wait(&hk_cond, &hk_lock);
+	}
+	pthread_mutex_unlock(&hk_lock);
+}
+
+static int (*real_open(const char *name))(const char *, int, ...)
+{
+	return (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, name);
+}
+
+int open(const char *path, int flags, ...)
+{
+	mode_t mode = 0;
+	va_list ap;
+
+	va_start(ap, flags);
+	if (flags & (O_CREAT | O_TMPFILE))
+		mode = va_arg(ap, mode_t);
+	va_end(ap);
+	hk_gate(path);
+	/* with _FILE_OFFSET_BITS=64 this is open64, as the engine calls it */
+	return real_open(sizeof(off_t) == 8 ? "open64" : "open")(path, flags, mode);
+}
+
+static void hk_arm(const char *path)
+{
+	pthread_mutex_lock(&hk_lock);
+	snprintf(hk_path, sizeof(hk_path), "%s", path);
+	hk_entered = hk_release = false;
+	pthread_mutex_unlock(&hk_lock);
+}
+
+static void hk_wait_entered(void)
+{
+	pthread_mutex_lock(&hk_lock);
+	while (!hk_entered)
+		pthread_cond_wait(&hk_cond, &hk_lock);
+	pthread_mutex_unlock(&hk_lock);
+}
+
+static void hk_open_up(void)
+{
+	pthread_mutex_lock(&hk_lock);
+	hk_release = true;
+	hk_path[0] = 0;
+	pthread_cond_broadcast(&hk_cond);
+	pthread_mutex_unlock(&hk_lock);
+}
+
+/* A destination still waiting on thread t given a stream that ends it (no control), and joined. */
+static void drain(struct api_side *src, const char *addr, pthread_t t, const char *psk)
+{
+	char err[512];
+
+	if (pthread_tryjoin_np(t, NULL) != EBUSY)
+		return;
+	kvmdirty_mig_send(src->g, addr, &(struct kvmdirty_mig_send_opts){ .force_switchover = true, .psk_file = psk }, NULL, err,
+			  sizeof(err));
+	pthread_join(t, NULL);
+}
+
+/*
+ * A reused control; kvmdirty_mig_send() is inside its call, held by the
+ * hook as it reads its key file (as a slow file system or a host name's
+ * lookup would): a cancel then is taken and the call ends -ECANCELED (it
+ * was once refused -ENOENT and the guest moved).
+ */
+static char a2_key[128];
+
+static void *receive_psk(void *p)
+{
+	struct recv_job *j = p;
+	struct kvmdirty_mig_recv_opts o = { .once = true, .timeout_ms = 1000, .psk_file = a2_key, .control = j->ctl };
+
+	j->ret = kvmdirty_mig_recv(j->dst->g, j->lfd, &o, &j->res, j->err, sizeof(j->err));
+	return NULL;
+}
+
+static void *send_run_hooked(void *p)
+{
+	hk_me = true;
+	return send_run(p);
+}
+
+START_TEST(cancel_refused_before_prepare)
+{
+	char addr[128], key[128], err[512];
+	struct kvmdirty_mig_control *c;
+	struct kvmdirty_mig_send_result res;
+	struct recv_job j = { 0 };
+	struct api_side src, dst;
+	struct send_job sj;
+	pthread_t t, st;
+	int lfd, ret;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	snprintf(key, sizeof(key), "%s/key", dir);
+	ck_assert_int_eq(kvmdirty_mig_genkey(key, err, sizeof(err)), 0);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ 0 }, &c, err, sizeof(err)), 0);
+	/* migration 1: cancelled as it begins; the control's last migration is over */
+	lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	ck_assert_int_eq(kvmdirty_mig_control_cancel(c, err, sizeof(err)), 0);
+	ck_assert_int_eq(kvmdirty_mig_send(src.g, addr, &(struct kvmdirty_mig_send_opts){ .control = c }, &res, err,
+					   sizeof(err)),
+			 -ECANCELED);
+	close(lfd);
+	/* migration 2: held while it opens its key file */
+	snprintf(a2_key, sizeof(a2_key), "%s", key);
+	j = (struct recv_job){ .dst = &dst };
+	j.lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	ck_assert_int_ge(j.lfd, 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, receive_psk, &j), 0);
+	hk_arm(key);
+	sj = (struct send_job){ .src = &src, .addr = addr, .o = { .control = c, .force_switchover = true, .psk_file = key } };
+	ck_assert_int_eq(pthread_create(&st, NULL, send_run_hooked, &sj), 0);
+	hk_wait_entered();
+	ret = kvmdirty_mig_control_cancel(c, err, sizeof(err));
+	printf("cancel while send reads its key (call under way): %d (%s)\n", ret, err);
+	hk_open_up();
+	pthread_join(st, NULL);
+	drain(&src, addr, t, key);
+	printf("send: %d outcome %d (%s)\n", sj.ret, sj.res.outcome, sj.err);
+	if (sj.ret == 0)
+		printf("recv: %d outcome %d: the guest moved after its cancel was refused\n", j.ret, j.res.outcome);
+	fflush(stdout);
+	ck_assert_msg(ret == 0 && sj.ret == -ECANCELED,
+		      "a cancel while the call read its key was refused (%d) and the migration went on: send %d outcome %d",
+		      ret, sj.ret, sj.res.outcome);
+	testvm_stop_all(src.tv);
+	testvm_join(src.tv, NULL, NULL);
+	kvmdirty_mig_control_free(c);
+	close(j.lfd);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
+ * Two sends on one control: A dials (the destination's backlog full), a
+ * cancel is asked for it (0), then B on the same control is refused
+ * -EBUSY at once, A untouched, and A ends -ECANCELED.  (B once dialled,
+ * took A's cancel with its failed dial, and A migrated.)
+ */
+START_TEST(second_send_takes_first_cancel)
+{
+	char addr[128], nobody[128], err[512];
+	struct kvmdirty_mig_control *c;
+	struct recv_job j = { 0 };
+	struct api_side src, dst;
+	struct send_job sj;
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	int lfd, fill[16], nfill = 0, ret, retb;
+	pthread_t t, st;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	snprintf(nobody, sizeof(nobody), "unix:%s/nobody", dir);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ 0 }, &c, err, sizeof(err)), 0);
+	lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	ck_assert_int_ge(lfd, 0);
+	snprintf(a.sun_path, sizeof(a.sun_path), "%s/sock", dir);
+	for (nfill = 0; nfill < 16; nfill++) {
+		fill[nfill] = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+		if (connect(fill[nfill], (struct sockaddr *)&a, sizeof(a)) < 0) {
+			close(fill[nfill]);
+			break;
+		}
+	}
+	sj = (struct send_job){ .src = &src, .addr = addr, .o = { .control = c, .force_switchover = true } };
+	ck_assert_int_eq(pthread_create(&st, NULL, send_run, &sj), 0);
+	sleep_ms(500);
+	ck_assert_int_eq(pthread_tryjoin_np(st, NULL), EBUSY);
+	ret = kvmdirty_mig_control_cancel(c, err, sizeof(err));
+	printf("cancel while A dials: %d (%s)\n", ret, err);
+	retb = kvmdirty_mig_send(src.g, nobody, &(struct kvmdirty_mig_send_opts){ .control = c }, NULL, err, sizeof(err));
+	printf("B on the same control while A dials: %d (%s)\n", retb, err);
+	fflush(stdout);
+	for (int i = 0; i < nfill; i++)
+		close(fill[i]);
+	j.lfd = lfd;
+	j.dst = &dst;
+	ck_assert_int_eq(pthread_create(&t, NULL, receive, &j), 0);
+	pthread_join(st, NULL);
+	printf("A: %d outcome %d (%s)\n", sj.ret, sj.res.outcome, sj.err);
+	fflush(stdout);
+	drain(&src, addr, t, NULL);
+	ck_assert_msg(retb == -EBUSY, "a second send on a control whose send dials was not refused -EBUSY: %d", retb);
+	ck_assert_msg(ret == 0 && sj.ret == -ECANCELED,
+		      "the cancel asked (%d) while A dialled was lost: A returned %d outcome %d", ret, sj.ret,
+		      sj.res.outcome);
+	testvm_stop_all(src.tv);
+	testvm_join(src.tv, NULL, NULL);
+	kvmdirty_mig_control_free(c);
+	close(j.lfd);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
+ * A set the moment a migration ends (from its "cancelled" event: its
+ * outcome decided, its call not returned) is the next migration's too
+ * (it was once lost: the next began with its opts' downtime, 50 ms).
+ */
+struct set_ctx {
+	struct kvmdirty_mig_control *c;
+	int set_ret;
+	bool on_end;
+	char seen[4096];
+};
+
+static void set_on_end(void *ctx, const char *line)
+{
+	struct set_ctx *x = ctx;
+
+	if (x->on_end && (strstr(line, "\"event\":\"cancelled\"") || strstr(line, "\"event\":\"failed\""))) {
+		struct kvmdirty_mig_params p = { .downtime_ms = 1234 };
+		char err[256];
+
+		x->set_ret = kvmdirty_mig_control_set(x->c, &p, KVMDIRTY_MIG_SET_DOWNTIME, err, sizeof(err));
+		x->on_end = false;
+	} else if (!x->on_end && strstr(line, "\"event\":\"failed\"") && !x->seen[0]) {
+		kvmdirty_mig_control_query(x->c, x->seen, sizeof(x->seen));
+	}
+}
+
+START_TEST(set_at_the_end_lost)
+{
+	char addr[128], err[512], answer[4096];
+	struct kvmdirty_mig_control *c;
+	struct kvmdirty_mig_send_result res;
+	struct api_side src;
+	struct set_ctx x = { 0 };
+	int lfd, ret;
+
+	source_running(&src);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	lfd = kvmdirty_mig_listen(addr, err, sizeof(err)); /* never accepted: the backlog takes the dial */
+	ck_assert_int_ge(lfd, 0);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ 0 }, &c, err, sizeof(err)), 0);
+	x.c = c;
+	x.on_end = true;
+	ck_assert_int_eq(kvmdirty_mig_control_cancel(c, err, sizeof(err)), 0);
+	ret = kvmdirty_mig_send(src.g, addr,
+				&(struct kvmdirty_mig_send_opts){ .control = c, .event = set_on_end, .event_ctx = &x }, &res,
+				err, sizeof(err));
+	ck_assert_int_eq(ret, -ECANCELED);
+	kvmdirty_mig_control_query(c, answer, sizeof(answer));
+	printf("set from the \"cancelled\" event: %d; query after the call: %s\n", x.set_ret, answer);
+	/* the next migration: its hello never answered, it fails; its parameters seen at its "failed" event */
+	ret = kvmdirty_mig_send(src.g, addr,
+				&(struct kvmdirty_mig_send_opts){ .control = c, .event = set_on_end, .event_ctx = &x,
+								  .peer_timeout_ms = 300 },
+				&res, err, sizeof(err));
+	printf("next send: %d (%s)\nits parameters: %s\n", ret, err, x.seen);
+	fflush(stdout);
+	ck_assert_int_eq(x.set_ret, 0);
+	ck_assert_msg(strstr(x.seen, "\"downtime_ms\":1234"),
+		      "a set that returned 0 before the next migration began was lost: %s", x.seen);
+	testvm_stop_all(src.tv);
+	testvm_join(src.tv, NULL, NULL);
+	kvmdirty_mig_control_free(c);
+	close(lfd);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
+ * A destination's control serves one kvmdirty_mig_recv() at a time: a
+ * second call on it, while the first (held by the hook as it reads its
+ * key) has it, is refused -EBUSY at once; the first then takes its stream.
+ */
+static void *receive_psk_hooked(void *p)
+{
+	hk_me = true;
+	return receive_psk(p);
+}
+
+START_TEST(recv_busy_control)
+{
+	char addr[128], addr2[128], key[128], err[512];
+	struct kvmdirty_mig_control *c;
+	struct kvmdirty_mig_send_result res;
+	struct recv_job j = { 0 };
+	struct api_side src, dst;
+	pthread_t t;
+	int lfd2, ret;
+
+	source_running(&src);
+	side_new(&dst, false);
+	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
+	snprintf(addr2, sizeof(addr2), "unix:%s/sock2", dir);
+	snprintf(key, sizeof(key), "%s/key", dir);
+	ck_assert_int_eq(kvmdirty_mig_genkey(key, err, sizeof(err)), 0);
+	snprintf(a2_key, sizeof(a2_key), "%s", key);
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ .destination = true }, &c, err,
+						  sizeof(err)),
+			 0);
+	j = (struct recv_job){ .dst = &dst, .ctl = c };
+	j.lfd = kvmdirty_mig_listen(addr, err, sizeof(err));
+	lfd2 = kvmdirty_mig_listen(addr2, err, sizeof(err));
+	ck_assert_int_ge(j.lfd, 0);
+	ck_assert_int_ge(lfd2, 0);
+	hk_arm(key);
+	ck_assert_int_eq(pthread_create(&t, NULL, receive_psk_hooked, &j), 0);
+	hk_wait_entered();
+	ret = kvmdirty_mig_recv(dst.g, lfd2, &(struct kvmdirty_mig_recv_opts){ .control = c, .once = true }, NULL, err,
+				sizeof(err));
+	hk_open_up();
+	ck_assert_msg(ret == -EBUSY, "a second recv on a control in use: %d %s", ret, err);
+	ret = kvmdirty_mig_send(src.g, addr, &(struct kvmdirty_mig_send_opts){ .force_switchover = true, .psk_file = key },
+				&res, err, sizeof(err));
+	ck_assert_msg(ret == 0, "send: %s", err);
+	pthread_join(t, NULL);
+	ck_assert_msg(j.ret == 0, "the first recv: %s", j.err);
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(c), KVMDIRTY_MIG_HERE);
+	testvm_stop_all(src.tv);
+	testvm_join(src.tv, NULL, NULL);
+	kvmdirty_mig_control_free(c);
+	close(j.lfd);
+	close(lfd2);
+	api_side_free(&dst);
+	api_side_free(&src);
+}
+END_TEST
+
+/*
  * CK_RUN_CASE=control: the cases without a guest (no KVM needed);
  * CK_RUN_CASE=kvm: the guest's, skipped (77) on a host without KVM.
  */
@@ -856,6 +1224,11 @@ int main(void)
 	tcase_add_test(kvm, busy_send_splits_brain);
 	tcase_add_test(kvm, cancel_outlives_failed_send);
 	tcase_add_test(kvm, cancel_lost_during_dial_on_reused_control);
+	tcase_add_test(kvm, cancel_outlives_checked_send);
+	tcase_add_test(kvm, cancel_refused_before_prepare);
+	tcase_add_test(kvm, second_send_takes_first_cancel);
+	tcase_add_test(kvm, set_at_the_end_lost);
+	tcase_add_test(kvm, recv_busy_control);
 	suite_add_tcase(s, kvm);
 	return run_suite(s);
 }

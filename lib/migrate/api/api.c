@@ -85,7 +85,25 @@ struct kvmdirty_mig_control {
 	 */
 	bool making;
 	char first[256];
+	/*
+	 * __atomic: a kvmdirty_mig_send() or _recv() uses it, from its first
+	 * check to its return; another call on it is refused -EBUSY at once
+	 */
+	bool busy;
 };
+
+/* The control for one call: false (it is another's) or true, its until control_release(). */
+static bool control_take(struct kvmdirty_mig_control *c)
+{
+	bool idle = false;
+
+	return __atomic_compare_exchange_n(&c->busy, &idle, true, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+static void control_release(struct kvmdirty_mig_control *c)
+{
+	__atomic_store_n(&c->busy, false, __ATOMIC_RELEASE);
+}
 
 /* The engine's outcome as the header says it (PENDING: nothing left here, as THERE for a destination). */
 static enum kvmdirty_mig_outcome outcome(enum mig_outcome o, bool source)
@@ -554,6 +572,7 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 {
 	static const struct kvmdirty_mig_send_opts none;
 	const struct kvmdirty_mig_send_opts *u = opts ? opts : &none;
+	struct kvmdirty_mig_control *ctl = u->control && !u->control->d.st.dest ? u->control : NULL;
 	struct mig_result r = { .outcome = MIG_OUTCOME_HERE };
 	struct send_ctx c = { .addr = addr };
 	struct mig_send_opts o;
@@ -563,21 +582,29 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 
 	if (res)
 		*res = (struct kvmdirty_mig_send_result){ .outcome = KVMDIRTY_MIG_HERE };
+	/*
+	 * With a control: the call's from here to its return (another on it
+	 * refused at once), its status made fresh if its last migration
+	 * ended, so that a cancel from now on is this call's
+	 */
+	if (ctl && (!control_take(ctl) || (mig_status_prepare(&ctl->d.st) < 0 && (control_release(ctl), true)))) {
+		say(err, len, "kvmdirty_mig_send: the control is another migration's, under way");
+		return -EBUSY;
+	}
 	ret = send_check(guest, addr, u, err, len);
 	if (ret == 0)
 		ret = load_psk(u->psk_file, &psk, err, len);
-	if (ret < 0)
-		return ret;
-	send_opts_of(u, u->psk_file ? &psk : NULL, &c, &o);
-	/* with a control: another migration on it refused before a dial; a cancel during the dial is due */
-	ret = u->control ? mig_status_prepare(o.status) : 0;
 	if (ret < 0) {
-		snprintf(why, sizeof(why), "kvmdirty_mig_send: the control is another migration's, under way");
-		fd = ret;
-	} else {
-		fd = mig_connect(addr, o.peer_timeout_ms, why, sizeof(why));
+		/* refused before a dial: a cancel asked for this call ends with it */
+		if (ctl) {
+			mig_status_abandon(&ctl->d.st, "refused before it began: the guest runs here");
+			control_release(ctl);
+		}
+		return ret;
 	}
-	if (fd < 0 && ret == 0 && u->control && mig_status_abandon(o.status, why)) {
+	send_opts_of(u, u->psk_file ? &psk : NULL, &c, &o);
+	fd = mig_connect(addr, o.peer_timeout_ms, why, sizeof(why));
+	if (fd < 0 && ctl && mig_status_abandon(&ctl->d.st, why)) {
 		/* a cancel asked while it dialled: the dial's failure ends it as the cancel */
 		ret = -ECANCELED;
 		r.cancelled = true;
@@ -588,6 +615,11 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 	} else {
 		ret = mig_send(&guest->g, fd, &o, &r, why, sizeof(why));
 		close(fd);
+	}
+	if (ctl) {
+		/* a migration that never began (the engine refused it first) ends here, its cancel with it */
+		mig_status_abandon(&ctl->d.st, why);
+		control_release(ctl);
 	}
 	if (u->psk_file)
 		mig_psk_clear(&psk);
@@ -636,9 +668,16 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 		say(err, len, "kvmdirty_mig_recv: the control is a source's");
 		return -EINVAL;
 	}
+	if (u->control && !control_take(u->control)) {
+		say(err, len, "kvmdirty_mig_recv: the control is another stream's, under way");
+		return -EBUSY;
+	}
 	ret = load_psk(u->psk_file, &psk, err, len);
-	if (ret < 0)
+	if (ret < 0) {
+		if (u->control)
+			control_release(u->control);
 		return ret;
+	}
 	o.timeout_ms = u->timeout_ms ? u->timeout_ms : 30000;
 	o.deadline_ms = u->deadline_ms;
 	o.inline_hash = inline_hash();
@@ -676,6 +715,8 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 		}
 		mig_gate_free(gate);
 	}
+	if (u->control)
+		control_release(u->control);
 	if (u->psk_file)
 		mig_psk_clear(&psk);
 	say(err, len, "%s", why);

@@ -406,7 +406,8 @@ int mig_status_set(struct mig_status *s, const struct mig_params *p, unsigned in
 		s->params.max_bandwidth = p->max_bandwidth;
 	if (mask & MIG_PARAM_THROTTLE)
 		s->params.throttle = p->throttle;
-	if (!s->running)
+	/* before a migration begins, or once its outcome is decided: the next one's too */
+	if (!s->running || decided_locked(s))
 		s->params_set |= mask;
 	pthread_mutex_unlock(&s->lock);
 	return 0;

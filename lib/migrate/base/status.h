@@ -153,9 +153,11 @@ int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts);
  */
 int mig_status_prepare(struct mig_status *s);
 /*
- * The migration prepared for never began (its dial failed): decided HERE
- * with why, unless another began meanwhile.  Returns whether a cancel had
- * been asked (then the end is the cancel's, and s says so).
+ * The migration prepared for never began (its checks or its dial failed,
+ * or the engine refused it first): decided HERE with why, unless it began
+ * (then a no-op).  Returns whether a cancel had been asked (then the end
+ * is the cancel's, and s says so).  The caller keeps any other call off s
+ * from prepare to abandon (the public API's control is taken meanwhile).
  */
 bool mig_status_abandon(struct mig_status *s, const char *why);
 void mig_status_end(struct mig_status *s);
