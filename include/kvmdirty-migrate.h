@@ -232,7 +232,9 @@ int kvmdirty_mig_control_new(const struct kvmdirty_mig_control_opts *opts, struc
 			     char *err, size_t len);
 /*
  * Where the guest runs as this side sees it now: PENDING while a
- * migration is under way (or none began), then HERE, THERE or UNKNOWN.
+ * migration is under way (or none began), then HERE, THERE or UNKNOWN (a
+ * destination whose kvmdirty_mig_recv() returned without taking a stream:
+ * THERE).
  * ctl must not be NULL (the calls below refuse a NULL one with -EINVAL).
  */
 enum kvmdirty_mig_outcome kvmdirty_mig_control_outcome(struct kvmdirty_mig_control *ctl);

@@ -389,6 +389,10 @@ START_TEST(cancel_through_socket)
 	side_new(&dst, false);
 	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
 	snprintf(path, sizeof(path), "%s/ctl.sock", dir);
+	/* the destination's control: once its call ends without a stream, the guest does not run there */
+	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ .destination = true }, &j.ctl, err,
+						  sizeof(err)),
+			 0);
 	recv_start(&j, &dst, addr, &t);
 	ck_assert_int_eq(kvmdirty_mig_control_new(&(struct kvmdirty_mig_control_opts){ .path = path, .log = keep_line,
 											.log_ctx = &log },
@@ -428,6 +432,8 @@ START_TEST(cancel_through_socket)
 		fclose(stats);
 	}
 	ck_assert_msg(j.ret < 0, "the destination took a cancelled stream: %s", j.err);
+	ck_assert_int_eq(kvmdirty_mig_control_outcome(j.ctl), KVMDIRTY_MIG_THERE);
+	kvmdirty_mig_control_free(j.ctl);
 	runs_on(&src, "the source after a cancel through the socket");
 	kvmdirty_mig_control_free(c);
 	close(j.lfd);

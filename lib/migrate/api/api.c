@@ -715,6 +715,9 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 		}
 		mig_gate_free(gate);
 	}
+	/* no stream taken (refused, dropped, or none came): the guest does not run here */
+	if (u->control && ret < 0 && mig_status_outcome(&u->control->d.st) == MIG_OUTCOME_PENDING)
+		mig_status_decide(&u->control->d.st, MIG_OUTCOME_THERE, "no stream taken: the guest does not run here");
 	if (u->control)
 		control_release(u->control);
 	if (u->psk_file)
