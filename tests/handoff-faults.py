@@ -157,13 +157,16 @@ class Relay(threading.Thread):
                 msg, buf = buf[:MSG], buf[MSG:]
                 step = ("ready" if nth == 0 else "ack") if to_source else "commit"
                 nth += 1
+                # READY comes only after the whole stream went through: from now on the source's
+                # next bytes are COMMIT or ABORT.  Said before READY is passed on, so that a COMMIT
+                # sent the moment READY arrives is never taken for the stream
+                if to_source and step == "ready":
+                    self.ready_passed = True
                 go = True
                 if step == self.step and not self.hit:
                     go = self.act(msg, to)
                 if go and not self.cut:
                     self.send(to, msg)
-                if to_source and step == "ready":
-                    self.ready_passed = True
             if not to_source and buf:
                 self.send(to, buf)
                 buf = b""

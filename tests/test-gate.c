@@ -1582,6 +1582,11 @@ static void *flood_run(void *p)
 
 		if (fd < 0)
 			continue;
+		/*
+		 * A connect that waits on a full backlog (its SYN dropped, retried
+		 * for up to two minutes) gives up after 200 ms: a stop is seen
+		 */
+		setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){ 0, 200000 }, sizeof(struct timeval));
 		if (bind(fd, (struct sockaddr *)&me, sizeof(me)) == 0 &&
 		    connect(fd, (struct sockaddr *)&to, sizeof(to)) == 0) {
 			if (f->hello) {
