@@ -1,0 +1,808 @@
+// SPDX-License-Identifier: MIT
+/*
+ * kvmdirty-linux: a small VMM that boots a stock Linux kernel with an
+ * initramfs, migrates it, snapshots and restores it.  Its memory and
+ * vCPUs go through libkvmdirty (kvmdirty.h), its migration and snapshots
+ * through libkvmdirty-migrate (kvmdirty-migrate.h): nothing of either
+ * library's own.  Its one device, the 16550A console (serial.c), travels
+ * as the engine's device state; the rest of the PC (LAPICs, IOAPIC, PIC,
+ * PIT) is KVM's in-kernel one, whose state the engine carries itself.
+ *
+ *   kvmdirty-linux --kernel VMLINUZ [--initrd FILE] [--append ARGS] [--mem MIB] [--vcpus N]
+ *                  [--track log|ring] [--migrate-to ADDR [--after MS] | --incoming ADDR |
+ *                   --snapshot PREFIX [--every MS] [--count N] | --restore FILE...]
+ *                  [--psk FILE [--encrypt]] [--connections N]
+ *
+ * The console is the process's stdin and stdout; the VMM's own lines go to
+ * stderr.  The VMM ends when the guest does: a byte written to I/O port
+ * 0x501 is its exit status (the initramfs's init writes its workload's),
+ * a reset through the keyboard controller (reboot=k) is 0, a triple fault
+ * or a KVM failure 1.  See kvmdirty-linux(1).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <linux/kvm.h>
+
+#include <kvmdirty-migrate.h>
+
+#include "../common/cli.h"
+#include "../common/kvm-host.h"
+#include "boot.h"
+#include "rtc.h"
+#include "serial.h"
+
+#define PROG "kvmdirty-linux"
+#define COM1 0x3f8
+#define COM1_IRQ 4
+#define EXIT_PORT 0x501
+#define I8042_CMD 0x64
+#define KICK_SIGNAL SIGUSR1
+#define DEFAULT_CMDLINE "console=ttyS0 reboot=k panic=-1 pci=off"
+#define DEVICE_MAGIC "kdlinux1"
+
+enum mode { RUN, MIGRATE_TO, INCOMING, SNAPSHOT, RESTORE };
+
+struct lvm {
+	/* the command line */
+	struct boot_files boot;
+	const char *append, *addr, *prefix, *psk;
+	char **files;
+	unsigned int nr_files;
+	uint64_t mib, vcpus, after_ms, every_ms, count, conns;
+	enum kvmdirty_mode track;
+	bool encrypt, drop_devices;
+	enum mode mode;
+	char cmdline[BOOT_CMDLINE_MAX + 1];
+
+	/* the machine */
+	struct kvmdirty_vm *vm;
+	struct kvmdirty_tracker *tracker;
+	struct kvmdirty_vcpu *vcpu[BOOT_MAX_VCPUS];
+	pthread_t thread[BOOT_MAX_VCPUS];
+	unsigned int nr_threads;
+	uint8_t *mem;
+	uint64_t mem_size;
+	struct serial serial;
+	pthread_mutex_t rtc_lock;
+	struct rtc_regs rtc;
+	struct kvm_cpuid2 *cpuid;
+
+	/* the vCPU threads: pause (the engine's), stop (the guest ended) */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool pause_req, stop;
+	unsigned int paused, alive;
+	int status;
+	char why[256];
+};
+
+/* The device state: the console's registers and unread input, the clock's, behind a tag. */
+struct device_state {
+	char magic[8];
+	struct serial_regs serial;
+	struct rtc_regs rtc;
+};
+
+static void sleep_ms(uint64_t ms)
+{
+	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000 };
+
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+static void on_kick(int sig)
+{
+	(void)sig;
+}
+
+/* ---- the vCPU threads ------------------------------------------------- */
+
+static void kick_all(struct lvm *v)
+{
+	unsigned int i;
+
+	for (i = 0; i < v->nr_threads; i++) {
+		__atomic_store_n(&kvmdirty_vcpu_kvm_run(v->vcpu[i])->immediate_exit, 1, __ATOMIC_RELEASE);
+		pthread_kill(v->thread[i], KICK_SIGNAL);
+	}
+}
+
+/* The guest ended (or cannot go on): the first reason is kept, every vCPU leaves. */
+static void end_guest(struct lvm *v, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void end_guest(struct lvm *v, int status, const char *fmt, ...)
+{
+	va_list ap;
+
+	pthread_mutex_lock(&v->lock);
+	if (!v->stop) {
+		v->stop = true;
+		v->status = status;
+		va_start(ap, fmt);
+		vsnprintf(v->why, sizeof(v->why), fmt, ap);
+		va_end(ap);
+	}
+	pthread_cond_broadcast(&v->cond);
+	pthread_mutex_unlock(&v->lock);
+	kick_all(v);
+}
+
+static void port_io(struct lvm *v, struct kvm_run *run)
+{
+	uint8_t *data = (uint8_t *)run + run->io.data_offset;
+	bool write = run->io.direction == KVM_EXIT_IO_OUT;
+	uint16_t port = run->io.port;
+	uint32_t i;
+
+	for (i = 0; i < run->io.count; i++, data += run->io.size) {
+		if (port >= COM1 && port < COM1 + 8 && run->io.size == 1)
+			serial_io(&v->serial, port - COM1, write, data);
+		else if ((port == 0x70 || port == 0x71) && run->io.size == 1) {
+			pthread_mutex_lock(&v->rtc_lock);
+			rtc_io(&v->rtc, port, write, data);
+			pthread_mutex_unlock(&v->rtc_lock);
+		} else if (port == EXIT_PORT && write)
+			end_guest(v, data[0], "the guest wrote its exit status %u to port 0x%x", data[0], EXIT_PORT);
+		else if (port == I8042_CMD && write && data[0] == 0xfe)
+			end_guest(v, 0, "the guest reset itself through the keyboard controller (a reboot)");
+		else if (!write)
+			memset(data, 0xff, run->io.size); /* nothing there */
+	}
+}
+
+/* One exit: false where the guest cannot go on. */
+static bool handle_exit(struct lvm *v, unsigned int id, struct kvm_run *run)
+{
+	switch (run->exit_reason) {
+	case KVM_EXIT_IO:
+		port_io(v, run);
+		return true;
+	case KVM_EXIT_MMIO:
+		if (!run->mmio.is_write)
+			memset(run->mmio.data, 0xff, sizeof(run->mmio.data));
+		return true;
+	case KVM_EXIT_HLT:
+	case KVM_EXIT_INTR:
+		return true;
+	case KVM_EXIT_SHUTDOWN:
+		end_guest(v, 1, "vCPU %u: the guest triple-faulted (KVM_EXIT_SHUTDOWN)", id);
+		return false;
+	case KVM_EXIT_SYSTEM_EVENT:
+		end_guest(v, run->system_event.type == KVM_SYSTEM_EVENT_RESET ? 0 : 1,
+			  "vCPU %u: system event %u", id, run->system_event.type);
+		return false;
+	case KVM_EXIT_FAIL_ENTRY:
+		end_guest(v, 1, "vCPU %u: entry failed (hardware reason 0x%llx)", id,
+			  (unsigned long long)run->fail_entry.hardware_entry_failure_reason);
+		return false;
+	case KVM_EXIT_INTERNAL_ERROR:
+		end_guest(v, 1, "vCPU %u: KVM internal error %u", id, run->internal.suberror);
+		return false;
+	default:
+		end_guest(v, 1, "vCPU %u: unexpected exit reason %u", id, run->exit_reason);
+		return false;
+	}
+}
+
+struct vcpu_arg {
+	struct lvm *v;
+	unsigned int id;
+};
+
+static void *vcpu_thread(void *p)
+{
+	struct vcpu_arg *a = p;
+	struct lvm *v = a->v;
+	unsigned int id = a->id;
+	struct kvm_run *run = kvmdirty_vcpu_kvm_run(v->vcpu[id]);
+	int ret;
+
+	free(a);
+	for (;;) {
+		pthread_mutex_lock(&v->lock);
+		while (v->pause_req && !v->stop) {
+			v->paused++;
+			pthread_cond_broadcast(&v->cond);
+			pthread_cond_wait(&v->cond, &v->lock);
+			v->paused--;
+		}
+		if (v->stop)
+			break;
+		pthread_mutex_unlock(&v->lock);
+		ret = kvmdirty_vcpu_run(v->vcpu[id]);
+		if (ret == -EINTR || ret == -EAGAIN)
+			continue;
+		if (ret < 0) {
+			end_guest(v, 1, "vCPU %u: KVM_RUN: %s", id, strerror(-ret));
+			pthread_mutex_lock(&v->lock);
+			break;
+		}
+		if (!handle_exit(v, id, run)) {
+			pthread_mutex_lock(&v->lock);
+			break;
+		}
+	}
+	v->alive--;
+	pthread_cond_broadcast(&v->cond);
+	pthread_mutex_unlock(&v->lock);
+	return NULL;
+}
+
+/*
+ * Start the vCPU threads.  They begin by taking v->lock, which this holds
+ * until all are started: nr_threads and thread[] are whole before any
+ * thread can end the guest and kick the others.
+ */
+static int spawn(struct lvm *v)
+{
+	unsigned int i;
+	int ret = 0;
+
+	pthread_mutex_lock(&v->lock);
+	for (i = 0; i < v->vcpus && ret == 0; i++) {
+		struct vcpu_arg *a = malloc(sizeof(*a));
+
+		if (!a) {
+			ret = -ENOMEM;
+			break;
+		}
+		a->v = v;
+		a->id = i;
+		ret = -pthread_create(&v->thread[i], NULL, vcpu_thread, a);
+		if (ret)
+			free(a);
+		else
+			v->nr_threads++, v->alive++;
+	}
+	pthread_mutex_unlock(&v->lock);
+	return ret;
+}
+
+/* Wait for the guest's end and every vCPU thread: the exit status. */
+static int wait_end(struct lvm *v)
+{
+	unsigned int i;
+
+	pthread_mutex_lock(&v->lock);
+	while (!v->stop)
+		pthread_cond_wait(&v->cond, &v->lock);
+	pthread_mutex_unlock(&v->lock);
+	kick_all(v);
+	for (i = 0; i < v->nr_threads; i++)
+		pthread_join(v->thread[i], NULL);
+	v->nr_threads = 0;
+	fprintf(stderr, PROG ": %s\n", v->why);
+	return v->status;
+}
+
+/* ---- what the engine calls -------------------------------------------- */
+
+static void l_pause(void *ctx)
+{
+	struct lvm *v = ctx;
+
+	pthread_mutex_lock(&v->lock);
+	v->pause_req = true;
+	pthread_mutex_unlock(&v->lock);
+	kick_all(v);
+	pthread_mutex_lock(&v->lock);
+	while (v->paused < v->alive)
+		pthread_cond_wait(&v->cond, &v->lock);
+	pthread_mutex_unlock(&v->lock);
+}
+
+static void l_resume(void *ctx)
+{
+	struct lvm *v = ctx;
+	unsigned int i;
+
+	pthread_mutex_lock(&v->lock);
+	for (i = 0; i < v->nr_threads; i++)
+		__atomic_store_n(&kvmdirty_vcpu_kvm_run(v->vcpu[i])->immediate_exit, 0, __ATOMIC_RELEASE);
+	v->pause_req = false;
+	pthread_cond_broadcast(&v->cond);
+	pthread_mutex_unlock(&v->lock);
+}
+
+static int l_devices_save(void *ctx, void **ret_state, size_t *ret_len)
+{
+	struct lvm *v = ctx;
+	struct device_state *d;
+
+	if (v->drop_devices) {
+		*ret_state = NULL;
+		*ret_len = 0;
+		return 0;
+	}
+	d = calloc(1, sizeof(*d));
+	if (!d)
+		return -ENOMEM;
+	memcpy(d->magic, DEVICE_MAGIC, 8);
+	serial_save(&v->serial, &d->serial);
+	pthread_mutex_lock(&v->rtc_lock);
+	d->rtc = v->rtc;
+	pthread_mutex_unlock(&v->rtc_lock);
+	*ret_state = d;
+	*ret_len = sizeof(*d);
+	return 0;
+}
+
+static int l_devices_load(void *ctx, const void *state, size_t len)
+{
+	struct lvm *v = ctx;
+	struct device_state d;
+
+	if (len != sizeof(d))
+		return -EPROTO;
+	memcpy(&d, state, sizeof(d));
+	if (memcmp(d.magic, DEVICE_MAGIC, 8) || d.rtc.index > 0x7f)
+		return -EPROTO; /* not this VMM's devices */
+	pthread_mutex_lock(&v->rtc_lock);
+	v->rtc = d.rtc;
+	pthread_mutex_unlock(&v->rtc_lock);
+	return serial_load(&v->serial, &d.serial);
+}
+
+static const struct kvmdirty_mig_ops lvm_ops = {
+	.pause = l_pause, .resume = l_resume, .devices_save = l_devices_save, .devices_load = l_devices_load,
+};
+
+/* ---- the console's input ---------------------------------------------- */
+
+static void *input_thread(void *p)
+{
+	struct lvm *v = p;
+	uint8_t buf[64];
+	ssize_t n;
+
+	while ((n = read(STDIN_FILENO, buf, sizeof(buf))) > 0 || (n < 0 && errno == EINTR)) {
+		size_t off = 0;
+
+		while (n > 0 && off < (size_t)n) {
+			size_t took = serial_input(&v->serial, buf + off, (size_t)n - off);
+
+			off += took;
+			if (off < (size_t)n)
+				sleep_ms(1); /* the FIFO is full: the guest reads it at its pace */
+		}
+	}
+	return NULL;
+}
+
+/* ---- the machine ------------------------------------------------------ */
+
+static int fail(const char *what, int ret)
+{
+	fprintf(stderr, PROG ": %s: %s\n", what, strerror(-ret));
+	return 1;
+}
+
+/* The VM, its memory, irqchip, PIT, console and vCPUs with CPUID: 0 or 1 said. */
+static int build(struct lvm *v)
+{
+	struct kvm_pit_config pit = { .flags = 0 };
+	struct kvm_cpuid2 *cpuid;
+	struct sigaction sa = { .sa_handler = on_kick };
+	unsigned int i;
+	bool deadline;
+	int ret, fd;
+
+	sigemptyset(&sa.sa_mask);
+	sigaction(KICK_SIGNAL, &sa, NULL); /* no SA_RESTART: a kick ends KVM_RUN */
+	ret = kvmdirty_vm_new(&v->vm);
+	if (ret < 0)
+		return fail("creating the VM", ret);
+	fd = kvmdirty_vm_fd(v->vm);
+	if (ioctl(fd, KVM_SET_TSS_ADDR, 0xfffbd000ul) < 0 && errno != ENOTTY)
+		return fail("KVM_SET_TSS_ADDR", -errno);
+	if (ioctl(fd, KVM_CREATE_IRQCHIP, 0) < 0)
+		return fail("KVM_CREATE_IRQCHIP", -errno);
+	if (ioctl(fd, KVM_CREATE_PIT2, &pit) < 0)
+		return fail("KVM_CREATE_PIT2", -errno);
+	serial_init(&v->serial, fd, COM1_IRQ, STDOUT_FILENO);
+	rtc_init(&v->rtc);
+	if (v->mode == MIGRATE_TO || v->mode == SNAPSHOT) {
+		struct kvmdirty_tracker_opts to = { .mode = v->track,
+						    .reaper_ms = v->track == KVMDIRTY_MODE_DIRTY_RING ? 10 : 0 };
+
+		ret = kvmdirty_tracker_new(v->vm, &to, &v->tracker);
+		if (ret < 0)
+			return fail("the dirty tracker", ret);
+		if (v->track == KVMDIRTY_MODE_DIRTY_RING && (ret = kvmdirty_vm_set_kick_signal(v->vm, KICK_SIGNAL)) < 0)
+			return fail("the kick signal", ret);
+	}
+	v->mem_size = v->mib << 20;
+	v->mem = mmap(NULL, v->mem_size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (v->mem == MAP_FAILED) {
+		v->mem = NULL;
+		return fail("guest memory", -errno);
+	}
+	ret = kvmdirty_region_add(v->vm, 0, v->mem_size, v->mem, 0, NULL);
+	if (ret < 0)
+		return fail("adding guest memory", ret);
+	v->cpuid = cpuid = boot_supported_cpuid(kvmdirty_vm_kvm_fd(v->vm), &ret);
+	if (!cpuid)
+		return fail("KVM_GET_SUPPORTED_CPUID", ret);
+	deadline = ioctl(kvmdirty_vm_kvm_fd(v->vm), KVM_CHECK_EXTENSION, KVM_CAP_TSC_DEADLINE_TIMER) > 0;
+	ret = 0;
+	for (i = 0; i < v->vcpus && ret >= 0; i++) {
+		ret = kvmdirty_vcpu_create(v->vm, i, &v->vcpu[i]);
+		if (ret == 0)
+			ret = boot_set_cpuid(kvmdirty_vcpu_fd(v->vcpu[i]), cpuid, i, deadline);
+	}
+	if (ret < 0)
+		return fail("creating the vCPUs", ret);
+	return 0;
+}
+
+static void teardown(struct lvm *v)
+{
+	unsigned int i;
+
+	serial_close(&v->serial);
+	free(v->cpuid);
+	for (i = 0; i < v->vcpus; i++)
+		kvmdirty_vcpu_free(v->vcpu[i]);
+	kvmdirty_tracker_free(v->tracker);
+	if (v->vm)
+		kvmdirty_vm_free(v->vm);
+	if (v->mem)
+		munmap(v->mem, v->mem_size);
+}
+
+/* The engine's view of the guest: 0 or 1 said. */
+static int describe(struct lvm *v, bool fresh, struct kvmdirty_mig_guest **ret_g)
+{
+	int ret = kvmdirty_mig_guest_new(v->vm, v->tracker, v->vcpu, (unsigned int)v->vcpus,
+					 fresh ? KVMDIRTY_MIG_FRESH : 0, &lvm_ops, v, ret_g);
+
+	return ret < 0 ? fail("describing the guest to the engine", ret) : 0;
+}
+
+/* ---- the modes --------------------------------------------------------- */
+
+static bool ended(struct lvm *v)
+{
+	bool s;
+
+	pthread_mutex_lock(&v->lock);
+	s = v->stop;
+	pthread_mutex_unlock(&v->lock);
+	return s;
+}
+
+static int migrate_to(struct lvm *v)
+{
+	struct kvmdirty_mig_send_opts o = { .connections = (unsigned int)v->conns, .psk_file = v->psk,
+					    .encrypt = v->encrypt };
+	struct kvmdirty_mig_send_result res;
+	struct kvmdirty_mig_guest *g;
+	char err[512];
+	int ret;
+
+	sleep_ms(v->after_ms);
+	if (ended(v))
+		return wait_end(v);
+	if (describe(v, false, &g))
+		return 1;
+	ret = kvmdirty_mig_send(g, v->addr, &o, &res, err, sizeof(err));
+	kvmdirty_mig_guest_free(g);
+	if (ret < 0 && res.outcome == KVMDIRTY_MIG_HERE) {
+		fprintf(stderr, PROG ": migration to %s failed, the guest runs on here: %s\n", v->addr, err);
+		ret = wait_end(v);
+		return ret ? ret : 3;
+	}
+	if (ret < 0) {
+		fprintf(stderr, PROG ": migration to %s: outcome unknown, the guest stays paused here: %s\n", v->addr,
+			err);
+		return 4;
+	}
+	fprintf(stderr, PROG ": migrated to %s: %" PRIu64 " pages in %" PRIu64 " passes, %.1f ms total, %.1f ms "
+			"downtime%s\n", v->addr, res.pages, res.passes, res.total_ms, res.downtime_ms,
+		ret > 0 ? "; pages lost by tracking: VERIFICATION FAILED" : "");
+	end_guest(v, ret > 0, "the guest runs at %s now", v->addr);
+	wait_end(v);
+	return ret > 0;
+}
+
+static int start_arrived(struct lvm *v)
+{
+	int ret = spawn(v);
+
+	if (ret < 0) {
+		end_guest(v, 1, "starting the vCPUs: %s", strerror(-ret));
+		return wait_end(v);
+	}
+	return wait_end(v);
+}
+
+static int incoming(struct lvm *v)
+{
+	struct kvmdirty_mig_recv_opts o = { .psk_file = v->psk, .encrypt = v->encrypt, .once = true };
+	struct kvmdirty_mig_recv_result res;
+	struct kvmdirty_mig_guest *g;
+	char err[512];
+	int lfd, ret;
+
+	if (describe(v, true, &g))
+		return 1;
+	lfd = kvmdirty_mig_listen(v->addr, err, sizeof(err));
+	if (lfd < 0) {
+		fprintf(stderr, PROG ": --incoming: %s\n", err);
+		kvmdirty_mig_guest_free(g);
+		return 1;
+	}
+	fprintf(stderr, PROG ": listening at %s\n", v->addr);
+	ret = kvmdirty_mig_recv(g, lfd, &o, &res, err, sizeof(err));
+	close(lfd);
+	kvmdirty_mig_guest_free(g);
+	if (ret < 0) {
+		fprintf(stderr, PROG ": --incoming: no guest to run: %s\n", err);
+		return 1;
+	}
+	fprintf(stderr, PROG ": incoming: %" PRIu64 " pages, every one %s; running the guest\n", res.pages,
+		res.hashed ? "matched its hash" : "arrived");
+	return start_arrived(v);
+}
+
+static int snapshots(struct lvm *v)
+{
+	struct kvmdirty_mig_snap_opts so = { .prefix = v->prefix };
+	struct kvmdirty_mig_snap_result r;
+	struct kvmdirty_mig_snap *snap;
+	struct kvmdirty_mig_guest *g;
+	int ret, failed = 0;
+	uint64_t i;
+	char err[512];
+
+	if (describe(v, false, &g))
+		return 1;
+	ret = kvmdirty_mig_snap_new(g, &so, &snap, err, sizeof(err));
+	if (ret < 0) {
+		fprintf(stderr, PROG ": --snapshot: %s\n", err);
+		kvmdirty_mig_guest_free(g);
+		end_guest(v, 1, "no snapshot taken");
+		wait_end(v);
+		return 1;
+	}
+	for (i = 0; i < v->count && !ended(v); i++) {
+		sleep_ms(v->every_ms);
+		if (ended(v))
+			break;
+		ret = kvmdirty_mig_snap_take(snap, &r, err, sizeof(err));
+		if (ret < 0) {
+			fprintf(stderr, PROG ": --snapshot: %s\n", err);
+			failed = 1;
+			continue;
+		}
+		fprintf(stderr, PROG ": snapshot %s: %s, %" PRIu64 " pages, %.2f ms paused, %.1f ms in all\n", r.path,
+			r.seq ? "diff" : "full", r.pages, r.pause_ms, r.total_ms);
+	}
+	kvmdirty_mig_snap_free(snap);
+	kvmdirty_mig_guest_free(g);
+	ret = wait_end(v);
+	return ret ? ret : failed;
+}
+
+static int restore(struct lvm *v)
+{
+	struct kvmdirty_mig_guest *g;
+	uint64_t pages;
+	char err[512];
+	int ret;
+
+	if (describe(v, true, &g))
+		return 1;
+	ret = kvmdirty_mig_restore(g, (const char *const *)v->files, v->nr_files, &pages, err, sizeof(err));
+	kvmdirty_mig_guest_free(g);
+	if (ret < 0) {
+		fprintf(stderr, PROG ": --restore refused, the guest does not run: %s\n", err);
+		return 1;
+	}
+	fprintf(stderr, PROG ": restored %u file(s): %" PRIu64 " pages, each matched its hash; running the guest\n",
+		v->nr_files, pages);
+	return start_arrived(v);
+}
+
+/* A guest that boots here. */
+static int boot(struct lvm *v)
+{
+	unsigned int i;
+	char err[512];
+	int ret;
+
+	ret = boot_load(v->mem, v->mem_size, (unsigned int)v->vcpus, &v->boot, err, sizeof(err));
+	if (ret < 0) {
+		fprintf(stderr, PROG ": %s\n", err);
+		return 1;
+	}
+	ret = boot_setup_bsp(kvmdirty_vcpu_fd(v->vcpu[0]));
+	if (ret < 0)
+		return fail("setting up the bootstrap vCPU", ret);
+	for (i = 0; i < v->vcpus; i++)
+		if ((ret = boot_setup_xcr0(kvmdirty_vcpu_fd(v->vcpu[i]), v->cpuid)) < 0)
+			return fail("setting XCR0", ret);
+	fprintf(stderr, PROG ": booting %s: %" PRIu64 " MiB, %" PRIu64 " vCPU(s), \"%s\"\n", v->boot.kernel, v->mib,
+		v->vcpus, v->boot.cmdline);
+	ret = spawn(v);
+	if (ret < 0) {
+		end_guest(v, 1, "starting the vCPUs: %s", strerror(-ret));
+		return wait_end(v);
+	}
+	if (v->mode == MIGRATE_TO)
+		return migrate_to(v);
+	if (v->mode == SNAPSHOT)
+		return snapshots(v);
+	return wait_end(v);
+}
+
+/* ---- the command line -------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: " PROG " --kernel VMLINUZ [--initrd FILE] [--append ARGS] [--mem MIB] [--vcpus N]\n"
+		   "                      [--track log|ring] [--migrate-to ADDR [--after MS] | --incoming ADDR |\n"
+		   "                       --snapshot PREFIX [--every MS] [--count N] | --restore FILE...]\n"
+		   "                      [--psk FILE [--encrypt]] [--connections N] [--drop-devices]\n");
+}
+
+static int set_mode(struct lvm *v, enum mode m, const char *arg)
+{
+	if (v->mode != RUN) {
+		fprintf(stderr, PROG ": --migrate-to, --incoming, --snapshot and --restore: one at most\n");
+		return 2;
+	}
+	v->mode = m;
+	if (m == SNAPSHOT)
+		v->prefix = arg;
+	else
+		v->addr = arg;
+	return 0;
+}
+
+static int addr_ok(const char *opt, const char *addr)
+{
+	char err[256];
+
+	if (kvmdirty_mig_addr_check(addr, err, sizeof(err)) == 0)
+		return 0;
+	fprintf(stderr, PROG ": %s: %s\n", opt, err);
+	return 2;
+}
+
+/* 0, or the exit status of a bad command line (2) or of help (-1: 0). */
+static int parse(int argc, char **argv, struct lvm *v)
+{
+	static const struct option longopts[] = {
+		{ "kernel", required_argument, NULL, 'k' },    { "initrd", required_argument, NULL, 'i' },
+		{ "append", required_argument, NULL, 'a' },    { "mem", required_argument, NULL, 'm' },
+		{ "vcpus", required_argument, NULL, 'v' },     { "track", required_argument, NULL, 't' },
+		{ "migrate-to", required_argument, NULL, 'M' }, { "after", required_argument, NULL, 'A' },
+		{ "incoming", required_argument, NULL, 'I' },  { "snapshot", required_argument, NULL, 'N' },
+		{ "every", required_argument, NULL, 'E' },     { "count", required_argument, NULL, 'C' },
+		{ "restore", no_argument, NULL, 'R' },	       { "psk", required_argument, NULL, 'P' },
+		{ "encrypt", no_argument, NULL, 'e' },	       { "connections", required_argument, NULL, 'c' },
+		{ "drop-devices", no_argument, NULL, 'D' },    { "help", no_argument, NULL, 'h' },
+		{ 0 },
+	};
+	int c, ret = 0;
+
+	while (ret == 0 && (c = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'k': v->boot.kernel = optarg; break;
+		case 'i': v->boot.initrd = optarg; break;
+		case 'a': v->append = optarg; break;
+		case 'm': ret = cli_number(PROG, "--mem", optarg, BOOT_MIN_MEM >> 20, BOOT_MAX_MEM >> 20, &v->mib) ? 2 : 0; break;
+		case 'v': ret = cli_number(PROG, "--vcpus", optarg, 1, BOOT_MAX_VCPUS, &v->vcpus) ? 2 : 0; break;
+		case 'A': ret = cli_number(PROG, "--after", optarg, 0, 3600000, &v->after_ms) ? 2 : 0; break;
+		case 'E': ret = cli_number(PROG, "--every", optarg, 1, 3600000, &v->every_ms) ? 2 : 0; break;
+		case 'C': ret = cli_number(PROG, "--count", optarg, 1, 1000000, &v->count) ? 2 : 0; break;
+		case 'c':
+			ret = cli_number(PROG, "--connections", optarg, 1, KVMDIRTY_MIG_MAX_CONNS, &v->conns) ? 2 : 0;
+			break;
+		case 't':
+			if (!strcmp(optarg, "log"))
+				v->track = KVMDIRTY_MODE_CLEAR_LOG;
+			else if (!strcmp(optarg, "ring"))
+				v->track = KVMDIRTY_MODE_DIRTY_RING;
+			else {
+				fprintf(stderr, PROG ": --track '%s': expected log or ring\n", optarg);
+				ret = 2;
+			}
+			break;
+		case 'M': ret = set_mode(v, MIGRATE_TO, optarg) ? 2 : addr_ok("--migrate-to", optarg); break;
+		case 'I': ret = set_mode(v, INCOMING, optarg) ? 2 : addr_ok("--incoming", optarg); break;
+		case 'N': ret = set_mode(v, SNAPSHOT, optarg); break;
+		case 'R': ret = set_mode(v, RESTORE, NULL); break;
+		case 'P': v->psk = optarg; break;
+		case 'e': v->encrypt = true; break;
+		case 'D': v->drop_devices = true; break;
+		case 'h': usage(stdout); return -1;
+		default: usage(stderr); return 2;
+		}
+	}
+	if (ret)
+		return ret;
+	if (v->mode == RESTORE) {
+		v->files = argv + optind;
+		v->nr_files = (unsigned int)(argc - optind);
+		if (!v->nr_files) {
+			fprintf(stderr, PROG ": --restore: no snapshot file given\n");
+			return 2;
+		}
+	} else if (optind != argc) {
+		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+		return 2;
+	}
+	if (v->mode != INCOMING && v->mode != RESTORE && !v->boot.kernel) {
+		fprintf(stderr, PROG ": --kernel: required to boot a guest (not with --incoming or --restore)\n");
+		return 2;
+	}
+	if ((v->mode == INCOMING || v->mode == RESTORE) && (v->boot.kernel || v->boot.initrd || v->append)) {
+		fprintf(stderr, PROG ": --kernel, --initrd, --append: the guest arrives with %s, not booted\n",
+			v->mode == INCOMING ? "--incoming" : "--restore");
+		return 2;
+	}
+	if (v->encrypt && !v->psk) {
+		fprintf(stderr, PROG ": --encrypt: needs --psk FILE\n");
+		return 2;
+	}
+	if ((v->psk || v->conns) && v->mode != MIGRATE_TO && v->mode != INCOMING) {
+		fprintf(stderr, PROG ": --psk, --connections: only with --migrate-to or --incoming\n");
+		return 2;
+	}
+	if (v->psk) {
+		char err[512];
+
+		if (kvmdirty_mig_key_check(v->psk, err, sizeof(err)) < 0) {
+			fprintf(stderr, PROG ": --psk: %s\n", err);
+			return 2;
+		}
+	}
+	if (snprintf(v->cmdline, sizeof(v->cmdline), "%s%s%s", DEFAULT_CMDLINE, v->append ? " " : "",
+		     v->append ? v->append : "") >= (int)sizeof(v->cmdline)) {
+		fprintf(stderr, PROG ": --append: longer than the %u bytes of a command line\n", BOOT_CMDLINE_MAX);
+		return 2;
+	}
+	v->boot.cmdline = v->cmdline;
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct lvm v = { .mib = 256, .vcpus = 2, .after_ms = 3000, .every_ms = 2000, .count = 3,
+			 .track = KVMDIRTY_MODE_CLEAR_LOG, .lock = PTHREAD_MUTEX_INITIALIZER,
+			 .rtc_lock = PTHREAD_MUTEX_INITIALIZER,
+			 .cond = PTHREAD_COND_INITIALIZER };
+	pthread_t input;
+	int ret;
+
+	ret = parse(argc, argv, &v);
+	if (ret)
+		return ret < 0 ? 0 : ret;
+	ret = kvm_host_check(PROG ": ");
+	if (ret)
+		return ret;
+	ret = build(&v);
+	if (ret == 0) {
+		/* the console's input: the thread may outlive the VM in read(); serial_close() fences it */
+		if (pthread_create(&input, NULL, input_thread, &v) == 0)
+			pthread_detach(input);
+		ret = v.mode == INCOMING ? incoming(&v) : v.mode == RESTORE ? restore(&v) : boot(&v);
+	}
+	teardown(&v);
+	return ret;
+}
