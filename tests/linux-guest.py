@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: MIT
+"""A stock Linux guest booted, migrated and snapshotted by kvmdirty-linux.
+
+Runs where /dev/kvm runs a Linux guest (kvm-under-tcg's emulated kvm_amd:
+tests/check-linux.sh starts it there).  Each scenario runs the VMMs, reads
+the guests' consoles and checks what the guest's workload
+(examples/linux/guest/workload.c) printed across the move:
+
+  - every line's checksum verdict held (ok=1) and the workload ended ok;
+  - guest time (t, CLOCK_MONOTONIC) only went forward, across the move too;
+  - the timer still ticks after the move at the rate it ticked before
+    (tick_hz, counted in guest time: what the guest's timer did);
+  - lines came after the move (the guest ran on there, console included);
+  - the kernel logged none of BUG, WARNING, Oops, an RCU stall, an
+    unstable clocksource, a panic.
+
+usage: linux-guest.py BUILD GUEST_DIR SCENARIO...
+  scenarios: boot, migrate-log, migrate-ring, migrate-psk, snapshot,
+             drop-devices (must fail: the console's state left behind)
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+BAD = re.compile(r"BUG|WARNING|Oops|rcu_sched self-detected stall|rcu: INFO|clocksource.*unstable|"
+                 r"Kernel panic|bad frame|segfault")
+LINE = re.compile(r"^wl: n=(\d+) t=([\d.]+) real=([\d.]+) ticks=(\d+) tick_hz=([\d.]+) pages=(\d+) "
+                  r"mibps=([\d.]+) bad=(\d+) back=(\d+) ok=(\d)", re.M)
+VCPUS = os.environ.get("LINUX_VCPUS", "1")
+MEM = os.environ.get("LINUX_MEM", "192")
+WL = f"wl.mib=16 wl.rate=4 wl.threads={os.environ.get('LINUX_THREADS', '1')} wl.hz=100"
+
+
+class Proc:
+    """A VMM: its console (stdout) and its own lines (stderr), read as they come."""
+
+    def __init__(self, args, name):
+        self.name = name
+        self.out, self.err = [], []
+        self.p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, errors="replace")
+        self.threads = [threading.Thread(target=self._read, args=(self.p.stdout, self.out), daemon=True),
+                        threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True)]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def _read(f, into):
+        for line in f:
+            into.append(line)
+
+    def wait(self, secs):
+        try:
+            rc = self.p.wait(timeout=secs)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            rc = self.p.wait()
+            self.err.append(f"(killed after {secs} s)\n")
+            rc = "timeout"
+        for t in self.threads:
+            t.join(5)
+        return rc
+
+    def wait_err(self, text, secs):
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            if any(text in l for l in self.err):
+                return True
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.05)
+        return False
+
+    def console(self):
+        return "".join(self.out)
+
+    def log(self):
+        return "".join(self.err)
+
+
+def lines(text):
+    return [dict(n=int(m[0]), t=float(m[1]), ticks=int(m[3]), hz=float(m[4]), pages=int(m[5]),
+                 bad=int(m[7]), back=int(m[8]), ok=int(m[9])) for m in LINE.findall(text)]
+
+
+def vmm(build):
+    return os.path.join(build, "examples", "linux", "kvmdirty-linux")
+
+
+def boot_args(build, guest, secs):
+    return [vmm(build), "--kernel", os.path.join(guest, "vmlinuz"), "--initrd",
+            os.path.join(guest, "initramfs.cpio.gz"), "--mem", MEM, "--vcpus", VCPUS,
+            "--append", f"{WL} wl.secs={secs}"]
+
+
+def judge(name, before, after, rcs, moved=True):
+    """Check the consoles of one guest before and after a move; returns a list of failures."""
+    fails = []
+    text = before + after
+    for m in BAD.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        fails.append(f"the kernel logged: {text[start:text.find(chr(10), m.end())].strip()}")
+        break
+    if "init: userspace at" not in before:
+        fails.append("the guest never reached userspace")
+    lb, la = lines(before), lines(after)
+    every = lb + la
+    if not every:
+        fails.append("the workload printed no line")
+        return fails
+    if moved and len(la) < 2:
+        fails.append(f"{len(la)} workload line(s) after the move: the guest did not run on there")
+    for a, b in zip(every, every[1:]):
+        if b["t"] <= a["t"] or b["n"] != a["n"] + 1:
+            fails.append(f"guest time or line order went back: n={a['n']} t={a['t']} then n={b['n']} t={b['t']}")
+            break
+    if any(l["ok"] != 1 for l in every):
+        l = next(l for l in every if l["ok"] != 1)
+        fails.append(f"the workload's check failed: n={l['n']} bad={l['bad']} back={l['back']}")
+    if moved and len(lb) >= 2 and len(la) >= 2:
+        rate_b = (lb[-1]["ticks"] - lb[0]["ticks"]) / (lb[-1]["t"] - lb[0]["t"])
+        rate_a = (la[-1]["ticks"] - la[0]["ticks"]) / (la[-1]["t"] - la[0]["t"])
+        print(f"linux: {name}: timer {rate_b:.1f} Hz before, {rate_a:.1f} Hz after (guest time)")
+        if not 0.5 * rate_b <= rate_a <= 2 * rate_b:
+            fails.append(f"the timer ticks at {rate_a:.1f} Hz after the move, {rate_b:.1f} Hz before")
+    if not re.search(r"^wl: end .* ok=1", after if moved else text, re.M):
+        fails.append("the workload did not end ok")
+    for who, rc in rcs:
+        if rc != 0:
+            fails.append(f"{who} exited {rc}")
+    return fails
+
+
+def userspace_at(text):
+    m = re.search(r"init: userspace at ([\d.]+)", text)
+    return m.group(1) if m else "?"
+
+
+def scenario_boot(build, guest, tmp):
+    p = Proc(boot_args(build, guest, 6), "boot")
+    rc = p.wait(240)
+    print(f"linux: boot: userspace at {userspace_at(p.console())} s of guest uptime")
+    return judge("boot", p.console(), "", [("the VMM", rc)], moved=False), p
+
+
+def scenario_migrate(build, guest, tmp, track, extra, name, dst_wait=240):
+    sock = f"unix:{tmp}/{name}.sock"
+    dst = Proc([vmm(build), "--incoming", sock, "--mem", MEM, "--vcpus", VCPUS] + extra, "destination")
+    if not dst.wait_err("listening at", 30):
+        dst.p.kill()
+        return [f"the destination never listened: {dst.log().strip()}"], dst
+    src = Proc(boot_args(build, guest, 24) + ["--track", track, "--migrate-to", sock, "--after",
+                                             os.environ.get("LINUX_AFTER_MS", "14000")] + extra, "source")
+    rs = src.wait(240)
+    rd = dst.wait(dst_wait)
+    for l in src.log().splitlines():
+        if "migrated to" in l:
+            print(f"linux: {name}: {l}")
+    fails = judge(name, src.console(), dst.console(), [("the source", rs), ("the destination", rd)])
+    return fails, (src, dst)
+
+
+def scenario_snapshot(build, guest, tmp):
+    prefix = os.path.join(tmp, "snap")
+    src = Proc(boot_args(build, guest, 24) + ["--snapshot", prefix, "--every",
+                                             os.environ.get("LINUX_EVERY_MS", "4000"), "--count", "3"], "snapshot")
+    rs = src.wait(240)
+    for l in src.log().splitlines():
+        if "snapshot " in l:
+            print(f"linux: snapshot: {l}")
+    files = sorted(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith("snap-") and f.endswith(".snap"))
+    if len(files) != 3:
+        return [f"{len(files)} snapshot files, 3 wanted: {src.log().strip()}"], src
+    fails = judge("snapshot (the source)", src.console(), "", [("the source", rs)], moved=False)
+    dst = Proc([vmm(build), "--mem", MEM, "--vcpus", VCPUS, "--restore"] + files, "restore")
+    rd = dst.wait(240)
+    for l in dst.log().splitlines():
+        if "restored" in l:
+            print(f"linux: snapshot: {l}")
+    # the restored guest goes on from the last snapshot: its lines follow
+    # those the source printed up to it (the source's later lines are
+    # another future of the same guest)
+    cut = lines(dst.console())
+    before = src.console()
+    if cut:
+        keep = [m for m in LINE.finditer(before) if int(m.group(1)) < cut[0]["n"]]
+        before = before[:keep[-1].end()] + "\n" if keep else before
+    fails += judge("restore", before, dst.console(), [("the restored VMM", rd)])
+    return fails, (src, dst)
+
+
+def main():
+    if len(sys.argv) < 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    build, guest = sys.argv[1], sys.argv[2]
+    key = None
+    status = 0
+    for name in sys.argv[3:]:
+        tmp = tempfile.mkdtemp(prefix=f"linux-{name}-")
+        t0 = time.monotonic()
+        if name == "boot":
+            fails, procs = scenario_boot(build, guest, tmp)
+        elif name in ("migrate-log", "migrate-ring"):
+            fails, procs = scenario_migrate(build, guest, tmp, name.split("-")[1], [], name)
+        elif name == "migrate-psk":
+            key = os.path.join(tmp, "key")
+            subprocess.run([os.path.join(build, "examples", "kvmdirty-migrate", "kvmdirty-migrate"), "genkey", key],
+                           check=True, stdout=subprocess.DEVNULL)
+            fails, procs = scenario_migrate(build, guest, tmp, "log",
+                                            ["--psk", key, "--encrypt", "--connections", "2"], name)
+        elif name == "snapshot":
+            fails, procs = scenario_snapshot(build, guest, tmp)
+        elif name == "drop-devices":
+            # the console's registers left behind: the destination's UART
+            # has its interrupts off, the guest's console writes wait for
+            # an interrupt that never comes, the workload's lines stop
+            fails, procs = scenario_migrate(build, guest, tmp, "log", ["--drop-devices"], name, dst_wait=40)
+            moved = "migrated to" in procs[0].log()
+            if moved and any("did not run on there" in f for f in fails):
+                print(f"linux: {name}: failed as it must: {fails[0]}")
+                fails = []
+            else:
+                fails = ["the guest ran on without its console's state (or never moved): this test cannot see "
+                         "device state"] + fails
+        else:
+            print(f"linux-guest.py: unknown scenario '{name}'", file=sys.stderr)
+            return 2
+        verdict = "ok" if not fails else "FAILED"
+        print(f"linux: {name}: {verdict} ({time.monotonic() - t0:.0f} s)")
+        if fails:
+            status = 1
+            for f in fails:
+                print(f"linux: {name}:   {f}")
+            for p in procs if isinstance(procs, tuple) else (procs,):
+                print(f"--- {p.name}: VMM lines ---\n{p.log()}--- {p.name}: console (last 40 lines) ---")
+                print("".join(p.out[-40:]))
+        sys.stdout.flush()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
