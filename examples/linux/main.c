@@ -11,8 +11,15 @@
  *   kvmdirty-linux --kernel VMLINUZ [--initrd FILE] [--append ARGS] [--mem MIB] [--vcpus N]
  *                  [--track log|ring] [--migrate-to ADDR [--after MS] | --incoming ADDR |
  *                   --snapshot PREFIX [--every MS] [--count N] | --restore FILE...]
- *                  [--psk FILE [--encrypt]] [--connections N]
+ *                  [--psk FILE [--encrypt]] [--connections N] [--on-signal]
  *
+ * --on-signal: the migration, or each snapshot, starts when the process
+ * gets SIGUSR2 (an orchestrator's word) instead of after --after or
+ * --every milliseconds.  --no-xsave: the guest's CPUID without XSAVE and
+ * what needs it (AVX, AVX-512, PKU), for a KVM that cannot keep a guest's
+ * XCR0: one nested under a hypervisor that lets XSETBV through unseen, as
+ * under kvm-under-tcg, where a moved or even a booting guest otherwise
+ * fails now and then.  Both ends of a migration take the same.
  * The console is the process's stdin and stdout; the VMM's own lines go to
  * stderr.  The VMM ends when the guest does: a byte written to I/O port
  * 0x501 is its exit status (the initramfs's init writes its workload's),
@@ -63,7 +70,7 @@ struct lvm {
 	unsigned int nr_files;
 	uint64_t mib, vcpus, after_ms, every_ms, count, conns;
 	enum kvmdirty_mode track;
-	bool encrypt, drop_devices;
+	bool encrypt, drop_devices, on_signal, no_xsave;
 	enum mode mode;
 	char cmdline[BOOT_CMDLINE_MAX + 1];
 
@@ -441,7 +448,7 @@ static int build(struct lvm *v)
 	for (i = 0; i < v->vcpus && ret >= 0; i++) {
 		ret = kvmdirty_vcpu_create(v->vm, i, &v->vcpu[i]);
 		if (ret == 0)
-			ret = boot_set_cpuid(kvmdirty_vcpu_fd(v->vcpu[i]), cpuid, i, deadline);
+			ret = boot_set_cpuid(kvmdirty_vcpu_fd(v->vcpu[i]), cpuid, i, deadline, v->no_xsave);
 	}
 	if (ret < 0)
 		return fail("creating the vCPUs", ret);
@@ -484,6 +491,27 @@ static bool ended(struct lvm *v)
 	return s;
 }
 
+/*
+ * Wait ms, or with --on-signal for SIGUSR2 (blocked in every thread from
+ * the start): false where the guest ended meanwhile.
+ */
+static bool wait_turn(struct lvm *v, uint64_t ms)
+{
+	struct timespec tick = { 0, 100 * 1000000 };
+	sigset_t set;
+
+	if (!v->on_signal) {
+		sleep_ms(ms);
+		return !ended(v);
+	}
+	sigemptyset(&set);
+	sigaddset(&set, SIGUSR2);
+	while (!ended(v))
+		if (sigtimedwait(&set, NULL, &tick) == SIGUSR2)
+			return true;
+	return false;
+}
+
 static int migrate_to(struct lvm *v)
 {
 	struct kvmdirty_mig_send_opts o = { .connections = (unsigned int)v->conns, .psk_file = v->psk,
@@ -493,8 +521,7 @@ static int migrate_to(struct lvm *v)
 	char err[512];
 	int ret;
 
-	sleep_ms(v->after_ms);
-	if (ended(v))
+	if (!wait_turn(v, v->after_ms))
 		return wait_end(v);
 	if (describe(v, false, &g))
 		return 1;
@@ -579,8 +606,7 @@ static int snapshots(struct lvm *v)
 		return 1;
 	}
 	for (i = 0; i < v->count && !ended(v); i++) {
-		sleep_ms(v->every_ms);
-		if (ended(v))
+		if (!wait_turn(v, v->every_ms))
 			break;
 		ret = kvmdirty_mig_snap_take(snap, &r, err, sizeof(err));
 		if (ret < 0) {
@@ -632,7 +658,7 @@ static int boot(struct lvm *v)
 	ret = boot_setup_bsp(kvmdirty_vcpu_fd(v->vcpu[0]));
 	if (ret < 0)
 		return fail("setting up the bootstrap vCPU", ret);
-	for (i = 0; i < v->vcpus; i++)
+	for (i = 0; i < v->vcpus && !v->no_xsave; i++)
 		if ((ret = boot_setup_xcr0(kvmdirty_vcpu_fd(v->vcpu[i]), v->cpuid)) < 0)
 			return fail("setting XCR0", ret);
 	fprintf(stderr, PROG ": booting %s: %" PRIu64 " MiB, %" PRIu64 " vCPU(s), \"%s\"\n", v->boot.kernel, v->mib,
@@ -656,7 +682,8 @@ static void usage(FILE *f)
 	fprintf(f, "usage: " PROG " --kernel VMLINUZ [--initrd FILE] [--append ARGS] [--mem MIB] [--vcpus N]\n"
 		   "                      [--track log|ring] [--migrate-to ADDR [--after MS] | --incoming ADDR |\n"
 		   "                       --snapshot PREFIX [--every MS] [--count N] | --restore FILE...]\n"
-		   "                      [--psk FILE [--encrypt]] [--connections N] [--drop-devices]\n");
+		   "                      [--psk FILE [--encrypt]] [--connections N] [--on-signal] [--no-xsave]\n"
+		   "                      [--drop-devices]\n");
 }
 
 static int set_mode(struct lvm *v, enum mode m, const char *arg)
@@ -696,6 +723,7 @@ static int parse(int argc, char **argv, struct lvm *v)
 		{ "restore", no_argument, NULL, 'R' },	       { "psk", required_argument, NULL, 'P' },
 		{ "encrypt", no_argument, NULL, 'e' },	       { "connections", required_argument, NULL, 'c' },
 		{ "drop-devices", no_argument, NULL, 'D' },    { "help", no_argument, NULL, 'h' },
+		{ "on-signal", no_argument, NULL, 'S' },      { "no-xsave", no_argument, NULL, 'X' },
 		{ 0 },
 	};
 	int c, ret = 0;
@@ -730,6 +758,8 @@ static int parse(int argc, char **argv, struct lvm *v)
 		case 'P': v->psk = optarg; break;
 		case 'e': v->encrypt = true; break;
 		case 'D': v->drop_devices = true; break;
+		case 'S': v->on_signal = true; break;
+		case 'X': v->no_xsave = true; break;
 		case 'h': usage(stdout); return -1;
 		default: usage(stderr); return 2;
 		}
@@ -796,6 +826,14 @@ int main(int argc, char **argv)
 	ret = kvm_host_check(PROG ": ");
 	if (ret)
 		return ret;
+	if (v.on_signal) {
+		sigset_t set;
+
+		/* every thread, the library's included, inherits it: only wait_turn() takes SIGUSR2 */
+		sigemptyset(&set);
+		sigaddset(&set, SIGUSR2);
+		pthread_sigmask(SIG_BLOCK, &set, NULL);
+	}
 	ret = build(&v);
 	if (ret == 0) {
 		/* the console's input: the thread may outlive the VM in read(); serial_close() fences it */
