@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 
-BAD = re.compile(r"BUG|WARNING|Oops|rcu_sched self-detected stall|rcu: INFO|clocksource.*unstable|"
+BAD = re.compile(r"BUG:|WARNING: CPU:|Oops|rcu_sched self-detected stall|rcu: INFO|clocksource.*unstable|"
                  r"Kernel panic|bad frame|segfault")
 LINE = re.compile(r"^wl: n=(\d+) t=([\d.]+) real=([\d.]+) ticks=(\d+) tick_hz=([\d.]+) pages=(\d+) "
                   r"mibps=([\d.]+) bad=(\d+) back=(\d+) ok=(\d)", re.M)
