@@ -283,11 +283,15 @@ static int wait_end(struct lvm *v)
 {
 	unsigned int i;
 
+	/*
+	 * Every thread gone from its loop, not just told to go: a thread
+	 * that ended the guest kicks the others (pthread_kill) before it
+	 * leaves, and a joined thread's id must not be kicked.
+	 */
 	pthread_mutex_lock(&v->lock);
-	while (!v->stop)
+	while (!v->stop || v->alive)
 		pthread_cond_wait(&v->cond, &v->lock);
 	pthread_mutex_unlock(&v->lock);
-	kick_all(v);
 	for (i = 0; i < v->nr_threads; i++)
 		pthread_join(v->thread[i], NULL);
 	v->nr_threads = 0;
@@ -351,16 +355,20 @@ static int l_devices_load(void *ctx, const void *state, size_t len)
 {
 	struct lvm *v = ctx;
 	struct device_state d;
+	int ret;
 
 	if (len != sizeof(d))
 		return -EPROTO;
 	memcpy(&d, state, sizeof(d));
 	if (memcmp(d.magic, DEVICE_MAGIC, 8) || d.rtc.index > 0x7f)
 		return -EPROTO; /* not this VMM's devices */
+	ret = serial_load(&v->serial, &d.serial); /* checks the console's part before it takes any */
+	if (ret < 0)
+		return ret;
 	pthread_mutex_lock(&v->rtc_lock);
 	v->rtc = d.rtc;
 	pthread_mutex_unlock(&v->rtc_lock);
-	return serial_load(&v->serial, &d.serial);
+	return 0;
 }
 
 static const struct kvmdirty_mig_ops lvm_ops = {
@@ -523,8 +531,11 @@ static int migrate_to(struct lvm *v)
 
 	if (!wait_turn(v, v->after_ms))
 		return wait_end(v);
-	if (describe(v, false, &g))
+	if (describe(v, false, &g)) {
+		end_guest(v, 1, "no migration");
+		wait_end(v);
 		return 1;
+	}
 	ret = kvmdirty_mig_send(g, v->addr, &o, &res, err, sizeof(err));
 	kvmdirty_mig_guest_free(g);
 	if (ret < 0 && res.outcome == KVMDIRTY_MIG_HERE) {
@@ -535,6 +546,9 @@ static int migrate_to(struct lvm *v)
 	if (ret < 0) {
 		fprintf(stderr, PROG ": migration to %s: outcome unknown, the guest stays paused here: %s\n", v->addr,
 			err);
+		/* paused threads see the stop before KVM_RUN: the guest never runs here again */
+		end_guest(v, 4, "the guest's fate is unknown: it stays stopped here");
+		wait_end(v);
 		return 4;
 	}
 	fprintf(stderr, PROG ": migrated to %s: %" PRIu64 " pages in %" PRIu64 " passes, %.1f ms total, %.1f ms "
@@ -595,8 +609,11 @@ static int snapshots(struct lvm *v)
 	uint64_t i;
 	char err[512];
 
-	if (describe(v, false, &g))
+	if (describe(v, false, &g)) {
+		end_guest(v, 1, "no snapshot taken");
+		wait_end(v);
 		return 1;
+	}
 	ret = kvmdirty_mig_snap_new(g, &so, &snap, err, sizeof(err));
 	if (ret < 0) {
 		fprintf(stderr, PROG ": --snapshot: %s\n", err);
@@ -813,7 +830,8 @@ static int parse(int argc, char **argv, struct lvm *v)
 
 int main(int argc, char **argv)
 {
-	struct lvm v = { .mib = 256, .vcpus = 2, .after_ms = 3000, .every_ms = 2000, .count = 3,
+	/* static: the detached input thread may still wake in read() as the process exits */
+	static struct lvm v = { .mib = 256, .vcpus = 2, .after_ms = 3000, .every_ms = 2000, .count = 3,
 			 .track = KVMDIRTY_MODE_CLEAR_LOG, .lock = PTHREAD_MUTEX_INITIALIZER,
 			 .rtc_lock = PTHREAD_MUTEX_INITIALIZER,
 			 .cond = PTHREAD_COND_INITIALIZER };

@@ -195,11 +195,12 @@ int serial_load(struct serial *s, const struct serial_regs *in)
 	s->r = *in;
 	/*
 	 * The irqchip's state came with the VM's: what the guest was sent is
-	 * there.  This line starts low, as in a fresh VM, and rises again
-	 * only for what is still pending (an edge the guest takes as one more
-	 * interrupt, which its handler finds in IIR).
+	 * there.  This line goes low, and rises again only for what is still
+	 * pending (an edge the guest takes as one more interrupt, which its
+	 * handler finds in IIR).
 	 */
-	s->line = false;
+	s->line = true;
+	set_line(s, false); /* low in KVM too: the PIC keeps the source's last level, and a rise must be an edge */
 	update(s);
 	pthread_mutex_unlock(&s->lock);
 	return 0;
