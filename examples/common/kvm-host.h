@@ -12,8 +12,13 @@
  */
 #include <errno.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+
+#include <linux/kvm.h>
 
 #include <kvmdirty.h>
 
@@ -81,6 +86,34 @@ static inline int kvm_host_check(const char *prefix)
 	int ret = kvm_host_probe();
 
 	return ret < 0 && kvm_host_missing(stderr, prefix, ret) ? KVM_HOST_MISSING_EXIT : 0;
+}
+
+/*
+ * KVM_GET_SUPPORTED_CPUID from kvm_fd (/dev/kvm's or a VM's), in a buffer
+ * grown until KVM's list fits; the caller frees it.  NULL with *ret_err
+ * set to the ioctl's negative errno, or -ENOMEM.
+ */
+static inline struct kvm_cpuid2 *kvm_host_supported_cpuid(int kvm_fd, int *ret_err)
+{
+	struct kvm_cpuid2 *c;
+	uint32_t n;
+
+	for (n = 64; n <= 4096; n *= 2) {
+		c = calloc(1, sizeof(*c) + n * sizeof(c->entries[0]));
+		if (!c) {
+			*ret_err = -ENOMEM;
+			return NULL;
+		}
+		c->nent = n;
+		if (ioctl(kvm_fd, KVM_GET_SUPPORTED_CPUID, c) == 0)
+			return c;
+		*ret_err = -errno;
+		free(c);
+		if (*ret_err != -E2BIG)
+			return NULL;
+	}
+	*ret_err = -E2BIG;
+	return NULL;
 }
 
 #endif

@@ -14,23 +14,10 @@
 #include <sys/mman.h>
 #include <time.h>
 
+#include "../common/say.h"
 #include "testguest.h"
 
 #define PAGE GUEST_PAGE_SIZE
-
-/* One line into err; returns ret. */
-static int tg_err(char *err, size_t len, int ret, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int tg_err(char *err, size_t len, int ret, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && len) {
-		va_start(ap, fmt);
-		vsnprintf(err, len, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
 
 #ifndef MADV_POPULATE_WRITE
 #define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
@@ -63,7 +50,7 @@ static int plan_work(const struct mig_testvm_opts *g, uint64_t ret_pages[], char
 		total += ret_pages[i];
 	}
 	if (total > (g->mib << 20) / PAGE)
-		return tg_err(err, len, -EINVAL, "working sets of %" PRIu64 " MiB exceed memory %" PRIu64 " MiB",
+		return say(err, len, -EINVAL, "working sets of %" PRIu64 " MiB exceed memory %" PRIu64 " MiB",
 				(uint64_t)(total * PAGE >> 20), g->mib);
 	return 0;
 }
@@ -73,9 +60,9 @@ int mig_testvm_check(const struct mig_testvm_opts *g, char *err, size_t len)
 	uint64_t pages[GUEST_MAX_VCPUS];
 
 	if (!g->vcpus || g->vcpus > GUEST_MAX_VCPUS)
-		return tg_err(err, len, -EINVAL, "%u vCPUs: 1 to %u", g->vcpus, GUEST_MAX_VCPUS);
+		return say(err, len, -EINVAL, "%u vCPUs: 1 to %u", g->vcpus, GUEST_MAX_VCPUS);
 	if (g->regions > MIG_TESTVM_MAX_REGIONS || g->regions > (g->mib << 20) / PAGE)
-		return tg_err(err, len, -EINVAL, "--regions %u: at most %u, and no more than memory's %" PRIu64 " pages",
+		return say(err, len, -EINVAL, "--regions %u: at most %u, and no more than memory's %" PRIu64 " pages",
 				g->regions, MIG_TESTVM_MAX_REGIONS, (uint64_t)((g->mib << 20) / PAGE));
 	return plan_work(g, pages, err, len);
 }
@@ -208,13 +195,13 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 	plan_work(g, pages, err, len);
 	ret = testvm_new(&o, &tv);
 	if (ret < 0 && (max = max_vcpus()) > 0 && g->vcpus > (uint64_t)max)
-		return tg_err(err, len, ret, "-v %u: this host's KVM allows %lld vCPUs", g->vcpus, (long long)max);
+		return say(err, len, ret, "-v %u: this host's KVM allows %lld vCPUs", g->vcpus, (long long)max);
 	if (ret < 0)
-		return tg_err(err, len, ret, "creating the VM: %s", strerror(-ret));
+		return say(err, len, ret, "creating the VM: %s", strerror(-ret));
 	ret = add_data(tv, g, &mem);
 	if (ret < 0) {
 		testvm_free(tv);
-		return tg_err(err, len, ret, "adding %" PRIu64 " MiB of guest memory: %s", g->mib, strerror(-ret));
+		return say(err, len, ret, "adding %" PRIu64 " MiB of guest memory: %s", g->mib, strerror(-ret));
 	}
 	/* first touches cost about 5 us a page on this nested host: not inside the migration */
 	if (mig_testvm_prefaults(g, source) && madvise(mem, g->mib << 20, MADV_POPULATE_WRITE))
@@ -346,7 +333,7 @@ int mig_testvm_api(struct testvm *tv, bool source, struct kvmdirty_mig_guest **r
 	ret = kvmdirty_mig_guest_new(tv->vm, source ? tv->tracker : NULL, tv->vcpu, tv->nr_vcpus,
 				     source ? 0 : KVMDIRTY_MIG_FRESH, &tg_ops, tv, ret_g);
 	if (ret < 0)
-		return tg_err(err, len, ret, "the guest's regions: %s", strerror(-ret));
+		return say(err, len, ret, "the guest's regions: %s", strerror(-ret));
 	return 0;
 }
 
@@ -397,7 +384,7 @@ int mig_testvm_check_running(struct testvm *tv, uint64_t run_ms, char *err, size
 	testvm_halt_all(tv);
 	ret = testvm_join(tv, &bad, &ex);
 	if (ret < 0)
-		return tg_err(err, len, ret, "vCPU %u: %s (page 0x%" PRIx64 ")", bad,
+		return say(err, len, ret, "vCPU %u: %s (page 0x%" PRIx64 ")", bad,
 				ret == -EIO ? testvm_event_name(ex.event) : strerror(-ret), testvm_mailbox(tv, bad)->err_gpa);
 	for (i = 0; i < tv->nr_vcpus; i++) {
 		const struct guest_vcpu *mb = testvm_mailbox(tv, i);
@@ -405,10 +392,10 @@ int mig_testvm_check_running(struct testvm *tv, uint64_t run_ms, char *err, size
 
 		if (ran >= MIN_CPU_MS && expected_writes(tv, i, ran) >= MIN_EXPECTED_WRITES &&
 		    mb->pass == pass[i] && mb->writes == writes[i])
-			return tg_err(err, len, -EIO, "vCPU %u made no progress in %" PRIu64 " ms (pass %"
+			return say(err, len, -EIO, "vCPU %u made no progress in %" PRIu64 " ms (pass %"
 					PRIu64 ", %" PRIu64 " pages written)", i, run_ms, pass[i], writes[i]);
 	}
-	return tg_err(err, len, 0, "vCPU 0: pass %" PRIu64 " -> %" PRIu64 ", %" PRIu64 " pages written", pass[0],
+	return say(err, len, 0, "vCPU 0: pass %" PRIu64 " -> %" PRIu64 ", %" PRIu64 " pages written", pass[0],
 			testvm_mailbox(tv, 0)->pass, testvm_mailbox(tv, 0)->writes - writes[0]);
 }
 
@@ -417,6 +404,6 @@ int mig_testvm_resume_check(struct testvm *tv, uint64_t run_ms, char *err, size_
 	int ret = testvm_spawn(tv);
 
 	if (ret < 0)
-		return tg_err(err, len, ret, "starting vCPUs: %s", strerror(-ret));
+		return say(err, len, ret, "starting vCPUs: %s", strerror(-ret));
 	return mig_testvm_check_running(tv, run_ms, err, len);
 }

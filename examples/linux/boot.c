@@ -20,6 +20,7 @@
 
 #include <linux/kvm.h>
 
+#include "../common/say.h"
 #include "boot.h"
 
 #define GDT_GPA 0x500ull
@@ -50,19 +51,6 @@
 #define XLF_KERNEL_64 (1u << 0)
 #define E820_RAM 1
 #define E820_RESERVED 2
-
-static int say(char *err, size_t len, int ret, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
-static int say(char *err, size_t len, int ret, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (err && len) {
-		va_start(ap, fmt);
-		vsnprintf(err, len, fmt, ap);
-		va_end(ap);
-	}
-	return ret;
-}
 
 static void put16(uint8_t *p, uint16_t v) { memcpy(p, &v, 2); }
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
@@ -306,28 +294,6 @@ int boot_setup_bsp(int fd)
 	if (ioctl(fd, KVM_SET_SREGS, &sregs) < 0 || ioctl(fd, KVM_SET_REGS, &regs) < 0)
 		return -errno;
 	return 0;
-}
-
-struct kvm_cpuid2 *boot_supported_cpuid(int kvm_fd, int *ret_err)
-{
-	struct kvm_cpuid2 *c;
-	uint32_t n;
-
-	for (n = 64; n <= 4096; n *= 2) {
-		c = calloc(1, sizeof(*c) + n * sizeof(c->entries[0]));
-		if (!c) {
-			*ret_err = -ENOMEM;
-			return NULL;
-		}
-		c->nent = n;
-		if (ioctl(kvm_fd, KVM_GET_SUPPORTED_CPUID, c) == 0)
-			return c;
-		*ret_err = -errno;
-		free(c);
-		if (*ret_err != -E2BIG)
-			return NULL;
-	}
-	return NULL;
 }
 
 /*

@@ -48,7 +48,7 @@ int boot_setup_bsp(int vcpu_fd);
 
 /*
  * KVM_SET_CPUID2 on vCPU id from the host's KVM_GET_SUPPORTED_CPUID
- * (cpuid, read once by boot_supported_cpuid()), with the vCPU's APIC ID
+ * (cpuid, read once by kvm_host_supported_cpuid()), with the vCPU's APIC ID
  * where CPUID reports it, the hypervisor bit (which KVM leaves to the
  * VMM) and, where KVM has it (KVM_CAP_TSC_DEADLINE_TIMER), the LAPIC's
  * TSC-deadline mode, which KVM emulates but does not list; without
@@ -56,7 +56,6 @@ int boot_setup_bsp(int vcpu_fd);
  * needs it (AVX, AVX-512, protection keys).  0 or -errno.
  */
 struct kvm_cpuid2;
-struct kvm_cpuid2 *boot_supported_cpuid(int kvm_fd, int *ret_err);
 int boot_set_cpuid(int vcpu_fd, const struct kvm_cpuid2 *cpuid, unsigned int id, bool tsc_deadline, bool no_xsave);
 
 /* XCR0 set ahead to what the kernel will choose (see boot.c): 0 or -errno. */

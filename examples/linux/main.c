@@ -47,6 +47,7 @@
 
 #include "../common/cli.h"
 #include "../common/kvm-host.h"
+#include "../common/vmm-mode.h"
 #include "boot.h"
 #include "rtc.h"
 #include "serial.h"
@@ -60,18 +61,14 @@
 #define DEFAULT_CMDLINE "console=ttyS0 reboot=k panic=-1 pci=off"
 #define DEVICE_MAGIC "kdlinux1"
 
-enum mode { RUN, MIGRATE_TO, INCOMING, SNAPSHOT, RESTORE };
-
 struct lvm {
 	/* the command line */
 	struct boot_files boot;
-	const char *append, *addr, *prefix, *psk;
-	char **files;
-	unsigned int nr_files;
+	const char *append, *psk;
+	struct vmm_mode_args run;
 	uint64_t mib, vcpus, after_ms, every_ms, count, conns;
 	enum kvmdirty_mode track;
 	bool encrypt, drop_devices, on_signal, no_xsave;
-	enum mode mode;
 	char cmdline[BOOT_CMDLINE_MAX + 1];
 
 	/* the machine */
@@ -102,14 +99,6 @@ struct device_state {
 	struct serial_regs serial;
 	struct rtc_regs rtc;
 };
-
-static void sleep_ms(uint64_t ms)
-{
-	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000 };
-
-	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
-		;
-}
 
 static void on_kick(int sig)
 {
@@ -391,7 +380,7 @@ static void *input_thread(void *p)
 
 			off += took;
 			if (off < (size_t)n)
-				sleep_ms(1); /* the FIFO is full: the guest reads it at its pace */
+				vmm_sleep_ms(1); /* the FIFO is full: the guest reads it at its pace */
 		}
 	}
 	return NULL;
@@ -429,7 +418,7 @@ static int build(struct lvm *v)
 		return fail("KVM_CREATE_PIT2", -errno);
 	serial_init(&v->serial, fd, COM1_IRQ, STDOUT_FILENO);
 	rtc_init(&v->rtc);
-	if (v->mode == MIGRATE_TO || v->mode == SNAPSHOT) {
+	if (v->run.mode == MIGRATE_TO || v->run.mode == SNAPSHOT) {
 		struct kvmdirty_tracker_opts to = { .mode = v->track,
 						    .reaper_ms = v->track == KVMDIRTY_MODE_DIRTY_RING ? 10 : 0 };
 
@@ -448,7 +437,7 @@ static int build(struct lvm *v)
 	ret = kvmdirty_region_add(v->vm, 0, v->mem_size, v->mem, 0, NULL);
 	if (ret < 0)
 		return fail("adding guest memory", ret);
-	v->cpuid = cpuid = boot_supported_cpuid(kvmdirty_vm_kvm_fd(v->vm), &ret);
+	v->cpuid = cpuid = kvm_host_supported_cpuid(kvmdirty_vm_kvm_fd(v->vm), &ret);
 	if (!cpuid)
 		return fail("KVM_GET_SUPPORTED_CPUID", ret);
 	deadline = ioctl(kvmdirty_vm_kvm_fd(v->vm), KVM_CHECK_EXTENSION, KVM_CAP_TSC_DEADLINE_TIMER) > 0;
@@ -509,7 +498,7 @@ static bool wait_turn(struct lvm *v, uint64_t ms)
 	sigset_t set;
 
 	if (!v->on_signal) {
-		sleep_ms(ms);
+		vmm_sleep_ms(ms);
 		return !ended(v);
 	}
 	sigemptyset(&set);
@@ -536,15 +525,15 @@ static int migrate_to(struct lvm *v)
 		wait_end(v);
 		return 1;
 	}
-	ret = kvmdirty_mig_send(g, v->addr, &o, &res, err, sizeof(err));
+	ret = kvmdirty_mig_send(g, v->run.addr, &o, &res, err, sizeof(err));
 	kvmdirty_mig_guest_free(g);
 	if (ret < 0 && res.outcome == KVMDIRTY_MIG_HERE) {
-		fprintf(stderr, PROG ": migration to %s failed, the guest runs on here: %s\n", v->addr, err);
+		fprintf(stderr, PROG ": migration to %s failed, the guest runs on here: %s\n", v->run.addr, err);
 		ret = wait_end(v);
 		return ret ? ret : 3;
 	}
 	if (ret < 0) {
-		fprintf(stderr, PROG ": migration to %s: outcome unknown, the guest stays paused here: %s\n", v->addr,
+		fprintf(stderr, PROG ": migration to %s: outcome unknown, the guest stays paused here: %s\n", v->run.addr,
 			err);
 		/* paused threads see the stop before KVM_RUN: the guest never runs here again */
 		end_guest(v, 4, "the guest's fate is unknown: it stays stopped here");
@@ -552,9 +541,9 @@ static int migrate_to(struct lvm *v)
 		return 4;
 	}
 	fprintf(stderr, PROG ": migrated to %s: %" PRIu64 " pages in %" PRIu64 " passes, %.1f ms total, %.1f ms "
-			"downtime%s\n", v->addr, res.pages, res.passes, res.total_ms, res.downtime_ms,
+			"downtime%s\n", v->run.addr, res.pages, res.passes, res.total_ms, res.downtime_ms,
 		ret > 0 ? "; pages lost by tracking: VERIFICATION FAILED" : "");
-	end_guest(v, ret > 0, "the guest runs at %s now", v->addr);
+	end_guest(v, ret > 0, "the guest runs at %s now", v->run.addr);
 	wait_end(v);
 	return ret > 0;
 }
@@ -580,13 +569,13 @@ static int incoming(struct lvm *v)
 
 	if (describe(v, true, &g))
 		return 1;
-	lfd = kvmdirty_mig_listen(v->addr, err, sizeof(err));
+	lfd = kvmdirty_mig_listen(v->run.addr, err, sizeof(err));
 	if (lfd < 0) {
 		fprintf(stderr, PROG ": --incoming: %s\n", err);
 		kvmdirty_mig_guest_free(g);
 		return 1;
 	}
-	fprintf(stderr, PROG ": listening at %s\n", v->addr);
+	fprintf(stderr, PROG ": listening at %s\n", v->run.addr);
 	ret = kvmdirty_mig_recv(g, lfd, &o, &res, err, sizeof(err));
 	close(lfd);
 	kvmdirty_mig_guest_free(g);
@@ -601,7 +590,7 @@ static int incoming(struct lvm *v)
 
 static int snapshots(struct lvm *v)
 {
-	struct kvmdirty_mig_snap_opts so = { .prefix = v->prefix };
+	struct kvmdirty_mig_snap_opts so = { .prefix = v->run.prefix };
 	struct kvmdirty_mig_snap_result r;
 	struct kvmdirty_mig_snap *snap;
 	struct kvmdirty_mig_guest *g;
@@ -649,14 +638,14 @@ static int restore(struct lvm *v)
 
 	if (describe(v, true, &g))
 		return 1;
-	ret = kvmdirty_mig_restore(g, (const char *const *)v->files, v->nr_files, &pages, err, sizeof(err));
+	ret = kvmdirty_mig_restore(g, (const char *const *)v->run.files, v->run.nr_files, &pages, err, sizeof(err));
 	kvmdirty_mig_guest_free(g);
 	if (ret < 0) {
 		fprintf(stderr, PROG ": --restore refused, the guest does not run: %s\n", err);
 		return 1;
 	}
 	fprintf(stderr, PROG ": restored %u file(s): %" PRIu64 " pages, each matched its hash; running the guest\n",
-		v->nr_files, pages);
+		v->run.nr_files, pages);
 	return start_arrived(v);
 }
 
@@ -685,9 +674,9 @@ static int boot(struct lvm *v)
 		end_guest(v, 1, "starting the vCPUs: %s", strerror(-ret));
 		return wait_end(v);
 	}
-	if (v->mode == MIGRATE_TO)
+	if (v->run.mode == MIGRATE_TO)
 		return migrate_to(v);
-	if (v->mode == SNAPSHOT)
+	if (v->run.mode == SNAPSHOT)
 		return snapshots(v);
 	return wait_end(v);
 }
@@ -701,20 +690,6 @@ static void usage(FILE *f)
 		   "                       --snapshot PREFIX [--every MS] [--count N] | --restore FILE...]\n"
 		   "                      [--psk FILE [--encrypt]] [--connections N] [--on-signal] [--no-xsave]\n"
 		   "                      [--drop-devices]\n");
-}
-
-static int set_mode(struct lvm *v, enum mode m, const char *arg)
-{
-	if (v->mode != RUN) {
-		fprintf(stderr, PROG ": --migrate-to, --incoming, --snapshot and --restore: one at most\n");
-		return 2;
-	}
-	v->mode = m;
-	if (m == SNAPSHOT)
-		v->prefix = arg;
-	else
-		v->addr = arg;
-	return 0;
 }
 
 static int addr_ok(const char *opt, const char *addr)
@@ -768,10 +743,10 @@ static int parse(int argc, char **argv, struct lvm *v)
 				ret = 2;
 			}
 			break;
-		case 'M': ret = set_mode(v, MIGRATE_TO, optarg) ? 2 : addr_ok("--migrate-to", optarg); break;
-		case 'I': ret = set_mode(v, INCOMING, optarg) ? 2 : addr_ok("--incoming", optarg); break;
-		case 'N': ret = set_mode(v, SNAPSHOT, optarg); break;
-		case 'R': ret = set_mode(v, RESTORE, NULL); break;
+		case 'M': ret = vmm_mode_set(PROG, &v->run, MIGRATE_TO, optarg) ? 2 : addr_ok("--migrate-to", optarg); break;
+		case 'I': ret = vmm_mode_set(PROG, &v->run, INCOMING, optarg) ? 2 : addr_ok("--incoming", optarg); break;
+		case 'N': ret = vmm_mode_set(PROG, &v->run, SNAPSHOT, optarg); break;
+		case 'R': ret = vmm_mode_set(PROG, &v->run, RESTORE, NULL); break;
 		case 'P': v->psk = optarg; break;
 		case 'e': v->encrypt = true; break;
 		case 'D': v->drop_devices = true; break;
@@ -783,31 +758,22 @@ static int parse(int argc, char **argv, struct lvm *v)
 	}
 	if (ret)
 		return ret;
-	if (v->mode == RESTORE) {
-		v->files = argv + optind;
-		v->nr_files = (unsigned int)(argc - optind);
-		if (!v->nr_files) {
-			fprintf(stderr, PROG ": --restore: no snapshot file given\n");
-			return 2;
-		}
-	} else if (optind != argc) {
-		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+	if (vmm_mode_rest(PROG, &v->run, argc, argv, optind))
 		return 2;
-	}
-	if (v->mode != INCOMING && v->mode != RESTORE && !v->boot.kernel) {
+	if (v->run.mode != INCOMING && v->run.mode != RESTORE && !v->boot.kernel) {
 		fprintf(stderr, PROG ": --kernel: required to boot a guest (not with --incoming or --restore)\n");
 		return 2;
 	}
-	if ((v->mode == INCOMING || v->mode == RESTORE) && (v->boot.kernel || v->boot.initrd || v->append)) {
+	if ((v->run.mode == INCOMING || v->run.mode == RESTORE) && (v->boot.kernel || v->boot.initrd || v->append)) {
 		fprintf(stderr, PROG ": --kernel, --initrd, --append: the guest arrives with %s, not booted\n",
-			v->mode == INCOMING ? "--incoming" : "--restore");
+			v->run.mode == INCOMING ? "--incoming" : "--restore");
 		return 2;
 	}
 	if (v->encrypt && !v->psk) {
 		fprintf(stderr, PROG ": --encrypt: needs --psk FILE\n");
 		return 2;
 	}
-	if ((v->psk || v->conns) && v->mode != MIGRATE_TO && v->mode != INCOMING) {
+	if ((v->psk || v->conns) && v->run.mode != MIGRATE_TO && v->run.mode != INCOMING) {
 		fprintf(stderr, PROG ": --psk, --connections: only with --migrate-to or --incoming\n");
 		return 2;
 	}
@@ -857,7 +823,7 @@ int main(int argc, char **argv)
 		/* the console's input: the thread may outlive the VM in read(); serial_close() fences it */
 		if (pthread_create(&input, NULL, input_thread, &v) == 0)
 			pthread_detach(input);
-		ret = v.mode == INCOMING ? incoming(&v) : v.mode == RESTORE ? restore(&v) : boot(&v);
+		ret = v.run.mode == INCOMING ? incoming(&v) : v.run.mode == RESTORE ? restore(&v) : boot(&v);
 	}
 	teardown(&v);
 	return ret;

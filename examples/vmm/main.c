@@ -31,20 +31,16 @@
 
 #include "../common/cli.h"
 #include "../common/kvm-host.h"
+#include "../common/vmm-mode.h"
 #include "testvm.h"
 
 #define DATA_GPA (4ull << 30)
 #define PROG "kvmdirty-vmm"
 
-enum mode { RUN, MIGRATE_TO, INCOMING, SNAPSHOT, RESTORE };
-
 struct vmm {
 	uint64_t vcpus, mib, passes, stride, rate, pattern, after_ms, every_ms;
 	bool ring0, state;
-	enum mode mode;
-	const char *addr, *prefix;
-	char **files;
-	unsigned int nr_files;
+	struct vmm_mode_args run;
 	struct testvm *tv;
 	uint8_t *mem[GUEST_MAX_VCPUS];
 	/* the VMM's device: what it keeps of the guest, carried as device state */
@@ -63,33 +59,12 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static void sleep_ms(uint64_t ms)
-{
-	struct timespec ts = { (time_t)(ms / 1000), (long)(ms % 1000) * 1000000 };
-
-	nanosleep(&ts, NULL);
-}
-
 static void usage(void)
 {
 	fprintf(stderr, "usage: " PROG " [-v VCPUS] [-m MIB_PER_VCPU] [-p PASSES] [-P seq|random|strided] [-s STRIDE]\n"
 			"                    [-r PAGES_PER_SEC] [-0] [--state]\n"
 			"                    [--migrate-to ADDR [--after MS] | --incoming ADDR |\n"
 			"                     --snapshot PREFIX [--every MS] | --restore FILE...]\n");
-}
-
-static int set_mode(struct vmm *v, enum mode m, const char *arg)
-{
-	if (v->mode != RUN) {
-		fprintf(stderr, PROG ": --migrate-to, --incoming, --snapshot and --restore: one at most\n");
-		return 2;
-	}
-	v->mode = m;
-	if (m == SNAPSHOT)
-		v->prefix = arg;
-	else
-		v->addr = arg;
-	return 0;
 }
 
 static int parse_pattern(struct vmm *v, const char *arg)
@@ -131,27 +106,18 @@ static int parse(int argc, char **argv, struct vmm *v)
 		case 'P': ret = parse_pattern(v, optarg); break;
 		case '0': v->ring0 = true; break;
 		case 'S': v->state = true; break;
-		case 'M': ret = set_mode(v, MIGRATE_TO, optarg); break;
-		case 'I': ret = set_mode(v, INCOMING, optarg); break;
-		case 'N': ret = set_mode(v, SNAPSHOT, optarg); break;
-		case 'R': ret = set_mode(v, RESTORE, NULL); break;
+		case 'M': ret = vmm_mode_set(PROG, &v->run, MIGRATE_TO, optarg); break;
+		case 'I': ret = vmm_mode_set(PROG, &v->run, INCOMING, optarg); break;
+		case 'N': ret = vmm_mode_set(PROG, &v->run, SNAPSHOT, optarg); break;
+		case 'R': ret = vmm_mode_set(PROG, &v->run, RESTORE, NULL); break;
 		case 'h': usage(); return -1;
 		default: return 2; /* getopt said what was wrong */
 		}
 	}
 	if (ret)
 		return ret;
-	if (v->mode == RESTORE) {
-		v->files = argv + optind;
-		v->nr_files = (unsigned int)(argc - optind);
-		if (!v->nr_files) {
-			fprintf(stderr, PROG ": --restore: no snapshot file given\n");
-			return 2;
-		}
-	} else if (optind != argc) {
-		fprintf(stderr, PROG ": unexpected argument '%s'\n", argv[optind]);
+	if (vmm_mode_rest(PROG, &v->run, argc, argv, optind))
 		return 2;
-	}
 	if (v->state && v->ring0) {
 		fprintf(stderr, PROG ": --state: the state guest runs at CPL 3, not with -0\n");
 		return 2;
@@ -184,7 +150,7 @@ static uint64_t check_tags(const uint8_t *mem, uint64_t gpa, uint64_t pages, uin
 static int build(struct vmm *v, bool start_here)
 {
 	struct testvm_opts opts = { .nr_vcpus = (unsigned int)v->vcpus, .ring0 = v->ring0, .irqchip = true,
-				    .track = v->mode == MIGRATE_TO || v->mode == SNAPSHOT };
+				    .track = v->run.mode == MIGRATE_TO || v->run.mode == SNAPSHOT };
 	unsigned int i;
 	int ret;
 
@@ -328,19 +294,19 @@ static int migrate_to(struct vmm *v, double t0)
 
 	if (describe(v, false, &g))
 		return 1;
-	sleep_ms(v->after_ms);
-	ret = kvmdirty_mig_send(g, v->addr, NULL, &res, err, sizeof(err));
+	vmm_sleep_ms(v->after_ms);
+	ret = kvmdirty_mig_send(g, v->run.addr, NULL, &res, err, sizeof(err));
 	kvmdirty_mig_guest_free(g);
 	if (ret < 0 && res.outcome == KVMDIRTY_MIG_HERE) {
-		fprintf(stderr, PROG ": migration to %s failed, the guest runs on here: %s\n", v->addr, err);
+		fprintf(stderr, PROG ": migration to %s failed, the guest runs on here: %s\n", v->run.addr, err);
 		return finish(v, t0) ? 1 : 3;
 	}
 	if (ret < 0) {
-		fprintf(stderr, PROG ": migration to %s: outcome unknown, the guest stays paused: %s\n", v->addr, err);
+		fprintf(stderr, PROG ": migration to %s: outcome unknown, the guest stays paused: %s\n", v->run.addr, err);
 		return 4;
 	}
 	printf("migrated to %s: %" PRIu64 " pages in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime%s\n",
-	       v->addr, res.pages, res.passes, res.total_ms, res.downtime_ms,
+	       v->run.addr, res.pages, res.passes, res.total_ms, res.downtime_ms,
 	       ret > 0 ? "; pages lost by tracking: VERIFICATION FAILED" : "");
 	testvm_stop_all(v->tv);
 	testvm_halt_all(v->tv);
@@ -371,13 +337,13 @@ static int incoming(struct vmm *v)
 
 	if (describe(v, true, &g))
 		return 1;
-	lfd = kvmdirty_mig_listen(v->addr, err, sizeof(err));
+	lfd = kvmdirty_mig_listen(v->run.addr, err, sizeof(err));
 	if (lfd < 0) {
 		fprintf(stderr, PROG ": --incoming: %s\n", err);
 		kvmdirty_mig_guest_free(g);
 		return 1;
 	}
-	printf("listening at %s\n", v->addr);
+	printf("listening at %s\n", v->run.addr);
 	fflush(stdout);
 	ret = kvmdirty_mig_recv(g, lfd, NULL, &res, err, sizeof(err));
 	close(lfd);
@@ -408,7 +374,7 @@ static bool done(struct vmm *v)
 /* --snapshot: a snapshot every --every ms while the guest runs, then its end. */
 static int snapshots(struct vmm *v, double t0)
 {
-	struct kvmdirty_mig_snap_opts so = { .prefix = v->prefix };
+	struct kvmdirty_mig_snap_opts so = { .prefix = v->run.prefix };
 	struct kvmdirty_mig_snap_result r;
 	struct kvmdirty_mig_snap *snap;
 	struct kvmdirty_mig_guest *g;
@@ -434,7 +400,7 @@ static int snapshots(struct vmm *v, double t0)
 			printf("snapshot %s: %s, %" PRIu64 " pages, %.2f ms paused, %.1f ms in all\n", r.path,
 			       r.seq ? "diff" : "full", r.pages, r.pause_ms, r.total_ms);
 		}
-		sleep_ms(v->every_ms);
+		vmm_sleep_ms(v->every_ms);
 	}
 	kvmdirty_mig_snap_free(snap);
 	kvmdirty_mig_guest_free(g);
@@ -451,7 +417,7 @@ static int restore(struct vmm *v)
 
 	if (describe(v, true, &g))
 		return 1;
-	ret = kvmdirty_mig_restore(g, (const char *const *)v->files, v->nr_files, &pages, err, sizeof(err));
+	ret = kvmdirty_mig_restore(g, (const char *const *)v->run.files, v->run.nr_files, &pages, err, sizeof(err));
 	kvmdirty_mig_guest_free(g);
 	if (ret < 0) {
 		fprintf(stderr, PROG ": --restore refused, the guest does not run: %s\n", err);
@@ -459,7 +425,7 @@ static int restore(struct vmm *v)
 	}
 	printf("restored %u file(s): %" PRIu64 " pages read, each matched its hash; device state: %" PRIu64
 	       " move(s); running the guest\n",
-	       v->nr_files, pages, v->dev.moves);
+	       v->run.nr_files, pages, v->dev.moves);
 	return run_arrived(v);
 }
 
@@ -477,9 +443,9 @@ static int start(struct vmm *v)
 		fprintf(stderr, PROG ": starting vCPUs: %s\n", strerror(-ret));
 		return 1;
 	}
-	if (v->mode == MIGRATE_TO)
+	if (v->run.mode == MIGRATE_TO)
 		return migrate_to(v, t0);
-	if (v->mode == SNAPSHOT)
+	if (v->run.mode == SNAPSHOT)
 		return snapshots(v, t0);
 	return finish(v, t0);
 }
@@ -498,14 +464,14 @@ int main(int argc, char **argv)
 	ret = kvm_host_check(PROG ": ");
 	if (ret)
 		return ret;
-	arrives = v.mode == INCOMING || v.mode == RESTORE;
+	arrives = v.run.mode == INCOMING || v.run.mode == RESTORE;
 	ret = build(&v, !arrives);
 	if (ret == 0) {
 		printf("VM: %u vCPU(s) at CPL %d, %" PRIu64 " MiB each%s, memslots %" PRId64 "\n", v.tv->nr_vcpus,
 		       v.ring0 ? 0 : 3, v.mib, v.state ? ", state checks" : "",
 		       kvmdirty_vm_cap(v.tv->vm, KVMDIRTY_CAP_NR_MEMSLOTS));
 		fflush(stdout);
-		ret = v.mode == INCOMING ? incoming(&v) : v.mode == RESTORE ? restore(&v) : start(&v);
+		ret = v.run.mode == INCOMING ? incoming(&v) : v.run.mode == RESTORE ? restore(&v) : start(&v);
 	}
 	testvm_free(v.tv);
 	for (i = 0; i < v.vcpus; i++)

@@ -20,6 +20,7 @@
 
 #include <linux/kvm.h>
 
+#include "../common/kvm-host.h"
 #include "testvm.h"
 
 extern const uint8_t guest_image[], guest_image_end[];
@@ -233,28 +234,6 @@ int testvm_set_ring0(struct testvm *tv, unsigned int i, bool ring0)
 	return 0;
 }
 
-static struct kvm_cpuid2 *supported_cpuid(int kvm_fd, int *ret_err)
-{
-	struct kvm_cpuid2 *c;
-	uint32_t n;
-
-	for (n = 64; n <= 4096; n *= 2) {
-		c = calloc(1, sizeof(*c) + n * sizeof(c->entries[0]));
-		if (!c) {
-			*ret_err = -ENOMEM;
-			return NULL;
-		}
-		c->nent = n;
-		*ret_err = sys_ioctl(kvm_fd, KVM_GET_SUPPORTED_CPUID, c);
-		if (*ret_err >= 0)
-			return c;
-		free(c);
-		if (*ret_err != -E2BIG)
-			return NULL;
-	}
-	return NULL;
-}
-
 int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 {
 	struct kvm_cpuid2 *cpuid = NULL;
@@ -314,7 +293,7 @@ int testvm_new(const struct testvm_opts *opts, struct testvm **ret_tv)
 	ret = kvmdirty_region_add(tv->vm, 0, tv->sys_size, tv->sys, 0, &tv->sys_region);
 	if (ret < 0)
 		goto err;
-	cpuid = supported_cpuid(kvmdirty_vm_kvm_fd(tv->vm), &ret);
+	cpuid = kvm_host_supported_cpuid(kvmdirty_vm_kvm_fd(tv->vm), &ret);
 	if (!cpuid)
 		goto err;
 	for (i = 0; i < opts->nr_vcpus; i++) {
