@@ -5,9 +5,9 @@
 # KVM, every command that builds a guest says so instead, in one line
 # naming /dev/kvm, and exits 77; mistakes in the command line are still
 # named first.
-# usage: check-cli.sh KVMDIRTY-MIGRATE KVMDIRTY-VMM
+# usage: check-cli.sh KVMDIRTY-MIGRATE KVMDIRTY-VMM KVMDIRTY-LINUX
 set -u
-migrate=$1 vmm=$2
+migrate=$1 vmm=$2 linux=$3
 status=0
 
 # expect STATUS NEEDLE COMMAND...: COMMAND exits STATUS and says NEEDLE on one stderr line
@@ -48,6 +48,7 @@ needs_kvm() {
 }
 if [ "$kvm_status" = 77 ]; then
 	expect 77 "kvmdirty-vmm: /dev/kvm: " "$vmm" -v 1 -m 8 -p 1
+	expect 77 "kvmdirty-linux: /dev/kvm: " "$linux" --kernel /nonexistent
 	expect 77 "kvmdirty-migrate: /dev/kvm: " "$migrate" listen unix:/tmp/x -m 4 -v 1
 	expect 77 "kvmdirty-migrate: /dev/kvm: " "$migrate" demo -m 64 -v 1
 	expect 77 "kvmdirty-migrate: /dev/kvm: " "$migrate" rate -m 64 -v 1 --count 1
@@ -179,4 +180,26 @@ expect 1 "-o '/nonexistent/s': /nonexistent/: No such file or directory" "$migra
 expect 2 "usage: kvmdirty-migrate restore FILE..." "$migrate" restore
 expect 1 "restore refused: /nonexistent.snap: No such file or directory" "$migrate" restore /nonexistent.snap
 expect 1 "restore refused: /dev/null: not a regular file" "$migrate" restore /dev/null
+# kvmdirty-linux: its command line, then the files it loads (after the VM is made: KVM first)
+expect 2 "--mem '3': expected a number in [64, 3072]" "$linux" --kernel k --mem 3
+expect 2 "--vcpus '0'" "$linux" --kernel k --vcpus 0
+expect 2 "--vcpus '65'" "$linux" --kernel k --vcpus 65
+expect 2 "--track 'x': expected log or ring" "$linux" --kernel k --track x
+expect 2 "--incoming, --snapshot and --restore: one at most" "$linux" --kernel k --migrate-to unix:/tmp/x --incoming unix:/tmp/y
+expect 2 "--restore: no snapshot file given" "$linux" --restore
+expect 2 "unexpected argument 'extra'" "$linux" --kernel k extra
+expect 2 "--kernel: required to boot a guest" "$linux"
+expect 2 "the guest arrives with --incoming, not booted" "$linux" --incoming unix:/tmp/x --kernel k
+expect 2 "the guest arrives with --restore, not booted" "$linux" --append x --restore f
+expect 2 "--encrypt: needs --psk FILE" "$linux" --kernel k --encrypt
+expect 2 "kvmdirty-linux: --psk '$keydir/none': No such file or directory" "$linux" --kernel k --migrate-to unix:/tmp/x --psk "$keydir/none"
+expect 2 "--psk, --connections: only with --migrate-to or --incoming" "$linux" --kernel k --connections 2
+expect 2 "--migrate-to: address 'nowhere'" "$linux" --kernel k --migrate-to nowhere
+expect 2 "--append: longer than the 4095 bytes" "$linux" --kernel k --append "$(head -c 5000 /dev/zero | tr '\0' a)"
+expect 2 "unrecognized option '--bogus'" "$linux" --bogus
+head -c 8192 /dev/zero >"$keydir/zero.img"
+needs_kvm 1 "--kernel '/nonexistent': No such file or directory" "$linux" --kernel /nonexistent
+needs_kvm 1 "--kernel '$keydir/zero.img': not a bzImage" "$linux" --kernel "$keydir/zero.img"
+needs_kvm 1 "--kernel '$keydir': not a regular file" "$linux" --kernel "$keydir"
+needs_kvm 1 "--restore refused, the guest does not run: /nonexistent.snap: No such file or directory" "$linux" --restore /nonexistent.snap
 exit $status

@@ -20,7 +20,7 @@
 # checks those lines itself); pkgconfig and pkgconfig-migrate must skip naming /dev/kvm and the
 # errno, man-examples pass with its programs built and not run; the
 # sanitizers' builds find no leak on the way out.  Every tool that builds a VM (kvmdirty-migrate send, listen,
-# demo and probe; kvmdirty-vmm; kvmdirty-perf; the bench programs) must
+# demo and probe; kvmdirty-vmm; kvmdirty-linux; kvmdirty-perf; the bench programs) must
 # exit 77 with exactly that line.  Exits 0 when all did, 1 otherwise; 77
 # where a mount namespace cannot be made (not root).
 set -euo pipefail
@@ -170,6 +170,7 @@ PY
 	tool "$m" send unix:/tmp/hide-kvm-$$.sock -m 8 -v 1
 	tool "$m" snapshot -o /tmp/hide-kvm-$$-snap -m 8 -v 1
 	tool "$b/examples/vmm/kvmdirty-vmm" -v 1 -m 8 -p 1
+	tool "$b/examples/linux/kvmdirty-linux" --kernel /nonexistent
 	tool "$b/bench/kvmdirty-perf" -b 2M -i 1
 	for p in bench-exit bench-index bench-sync bench-migrate bench-snapshot bench-devices; do
 		tool "$b/bench/$p"

@@ -24,7 +24,7 @@
  * stderr.  The VMM ends when the guest does: a byte written to I/O port
  * 0x501 is its exit status (the initramfs's init writes its workload's),
  * a reset through the keyboard controller (reboot=k) is 0, a triple fault
- * or a KVM failure 1.  See kvmdirty-linux(1).
+ * or a KVM failure 1.  README.md ("kvmdirty-linux") shows it in use.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -753,7 +753,7 @@ static int parse(int argc, char **argv, struct lvm *v)
 		case 'S': v->on_signal = true; break;
 		case 'X': v->no_xsave = true; break;
 		case 'h': usage(stdout); return -1;
-		default: usage(stderr); return 2;
+		default: return 2; /* getopt said what was wrong, in one line */
 		}
 	}
 	if (ret)
@@ -781,7 +781,7 @@ static int parse(int argc, char **argv, struct lvm *v)
 		char err[512];
 
 		if (kvmdirty_mig_key_check(v->psk, err, sizeof(err)) < 0) {
-			fprintf(stderr, PROG ": --psk: %s\n", err);
+			fprintf(stderr, PROG ": %s\n", err); /* it names --psk and the file */
 			return 2;
 		}
 	}
