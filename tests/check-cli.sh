@@ -92,8 +92,8 @@ needs_kvm 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonex
 needs_kvm 1 "connecting to 'unix:/nonexistent/sock'" "$migrate" send unix:/nonexistent/sock -m 0x10 -v 1
 expect 1 "--regions 2000: at most 65534, and no more than memory's 1024 pages" "$migrate" send unix:/nonexistent/sock -m 4 --regions 2000
 expect 1 "working sets of 96 MiB exceed memory 64 MiB" "$migrate" send unix:/nonexistent/sock -m 64 -v 2 --vcpu 0=dirty:64 -w 32
-# the demo's own 64 MiB working set, not -w (which it sets itself), is what must fit
-expect 1 "working sets of 64 MiB exceed memory 32 MiB" "$migrate" demo -m 32 -v 1 -w 8
+# the demo's own 64 MiB working set, where -w is not given, must fit too
+expect 1 "working sets of 64 MiB exceed memory 32 MiB" "$migrate" demo -m 32 -v 1
 expect 2 "unexpected argument 'extra'" "$migrate" listen unix:/tmp/x extra
 expect 1 "address 'nowhere'" "$migrate" listen nowhere
 expect 1 "address 'tcp:localhost'" "$migrate" send tcp:localhost -m 4 -v 1
@@ -180,6 +180,18 @@ expect 1 "-o '/nonexistent/s': /nonexistent/: No such file or directory" "$migra
 expect 2 "usage: kvmdirty-migrate restore FILE..." "$migrate" restore
 expect 1 "restore refused: /nonexistent.snap: No such file or directory" "$migrate" restore /nonexistent.snap
 expect 1 "restore refused: /dev/null: not a regular file" "$migrate" restore /dev/null
+# demo: -w, -r and --run-ms as given (its own defaults only where they are not)
+if [ "$kvm_status" = 0 ]; then
+	out=$("$migrate" demo -m 64 -v 1 -w 8 -r 512 --run-ms 200 2>&1)
+	if printf '%s\n' "$out" | grep -qF "dirtying 8 MiB at 512 pages/s each" &&
+		printf '%s\n' "$out" | grep -qF "guest ran 200 ms after resume"; then
+		echo "ok: demo -w 8 -r 512 --run-ms 200 as given"
+	else
+		echo "FAIL: demo -w 8 -r 512 --run-ms 200: $out"
+		status=1
+	fi
+fi
+
 # kvmdirty-linux: its command line, then the files it loads (after the VM is made: KVM first)
 expect 2 "--mem '3': expected a number in [64, 3072]" "$linux" --kernel k --mem 3
 expect 2 "--vcpus '0'" "$linux" --kernel k --vcpus 0

@@ -100,7 +100,7 @@
 struct args {
 	const char *cmd, *addr, *stats;
 	const char *mode; /* -M as given */
-	bool baseline_set;
+	bool baseline_set, ws_set, run_ms_set; /* given on the command line */
 	struct mig_testvm_opts guest;
 	struct kvmdirty_mig_send_opts send;
 	struct kvmdirty_mig_recv_opts recv;
@@ -260,6 +260,7 @@ static int set_mode(struct args *a, const char *arg)
 
 static int set_ws(struct args *a, const char *arg)
 {
+	a->ws_set = true;
 	return NUMBER("-w", arg, 0, 1 << 16, &a->guest.ws_mib);
 }
 
@@ -315,6 +316,7 @@ static int set_deadline(struct args *a, const char *arg)
 
 static int set_run_ms(struct args *a, const char *arg)
 {
+	a->run_ms_set = true;
 	return NUMBER("--run-ms", arg, 0, 3600000, &a->run_ms);
 }
 
@@ -1031,8 +1033,13 @@ static int cmd_demo(struct args *a)
 	pid = fork_destination(a, addr, sizeof(addr));
 	if (pid < 0)
 		return 1;
-	printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB flat out, tracked with %s, over %s\n",
-	       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->mode, addr);
+	if (a->guest.rate)
+		printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB at %" PRIu64 " pages/s each, "
+		       "tracked with %s, over %s\n", a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->guest.rate, a->mode,
+		       addr);
+	else
+		printf("demo: %" PRIu64 " MiB guest, %u vCPUs dirtying %" PRIu64 " MiB flat out, tracked with %s, over %s\n",
+		       a->guest.mib, a->guest.vcpus, a->guest.ws_mib, a->mode, addr);
 	fflush(stdout);
 	/* the source's control and --control, once the child is forked: no thread of ours is in it */
 	ret = control_new(a, false, a->control);
@@ -1364,9 +1371,11 @@ static int run_demo(int argc, char **argv, struct args *a)
 
 	if (parse(argc, argv, a) || load_key(a))
 		return 2;
-	/* what the demo sets itself, checked with the rest */
-	a->guest.ws_mib = 64;
-	a->run_ms = 500;
+	/* the demo's own defaults, where -w and --run-ms were not given */
+	if (!a->ws_set)
+		a->guest.ws_mib = 64;
+	if (!a->run_ms_set)
+		a->run_ms = 500;
 	/* the one peer is the source: a stream it gave up on must not leave the destination waiting */
 	a->recv.once = true;
 	ret = before_guest(a, NULL);
