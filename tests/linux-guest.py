@@ -43,15 +43,21 @@ WL = f"wl.mib=16 wl.rate=4 wl.threads={os.environ.get('LINUX_THREADS', '1')} wl.
 class Proc:
     """A VMM: its console (stdout) and its own lines (stderr), read as they come."""
 
-    def __init__(self, args, name):
+    def __init__(self, args, name, stdin=subprocess.DEVNULL, read_console=True):
         self.name = name
         self.out, self.err = [], []
-        self.p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self.p = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True, errors="replace")
-        self.threads = [threading.Thread(target=self._read, args=(self.p.stdout, self.out), daemon=True),
-                        threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True)]
-        for t in self.threads:
-            t.start()
+        self.threads = [threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True)]
+        self.threads[0].start()
+        if read_console:
+            self.read_console()
+
+    def read_console(self):
+        """Read the console from now on (a Proc made with read_console=False leaves it unread until then)."""
+        t = threading.Thread(target=self._read, args=(self.p.stdout, self.out), daemon=True)
+        t.start()
+        self.threads.append(t)
 
     @staticmethod
     def _read(f, into):
@@ -69,6 +75,28 @@ class Proc:
         for t in self.threads:
             t.join(5)
         return rc
+
+    def type(self, text):
+        """Bytes on the console's input (a Proc made with stdin=subprocess.PIPE); False where it is gone."""
+        try:
+            self.p.stdin.write(text)
+            self.p.stdin.flush()
+            return True
+        except (BrokenPipeError, ValueError):
+            return False
+
+    def wait_out(self, pattern, secs, start=0):
+        """The first console line from index start on that matches pattern, waited for up to secs; None."""
+        end = time.monotonic() + secs
+        while time.monotonic() < end:
+            for l in self.out[start:]:
+                m = re.search(pattern, l)
+                if m:
+                    return m
+            if self.p.poll() is not None:
+                break
+            time.sleep(0.02)
+        return None
 
     def wait_err(self, text, secs):
         end = time.monotonic() + secs

@@ -24,10 +24,13 @@
  * stderr.  The VMM ends when the guest does: a byte written to I/O port
  * 0x501 is its exit status (the initramfs's init writes its workload's),
  * a reset through the keyboard controller (reboot=k) is 0, a triple fault
- * or a KVM failure 1.  README.md ("kvmdirty-linux") shows it in use.
+ * or a KVM failure 1.  SIGQUIT prints each vCPU's RIP, RFLAGS, mode and
+ * pending events on stderr (for a guest that seems stuck; it runs on).
+ * README.md ("kvmdirty-linux") shows it in use.
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -80,6 +83,7 @@ struct lvm {
 	uint8_t *mem;
 	uint64_t mem_size;
 	struct serial serial;
+	uint64_t stalls_told; /* serial_stalls() when last said (atomic: vCPU threads) */
 	pthread_mutex_t rtc_lock;
 	struct rtc_regs rtc;
 	struct kvm_cpuid2 *cpuid;
@@ -89,6 +93,7 @@ struct lvm {
 	pthread_cond_t cond;
 	bool pause_req, stop;
 	unsigned int paused, alive;
+	uint64_t dump_gen; /* SIGQUIT: each vCPU says where it is once per increment */
 	int status;
 	char why[256];
 };
@@ -136,6 +141,21 @@ static void end_guest(struct lvm *v, int status, const char *fmt, ...)
 	kick_all(v);
 }
 
+/*
+ * Said once each time the console's output backs up (outside the UART's
+ * lock; a vCPU's kick still ends this write): what an operator, or a
+ * test, needs to know when the guest's console seems to stop.
+ */
+static void console_stalled(struct lvm *v)
+{
+	uint64_t n = serial_stalls(&v->serial);
+
+	if (n != __atomic_load_n(&v->stalls_told, __ATOMIC_RELAXED) &&
+	    __atomic_exchange_n(&v->stalls_told, n, __ATOMIC_RELAXED) != n)
+		fprintf(stderr, PROG ": the console's output is not being read: the guest's console waits (%" PRIu64
+				" time%s)\n", n, n == 1 ? "" : "s");
+}
+
 static void port_io(struct lvm *v, struct kvm_run *run)
 {
 	uint8_t *data = (uint8_t *)run + run->io.data_offset;
@@ -144,9 +164,11 @@ static void port_io(struct lvm *v, struct kvm_run *run)
 	uint32_t i;
 
 	for (i = 0; i < run->io.count; i++, data += run->io.size) {
-		if (port >= COM1 && port < COM1 + 8 && run->io.size == 1)
+		if (port >= COM1 && port < COM1 + 8 && run->io.size == 1) {
 			serial_io(&v->serial, port - COM1, write, data);
-		else if ((port == 0x70 || port == 0x71) && run->io.size == 1) {
+			if (write && port == COM1)
+				console_stalled(v);
+		} else if ((port == 0x70 || port == 0x71) && run->io.size == 1) {
 			pthread_mutex_lock(&v->rtc_lock);
 			rtc_io(&v->rtc, port, write, data);
 			pthread_mutex_unlock(&v->rtc_lock);
@@ -198,22 +220,82 @@ struct vcpu_arg {
 	unsigned int id;
 };
 
+/*
+ * Where vCPU id is, on stderr, once per SIGQUIT (v->lock held, the
+ * thread outside KVM_RUN: its own registers are still): RIP, RFLAGS, the
+ * mode, and what KVM holds pending for it.  The kick that asked for it
+ * set immediate_exit; it is cleared here unless a pause wants it.
+ */
+static void dump_if_asked(struct lvm *v, unsigned int id, uint64_t *dumped)
+{
+	int fd = kvmdirty_vcpu_fd(v->vcpu[id]);
+	struct kvm_vcpu_events ev;
+	struct kvm_mp_state mp;
+	struct kvm_sregs sr;
+	struct kvm_regs r;
+
+	if (*dumped == v->dump_gen)
+		return;
+	*dumped = v->dump_gen;
+	if (!v->pause_req)
+		__atomic_store_n(&kvmdirty_vcpu_kvm_run(v->vcpu[id])->immediate_exit, 0, __ATOMIC_RELEASE);
+	if (ioctl(fd, KVM_GET_REGS, &r) < 0 || ioctl(fd, KVM_GET_SREGS, &sr) < 0 ||
+	    ioctl(fd, KVM_GET_VCPU_EVENTS, &ev) < 0 || ioctl(fd, KVM_GET_MP_STATE, &mp) < 0) {
+		fprintf(stderr, PROG ": vCPU %u: its registers: %s\n", id, strerror(errno));
+		return;
+	}
+	fprintf(stderr,
+		PROG ": vCPU %u: rip=0x%llx rflags=0x%llx rsp=0x%llx cs=0x%x cpl=%u cr0=0x%llx cr3=0x%llx "
+		     "cr4=0x%llx efer=0x%llx mp_state=%u irq_pending=%u shadow=%u nmi_pending=%u%s\n",
+		id, (unsigned long long)r.rip, (unsigned long long)r.rflags, (unsigned long long)r.rsp, sr.cs.selector,
+		sr.cs.dpl, (unsigned long long)sr.cr0, (unsigned long long)sr.cr3, (unsigned long long)sr.cr4,
+		(unsigned long long)sr.efer, mp.mp_state, ev.interrupt.injected, ev.interrupt.shadow,
+		ev.nmi.pending, v->pause_req ? " (paused)" : "");
+}
+
+/* SIGQUIT (blocked in every thread): each vCPU says where it is, and the guest runs on. */
+static void *dump_thread(void *p)
+{
+	struct lvm *v = p;
+	sigset_t set;
+	int sig;
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGQUIT);
+	while (sigwait(&set, &sig) == 0) {
+		unsigned int i;
+
+		pthread_mutex_lock(&v->lock);
+		v->dump_gen++;
+		pthread_cond_broadcast(&v->cond); /* the paused ones */
+		for (i = 0; i < v->nr_threads && !v->stop; i++) {
+			__atomic_store_n(&kvmdirty_vcpu_kvm_run(v->vcpu[i])->immediate_exit, 1, __ATOMIC_RELEASE);
+			pthread_kill(v->thread[i], KICK_SIGNAL);
+		}
+		pthread_mutex_unlock(&v->lock);
+	}
+	return NULL;
+}
+
 static void *vcpu_thread(void *p)
 {
 	struct vcpu_arg *a = p;
 	struct lvm *v = a->v;
 	unsigned int id = a->id;
 	struct kvm_run *run = kvmdirty_vcpu_kvm_run(v->vcpu[id]);
+	uint64_t dumped = 0;
 	int ret;
 
 	free(a);
 	for (;;) {
 		pthread_mutex_lock(&v->lock);
+		dump_if_asked(v, id, &dumped);
 		while (v->pause_req && !v->stop) {
 			v->paused++;
 			pthread_cond_broadcast(&v->cond);
 			pthread_cond_wait(&v->cond, &v->lock);
 			v->paused--;
+			dump_if_asked(v, id, &dumped);
 		}
 		if (v->stop)
 			break;
@@ -283,7 +365,9 @@ static int wait_end(struct lvm *v)
 	pthread_mutex_unlock(&v->lock);
 	for (i = 0; i < v->nr_threads; i++)
 		pthread_join(v->thread[i], NULL);
+	pthread_mutex_lock(&v->lock); /* dump_thread() reads it */
 	v->nr_threads = 0;
+	pthread_mutex_unlock(&v->lock);
 	fprintf(stderr, PROG ": %s\n", v->why);
 	return v->status;
 }
@@ -346,6 +430,8 @@ static int l_devices_load(void *ctx, const void *state, size_t len)
 	struct device_state d;
 	int ret;
 
+	if (len == 0 && v->drop_devices)
+		return 0; /* a source with --drop-devices sent none: the devices stay as reset */
 	if (len != sizeof(d))
 		return -EPROTO;
 	memcpy(&d, state, sizeof(d));
@@ -416,7 +502,9 @@ static int build(struct lvm *v)
 		return fail("KVM_CREATE_IRQCHIP", -errno);
 	if (ioctl(fd, KVM_CREATE_PIT2, &pit) < 0)
 		return fail("KVM_CREATE_PIT2", -errno);
-	serial_init(&v->serial, fd, COM1_IRQ, STDOUT_FILENO);
+	ret = serial_init(&v->serial, fd, COM1_IRQ, STDOUT_FILENO);
+	if (ret < 0)
+		return fail("the console's output thread", ret);
 	rtc_init(&v->rtc);
 	if (v->run.mode == MIGRATE_TO || v->run.mode == SNAPSHOT) {
 		struct kvmdirty_tracker_opts to = { .mode = v->track,
@@ -802,26 +890,42 @@ int main(int argc, char **argv)
 			 .rtc_lock = PTHREAD_MUTEX_INITIALIZER,
 			 .cond = PTHREAD_COND_INITIALIZER };
 	pthread_t input;
-	int ret;
+	int ret, fd;
 
 	ret = parse(argc, argv, &v);
 	if (ret)
 		return ret < 0 ? 0 : ret;
+	/* a closed stdin, stdout or stderr: /dev/null there, not the next file opened (the console writes to 1) */
+	while ((fd = open("/dev/null", O_RDWR | O_CLOEXEC)) >= 0 && fd <= STDERR_FILENO)
+		if (fcntl(fd, F_SETFD, 0) < 0)
+			break;
+	if (fd > STDERR_FILENO)
+		close(fd);
 	ret = kvm_host_check(PROG ": ");
 	if (ret)
 		return ret;
-	if (v.on_signal) {
+	{
 		sigset_t set;
 
-		/* every thread, the library's included, inherits it: only wait_turn() takes SIGUSR2 */
+		/*
+		 * Every thread, the library's included, inherits these: only
+		 * wait_turn() takes SIGUSR2 (--on-signal), only dump_thread() SIGQUIT.
+		 */
 		sigemptyset(&set);
-		sigaddset(&set, SIGUSR2);
+		if (v.on_signal)
+			sigaddset(&set, SIGUSR2);
+		sigaddset(&set, SIGQUIT);
 		pthread_sigmask(SIG_BLOCK, &set, NULL);
 	}
 	ret = build(&v);
 	if (ret == 0) {
 		/* the console's input: the thread may outlive the VM in read(); serial_close() fences it */
 		if (pthread_create(&input, NULL, input_thread, &v) == 0)
+			pthread_detach(input);
+		else
+			fprintf(stderr, PROG ": no console input: the input thread could not start\n");
+		/* SIGQUIT's register dump: like the input thread, left to the process's exit */
+		if (pthread_create(&input, NULL, dump_thread, &v) == 0)
 			pthread_detach(input);
 		ret = v.run.mode == INCOMING ? incoming(&v) : v.run.mode == RESTORE ? restore(&v) : boot(&v);
 	}

@@ -4,11 +4,17 @@
  * register, loopback (MSR follows MCR), FIFO detection through IIR's top
  * bits, and an interrupt on data received and on "transmitter empty".
  * The line to the irqchip is edge-triggered ISA: a THR write lowers it
- * and raises it again once the byte is out (at once here), so that every
- * byte the driver writes brings the next interrupt.
+ * and raises it again once the byte is taken (at once while the output
+ * buffer has a FIFO's worth of room, else when the output thread made
+ * room), so that every byte the driver writes brings the next interrupt.
+ * "Transmitter empty" (LSR's THRE and TEMT) means that room: a driver may
+ * then write a FIFO's worth without looking.
  */
 #include <errno.h>
+#include <poll.h>
+#include <signal.h>
 #include <string.h>
+#include <time.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -26,13 +32,83 @@
 #define FCR_ENABLE 0x01
 #define FCR_CLEAR_RX 0x02
 
-void serial_init(struct serial *s, int vm_fd, unsigned int irq, int out_fd)
+static void update(struct serial *s);
+
+static bool tx_room(const struct serial *s)
 {
+	return SERIAL_TX_MAX - s->tx_len >= SERIAL_TX_FIFO;
+}
+
+/* The output thread: writes what the guest wrote, without the lock, and owes the guest "empty" once there is room. */
+static void *writer(void *p)
+{
+	struct serial *s = p;
+	uint8_t buf[SERIAL_TX_MAX];
+	sigset_t pipe_only;
+
+	/* a reader gone: EPIPE, dropped below, not SIGPIPE's end of the whole VMM (the signal is this thread's) */
+	sigemptyset(&pipe_only);
+	sigaddset(&pipe_only, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe_only, NULL);
+	pthread_mutex_lock(&s->lock);
+	for (;;) {
+		uint32_t n, off = 0;
+
+		while (!s->tx_len && !s->ending)
+			pthread_cond_wait(&s->tx_cond, &s->lock);
+		if (!s->tx_len)
+			break;
+		n = s->tx_len < SERIAL_TX_MAX - s->tx_head ? s->tx_len : SERIAL_TX_MAX - s->tx_head;
+		memcpy(buf, s->tx + s->tx_head, n);
+		pthread_mutex_unlock(&s->lock);
+		while (off < n) {
+			ssize_t w = write(s->out_fd, buf + off, n - off);
+
+			if (w < 0 && errno == EINTR)
+				continue;
+			if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+				/* an O_NONBLOCK fd (a parent's): wait for room as a blocking one would */
+				struct pollfd pfd = { .fd = s->out_fd, .events = POLLOUT };
+
+				if (poll(&pfd, 1, -1) >= 0 || errno == EINTR)
+					continue;
+			}
+			off = w <= 0 ? n : off + (uint32_t)w; /* an fd that fails takes no more: dropped */
+		}
+		pthread_mutex_lock(&s->lock);
+		s->tx_head = (s->tx_head + n) % SERIAL_TX_MAX;
+		s->tx_len -= n;
+		if (s->tx_full && tx_room(s)) {
+			s->tx_full = false;
+			s->r.thr_pending = 1;
+			update(s);
+		}
+		pthread_cond_broadcast(&s->tx_cond);
+	}
+	s->writer_done = true;
+	pthread_cond_broadcast(&s->tx_cond);
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+int serial_init(struct serial *s, int vm_fd, unsigned int irq, int out_fd)
+{
+	pthread_condattr_t ca;
+	int ret;
+
 	memset(s, 0, sizeof(*s));
 	pthread_mutex_init(&s->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->tx_cond, &ca);
+	pthread_condattr_destroy(&ca);
 	s->vm_fd = vm_fd;
 	s->irq = irq;
 	s->out_fd = out_fd;
+	s->inited = true;
+	ret = -pthread_create(&s->writer, NULL, writer, s);
+	s->writer_on = ret == 0;
+	return ret;
 }
 
 static void set_line(struct serial *s, bool level)
@@ -71,16 +147,21 @@ static void transmit(struct serial *s, uint8_t c)
 	update(s);
 	if (s->r.mcr & MCR_LOOP) {
 		rx_push(s, c);
-	} else {
-		ssize_t n;
-
-		do
-			n = write(s->out_fd, &c, 1);
-		while (n < 0 && errno == EINTR);
+	} else if (s->tx_len < SERIAL_TX_MAX) {
+		s->tx[(s->tx_head + s->tx_len++) % SERIAL_TX_MAX] = c;
 		s->out_bytes++;
+		pthread_cond_signal(&s->tx_cond);
+	} else {
+		s->out_dropped++; /* written though the transmitter said busy */
 	}
-	s->r.thr_pending = 1;
-	update(s);
+	if (tx_room(s)) {
+		s->r.thr_pending = 1;
+		update(s);
+	} else {
+		if (!s->tx_full)
+			s->stalls++;
+		s->tx_full = true;
+	}
 }
 
 static uint8_t iir(struct serial *s)
@@ -118,8 +199,9 @@ void serial_io(struct serial *s, unsigned int off, bool write, uint8_t *data)
 				s->r.dlm = v;
 				break;
 			}
-			if ((v & IER_THRI) && !(s->r.ier & IER_THRI))
-				s->r.thr_pending = 1; /* the transmitter is always empty */
+			/* "empty" now only with room; without, tx_full owes it and the writer raises it */
+			if ((v & IER_THRI) && !(s->r.ier & IER_THRI) && tx_room(s))
+				s->r.thr_pending = 1;
 			s->r.ier = v & 0x0f;
 			update(s);
 			break;
@@ -152,7 +234,7 @@ void serial_io(struct serial *s, unsigned int off, bool write, uint8_t *data)
 		case 2: *data = iir(s); break;
 		case 3: *data = s->r.lcr; break;
 		case 4: *data = s->r.mcr; break;
-		case 5: *data = (uint8_t)(LSR_THRE | LSR_TEMT | (s->r.rx_len ? LSR_DR : 0)); break;
+		case 5: *data = (uint8_t)((tx_room(s) ? LSR_THRE | LSR_TEMT : 0) | (s->r.rx_len ? LSR_DR : 0)); break;
 		case 6: *data = msr(s); break;
 		case 7: *data = s->r.scr; break;
 		default: *data = 0xff; break;
@@ -173,17 +255,50 @@ size_t serial_input(struct serial *s, const uint8_t *buf, size_t n)
 	return i;
 }
 
+uint64_t serial_stalls(struct serial *s)
+{
+	uint64_t n;
+
+	pthread_mutex_lock(&s->lock);
+	n = s->stalls;
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
+
 void serial_close(struct serial *s)
 {
+	struct timespec until;
+	bool done;
+
+	if (!s->inited)
+		return; /* serial_init() never ran: no lock, no thread */
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += 2;
 	pthread_mutex_lock(&s->lock);
 	s->closed = true;
+	if (!s->writer_on) { /* never set up, or no thread: nothing to wait for */
+		pthread_mutex_unlock(&s->lock);
+		return;
+	}
+	s->writer_on = false;
+	s->ending = true;
+	pthread_cond_broadcast(&s->tx_cond);
+	while (!s->writer_done && pthread_cond_timedwait(&s->tx_cond, &s->lock, &until) != ETIMEDOUT)
+		;
+	done = s->writer_done;
 	pthread_mutex_unlock(&s->lock);
+	if (done)
+		pthread_join(s->writer, NULL);
+	else
+		pthread_detach(s->writer); /* stuck in write(): the process's exit ends it */
 }
 
 void serial_save(struct serial *s, struct serial_regs *out)
 {
 	pthread_mutex_lock(&s->lock);
 	*out = s->r;
+	if (s->tx_full)
+		out->thr_pending = 1; /* owed: the other side's buffer is empty, the interrupt is due there at once */
 	pthread_mutex_unlock(&s->lock);
 }
 
