@@ -43,13 +43,15 @@ WL = f"wl.mib=16 wl.rate=4 wl.threads={os.environ.get('LINUX_THREADS', '1')} wl.
 class Proc:
     """A VMM: its console (stdout) and its own lines (stderr), read as they come."""
 
-    def __init__(self, args, name, stdin=subprocess.DEVNULL, read_console=True):
+    def __init__(self, args, name, stdin=subprocess.DEVNULL, read_console=True, stderr=subprocess.PIPE):
         self.name = name
         self.out, self.err = [], []
         self.p = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, errors="replace")
-        self.threads = [threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True)]
-        self.threads[0].start()
+                                  stderr=stderr, text=True, errors="replace")
+        self.threads = []
+        if self.p.stderr:  # else the caller's fd, read by the caller
+            self.threads.append(threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True))
+            self.threads[0].start()
         if read_console:
             self.read_console()
 

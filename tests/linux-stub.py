@@ -19,7 +19,8 @@ can see the device state.
 
 usage: linux-stub.py KVMDIRTY-LINUX KVMDIRTY-MIGRATE STUB [SCENARIO...]
   scenarios: boot, migrate-log, migrate-ring, migrate-psk, snapshot, drop-devices,
-             stalled-console, stalled-irq, stalled-irq-restore, reader-gone, dump (default: all)
+             stalled-console, stalled-irq, stalled-irq-restore, reader-gone, dump, dump-stderr-full,
+             dump-during-snapshots (default: all)
 Exits 77 with kvmdirty-migrate probe's one line where this host has no usable KVM.
 """
 import fcntl
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import termios
+import threading
 import time
 
 _spec = importlib.util.spec_from_file_location("linux_guest", os.path.join(os.path.dirname(__file__),
@@ -222,6 +224,58 @@ def scenario_dump(vmm, stub, tmp, procs):
     finish(p)
 
 
+def scenario_dump_during_snapshots(vmm, stub, tmp, procs):
+    """SIGQUIT every few milliseconds while ten snapshots pause and resume the guest: each completes, as does the restore."""
+    prefix = os.path.join(tmp, "snap")
+    src = start([vmm, "--kernel", stub, "--mem", MEM, "--vcpus", VCPUS, "--snapshot", prefix, "--every", "50",
+                 "--count", "10"], "snapshots")
+    procs.append(src)
+    up(src)
+    end = time.monotonic() + SECS
+    while sum("snapshot " in l for l in src.err) < 10 and src.p.poll() is None and time.monotonic() < end:
+        src.p.send_signal(signal.SIGQUIT)
+        time.sleep(0.005)
+    if sum("snapshot " in l for l in src.err) < 10:
+        raise Fail(f"{sum('snapshot ' in l for l in src.err)} snapshots of 10 under SIGQUITs")
+    dumps = sum("rip=" in l for l in src.err)
+    ask_round(src)
+    finish(src)
+    files = sorted(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith("snap-") and f.endswith(".snap"))
+    dst = start([vmm, "--mem", MEM, "--vcpus", VCPUS, "--restore"] + files, "restore")
+    procs.append(dst)
+    if not dst.wait_err("running the guest", SECS):
+        raise Fail("the restore never ran the guest")
+    ask_round(dst)
+    finish(dst)
+    print(f"stub: dump-during-snapshots: {dumps} vCPU lines beside 10 snapshots")
+
+
+def scenario_dump_stderr_full(vmm, stub, tmp, procs):
+    """SIGQUIT with a stderr nobody reads (a 4 KiB pipe, filled by the dumps): the guest still runs and answers."""
+    r, w = os.pipe()
+    fcntl.fcntl(w, F_SETPIPE_SZ, 4096)
+    p = Proc([vmm, "--kernel", stub, "--mem", MEM, "--vcpus", VCPUS], "dump, stderr full", stdin=subprocess.PIPE,
+             stderr=w)
+    os.close(w)
+    procs.append(p)
+    try:
+        up(p)
+        # dumps until the pipe takes no more: a writer of the next one is then blocked in write()
+        end, last, still = time.monotonic() + SECS, -1, 0
+        while still < 5 and time.monotonic() < end:
+            p.p.send_signal(signal.SIGQUIT)
+            time.sleep(0.1)
+            n = pipe_bytes(r)
+            still, last = (still + 1 if n == last else 0), n
+        if still < 5 or last < 2048:
+            raise Fail(f"the dumps did not fill stderr's pipe ({last} bytes)")
+        ask_round(p)  # the vCPUs, the console and the guest go on, stderr full
+    finally:
+        # stderr read again: the VMM's last line (how the guest ended) can go out
+        threading.Thread(target=lambda: [None for _ in iter(lambda: os.read(r, 65536), b"")], daemon=True).start()
+    finish(p)
+
+
 def scenario_reader_gone(vmm, stub, tmp, procs):
     """The console's reader goes away: the guest's output is dropped (EPIPE), the VMM and guest go on."""
     p = Proc([vmm, "--kernel", stub, "--mem", MEM, "--vcpus", VCPUS], "reader gone", stdin=subprocess.PIPE,
@@ -302,7 +356,8 @@ def main():
         return 2
     vmm, migrate, stub = sys.argv[1:4]
     names = sys.argv[4:] or ["boot", "migrate-log", "migrate-ring", "migrate-psk", "snapshot", "drop-devices",
-                             "stalled-console", "stalled-irq", "stalled-irq-restore", "reader-gone", "dump"]
+                             "stalled-console", "stalled-irq", "stalled-irq-restore", "reader-gone", "dump", "dump-stderr-full",
+                             "dump-during-snapshots"]
     pr = subprocess.run([migrate, "probe"], capture_output=True, text=True)
     if pr.returncode == 77:
         print((pr.stderr or pr.stdout).strip())
@@ -327,6 +382,10 @@ def main():
                 scenario_stalled(vmm, stub, tmp, procs, "i")
             elif name == "dump":
                 scenario_dump(vmm, stub, tmp, procs)
+            elif name == "dump-during-snapshots":
+                scenario_dump_during_snapshots(vmm, stub, tmp, procs)
+            elif name == "dump-stderr-full":
+                scenario_dump_stderr_full(vmm, stub, tmp, procs)
             elif name == "reader-gone":
                 scenario_reader_gone(vmm, stub, tmp, procs)
             elif name == "stalled-irq-restore":

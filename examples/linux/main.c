@@ -63,6 +63,7 @@
 #define KICK_SIGNAL SIGUSR1
 #define DEFAULT_CMDLINE "console=ttyS0 reboot=k panic=-1 pci=off"
 #define DEVICE_MAGIC "kdlinux1"
+#define DUMP_LINE 1024
 
 struct lvm {
 	/* the command line */
@@ -94,6 +95,8 @@ struct lvm {
 	bool pause_req, stop;
 	unsigned int paused, alive;
 	uint64_t dump_gen; /* SIGQUIT: each vCPU says where it is once per increment */
+	uint64_t line_gen[BOOT_MAX_VCPUS];	  /* the dump_gen its line in dump_line answers */
+	char dump_line[BOOT_MAX_VCPUS][DUMP_LINE]; /* written out by dump_thread(), never under the lock */
 	int status;
 	char why[256];
 };
@@ -218,7 +221,37 @@ static bool handle_exit(struct lvm *v, unsigned int id, struct kvm_run *run)
 struct vcpu_arg {
 	struct lvm *v;
 	unsigned int id;
+	uint64_t dumped; /* v->dump_gen at its start: it answers later SIGQUITs only */
 };
+
+/*
+ * len bytes of guest memory at linear address la, as vCPU fd sees it
+ * (KVM_TRANSLATE), in hex groups of unit bytes (little-endian values),
+ * into buf: "-" where a page is not mapped or not guest memory.
+ */
+static const char *guest_hex(struct lvm *v, int fd, uint64_t la, unsigned int len, unsigned int unit, char *buf,
+			     size_t size)
+{
+	size_t at = 0;
+	unsigned int i, j;
+
+	buf[0] = 0;
+	for (i = 0; i < len && at + 2 * unit + 2 < size; i += unit) {
+		struct kvm_translation t = { .linear_address = la + i };
+		uint64_t val = 0;
+
+		if (ioctl(fd, KVM_TRANSLATE, &t) < 0 || !t.valid || t.physical_address + unit > v->mem_size ||
+		    ((t.physical_address + unit - 1) ^ t.physical_address) >> 12) {
+			at += (size_t)snprintf(buf + at, size - at, "%s-", at ? " " : "");
+			break;
+		}
+		for (j = 0; j < unit; j++)
+			val |= (uint64_t)v->mem[t.physical_address + j] << (8 * j);
+		at += (size_t)snprintf(buf + at, size - at, unit == 1 ? "%s%02llx" : "%s%llx", at && unit > 1 ? " " : "",
+				       (unsigned long long)val);
+	}
+	return buf;
+}
 
 /*
  * Where vCPU id is, on stderr, once per SIGQUIT (v->lock held, the
@@ -229,10 +262,12 @@ struct vcpu_arg {
 static void dump_if_asked(struct lvm *v, unsigned int id, uint64_t *dumped)
 {
 	int fd = kvmdirty_vcpu_fd(v->vcpu[id]);
+	char *line = v->dump_line[id];
 	struct kvm_vcpu_events ev;
 	struct kvm_mp_state mp;
 	struct kvm_sregs sr;
 	struct kvm_regs r;
+	char code[64], stack[600];
 
 	if (*dumped == v->dump_gen)
 		return;
@@ -240,22 +275,33 @@ static void dump_if_asked(struct lvm *v, unsigned int id, uint64_t *dumped)
 	if (!v->pause_req)
 		__atomic_store_n(&kvmdirty_vcpu_kvm_run(v->vcpu[id])->immediate_exit, 0, __ATOMIC_RELEASE);
 	if (ioctl(fd, KVM_GET_REGS, &r) < 0 || ioctl(fd, KVM_GET_SREGS, &sr) < 0 ||
-	    ioctl(fd, KVM_GET_VCPU_EVENTS, &ev) < 0 || ioctl(fd, KVM_GET_MP_STATE, &mp) < 0) {
-		fprintf(stderr, PROG ": vCPU %u: its registers: %s\n", id, strerror(errno));
-		return;
-	}
-	fprintf(stderr,
-		PROG ": vCPU %u: rip=0x%llx rflags=0x%llx rsp=0x%llx cs=0x%x cpl=%u cr0=0x%llx cr3=0x%llx "
-		     "cr4=0x%llx efer=0x%llx mp_state=%u irq_pending=%u shadow=%u nmi_pending=%u%s\n",
-		id, (unsigned long long)r.rip, (unsigned long long)r.rflags, (unsigned long long)r.rsp, sr.cs.selector,
-		sr.cs.dpl, (unsigned long long)sr.cr0, (unsigned long long)sr.cr3, (unsigned long long)sr.cr4,
-		(unsigned long long)sr.efer, mp.mp_state, ev.interrupt.injected, ev.interrupt.shadow,
-		ev.nmi.pending, v->pause_req ? " (paused)" : "");
+	    ioctl(fd, KVM_GET_VCPU_EVENTS, &ev) < 0 || ioctl(fd, KVM_GET_MP_STATE, &mp) < 0)
+		snprintf(line, DUMP_LINE, PROG ": vCPU %u: its registers: %s\n", id, strerror(errno));
+	else
+		snprintf(line, DUMP_LINE,
+			 PROG ": vCPU %u: rip=0x%llx rflags=0x%llx rsp=0x%llx rbx=0x%llx rdi=0x%llx cs=0x%x cpl=%u "
+			      "cr0=0x%llx cr3=0x%llx cr4=0x%llx efer=0x%llx mp_state=%u irq_injected=%u shadow=%u "
+			      "nmi_pending=%u%s code=%s stack=%s\n",
+			 id, (unsigned long long)r.rip, (unsigned long long)r.rflags, (unsigned long long)r.rsp,
+			 (unsigned long long)r.rbx, (unsigned long long)r.rdi, sr.cs.selector, sr.ss.dpl,
+			 (unsigned long long)sr.cr0, (unsigned long long)sr.cr3, (unsigned long long)sr.cr4,
+			 (unsigned long long)sr.efer, mp.mp_state, ev.interrupt.injected, ev.interrupt.shadow,
+			 ev.nmi.pending, v->pause_req ? " (paused)" : "",
+			 guest_hex(v, fd, sr.cs.base + r.rip, 16, 1, code, sizeof(code)),
+			 guest_hex(v, fd, sr.ss.base + r.rsp, 256, 8, stack, sizeof(stack)));
+	v->line_gen[id] = *dumped;
+	pthread_cond_broadcast(&v->cond); /* dump_thread() waits for the lines */
 }
 
-/* SIGQUIT (blocked in every thread): each vCPU says where it is, and the guest runs on. */
+/*
+ * SIGQUIT (blocked in every thread): each vCPU says where it is, and the
+ * guest runs on.  The lines go out from here, outside v->lock and
+ * through write(), not stdio: a stderr that does not drain blocks this
+ * thread alone, never a vCPU, a pause or the guest's end.
+ */
 static void *dump_thread(void *p)
 {
+	static char out[BOOT_MAX_VCPUS * DUMP_LINE];
 	struct lvm *v = p;
 	sigset_t set;
 	int sig;
@@ -263,16 +309,43 @@ static void *dump_thread(void *p)
 	sigemptyset(&set);
 	sigaddset(&set, SIGQUIT);
 	while (sigwait(&set, &sig) == 0) {
-		unsigned int i;
+		struct timespec until;
+		unsigned int i, n;
+		size_t len = 0;
+		uint64_t gen;
 
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += 2;
 		pthread_mutex_lock(&v->lock);
-		v->dump_gen++;
+		gen = ++v->dump_gen;
 		pthread_cond_broadcast(&v->cond); /* the paused ones */
-		for (i = 0; i < v->nr_threads && !v->stop; i++) {
+		n = v->stop ? 0 : v->nr_threads;
+		for (i = 0; i < n; i++) {
 			__atomic_store_n(&kvmdirty_vcpu_kvm_run(v->vcpu[i])->immediate_exit, 1, __ATOMIC_RELEASE);
 			pthread_kill(v->thread[i], KICK_SIGNAL);
 		}
+		for (i = 0; i < n && !v->stop;)
+			if (v->line_gen[i] >= gen)
+				i++;
+			else if (pthread_cond_timedwait(&v->cond, &v->lock, &until) == ETIMEDOUT)
+				break;
+		if (!n)
+			len = (size_t)snprintf(out, sizeof(out), PROG ": no vCPU running\n");
+		for (i = 0; i < n; i++)
+			if (v->line_gen[i] >= gen)
+				len += (size_t)snprintf(out + len, sizeof(out) - len, "%s", v->dump_line[i]);
+			else
+				len += (size_t)snprintf(out + len, sizeof(out) - len, PROG ": vCPU %u: no answer in 2 s\n", i);
 		pthread_mutex_unlock(&v->lock);
+		for (const char *at = out; len > 0;) {
+			ssize_t k = write(STDERR_FILENO, at, len);
+
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0)
+				break;
+			at += k, len -= (size_t)k;
+		}
 	}
 	return NULL;
 }
@@ -283,19 +356,22 @@ static void *vcpu_thread(void *p)
 	struct lvm *v = a->v;
 	unsigned int id = a->id;
 	struct kvm_run *run = kvmdirty_vcpu_kvm_run(v->vcpu[id]);
-	uint64_t dumped = 0;
+	uint64_t dumped = a->dumped;
 	int ret;
 
 	free(a);
 	for (;;) {
 		pthread_mutex_lock(&v->lock);
 		dump_if_asked(v, id, &dumped);
-		while (v->pause_req && !v->stop) {
+		if (v->pause_req && !v->stop) {
+			/* said once: a broadcast per wake-up had the paused threads wake each other until the resume */
 			v->paused++;
 			pthread_cond_broadcast(&v->cond);
-			pthread_cond_wait(&v->cond, &v->lock);
+			while (v->pause_req && !v->stop) {
+				pthread_cond_wait(&v->cond, &v->lock);
+				dump_if_asked(v, id, &dumped);
+			}
 			v->paused--;
-			dump_if_asked(v, id, &dumped);
 		}
 		if (v->stop)
 			break;
@@ -339,6 +415,7 @@ static int spawn(struct lvm *v)
 		}
 		a->v = v;
 		a->id = i;
+		a->dumped = v->dump_gen; /* v->lock held */
 		ret = -pthread_create(&v->thread[i], NULL, vcpu_thread, a);
 		if (ret)
 			free(a);
@@ -890,8 +967,16 @@ int main(int argc, char **argv)
 			 .rtc_lock = PTHREAD_MUTEX_INITIALIZER,
 			 .cond = PTHREAD_COND_INITIALIZER };
 	pthread_t input;
+	sigset_t set;
 	int ret, fd;
 
+	/*
+	 * Every thread, the library's included, inherits these: only
+	 * dump_thread() takes SIGQUIT, only wait_turn() SIGUSR2 (--on-signal).
+	 */
+	sigemptyset(&set);
+	sigaddset(&set, SIGQUIT);
+	pthread_sigmask(SIG_BLOCK, &set, NULL);
 	ret = parse(argc, argv, &v);
 	if (ret)
 		return ret < 0 ? 0 : ret;
@@ -904,17 +989,9 @@ int main(int argc, char **argv)
 	ret = kvm_host_check(PROG ": ");
 	if (ret)
 		return ret;
-	{
-		sigset_t set;
-
-		/*
-		 * Every thread, the library's included, inherits these: only
-		 * wait_turn() takes SIGUSR2 (--on-signal), only dump_thread() SIGQUIT.
-		 */
+	if (v.on_signal) {
 		sigemptyset(&set);
-		if (v.on_signal)
-			sigaddset(&set, SIGUSR2);
-		sigaddset(&set, SIGQUIT);
+		sigaddset(&set, SIGUSR2);
 		pthread_sigmask(SIG_BLOCK, &set, NULL);
 	}
 	ret = build(&v);
@@ -927,6 +1004,8 @@ int main(int argc, char **argv)
 		/* SIGQUIT's register dump: like the input thread, left to the process's exit */
 		if (pthread_create(&input, NULL, dump_thread, &v) == 0)
 			pthread_detach(input);
+		else
+			fprintf(stderr, PROG ": SIGQUIT will print nothing: its thread could not start\n");
 		ret = v.run.mode == INCOMING ? incoming(&v) : v.run.mode == RESTORE ? restore(&v) : boot(&v);
 	}
 	teardown(&v);
