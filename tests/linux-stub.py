@@ -57,6 +57,18 @@ class Fail(Exception):
     pass
 
 
+def restore(vmm, tmp, procs, want=None):
+    """A VMM restoring the chain of snapshots in tmp (want files, where given), once it runs the guest."""
+    files = sorted(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith("snap-") and f.endswith(".snap"))
+    if want is not None and len(files) != want:
+        raise Fail(f"{len(files)} snapshot files, {want} wanted")
+    dst = start([vmm, "--mem", MEM, "--vcpus", VCPUS, "--restore"] + files, "restore")
+    procs.append(dst)
+    if not dst.wait_err(f"restored {len(files)} file(s)", SECS):
+        raise Fail("the restore never ran the guest")
+    return dst
+
+
 def ask_round(p):
     """The stub's round and bad-page counts, asked through its console ('p')."""
     n = len(p.out)
@@ -240,11 +252,7 @@ def scenario_dump_during_snapshots(vmm, stub, tmp, procs):
     dumps = sum("rip=" in l for l in src.err)
     ask_round(src)
     finish(src)
-    files = sorted(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith("snap-") and f.endswith(".snap"))
-    dst = start([vmm, "--mem", MEM, "--vcpus", VCPUS, "--restore"] + files, "restore")
-    procs.append(dst)
-    if not dst.wait_err("running the guest", SECS):
-        raise Fail("the restore never ran the guest")
+    dst = restore(vmm, tmp, procs)
     ask_round(dst)
     finish(dst)
     print(f"stub: dump-during-snapshots: {dumps} vCPU lines beside 10 snapshots")
@@ -303,11 +311,7 @@ def scenario_stalled_restore(vmm, stub, tmp, procs):
     if not src.wait_out(r"^stub: irq flood done$", SECS):
         raise Fail("the source's output never finished once read")
     finish(src)
-    files = sorted(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith("snap-") and f.endswith(".snap"))
-    dst = start([vmm, "--mem", MEM, "--vcpus", VCPUS, "--restore"] + files, "restore")
-    procs.append(dst)
-    if not dst.wait_err("running the guest", SECS):
-        raise Fail("the restore never ran the guest")
+    dst = restore(vmm, tmp, procs)
     if not dst.wait_out(r"^stub: irq flood done$", SECS):
         raise Fail("the interrupt-driven output stopped in the restored guest (no \"irq flood done\"): "
                    f"{sum(l.count('y') for l in dst.out)} 'y' bytes came out")
@@ -335,13 +339,7 @@ def scenario_snapshot(vmm, stub, tmp, procs):
         if "snapshot " in l:
             print(f"stub: {l}")
     finish(src)
-    files = sorted(os.path.join(tmp, f) for f in os.listdir(tmp) if f.startswith("snap-") and f.endswith(".snap"))
-    if len(files) != 3:
-        raise Fail(f"{len(files)} snapshot files, 3 wanted")
-    dst = start([vmm, "--mem", MEM, "--vcpus", VCPUS, "--restore"] + files, "restore")
-    procs.append(dst)
-    if not dst.wait_err("restored 3 file(s)", SECS):
-        raise Fail("the restore never ran the guest")
+    dst = restore(vmm, tmp, procs, want=3)
     after, bad = ask_round(dst)
     # the last snapshot was taken after round `last` was printed
     if after <= last or bad:
