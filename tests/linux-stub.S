@@ -17,6 +17,8 @@
  * What it does, all at CPL 0 with interrupts off, through port I/O only:
  *   - prints "stub: up cmdline=<the command line>" and the e820 entry
  *     count from the boot_params;
+ *   - takes the PIT's interrupt at 100 Hz through the PIC and counts it:
+ *     the count must go on after a move;
  *   - writes 0x5a into the console's scratch register (0x3ff) and keeps a
  *     constant in R12: both must still hold after a move;
  *   - round after round, checks and rewrites one quadword in each of
@@ -29,8 +31,8 @@
  *     'i' 16 KiB of 'y' lines through the UART's "transmitter empty"
  *     interrupt (then "stub: irq flood done", polled, once they are out),
  *     'p' prints
- *     "stub: round=R bad=B", 'q' prints
- *     "stub: end rounds=R bad=B scr=S status=X" and writes X to port
+ *     "stub: round=R bad=B ticks=T", 'q' prints
+ *     "stub: end rounds=R bad=B ticks=T scr=S status=X" and writes X to port
  *     0x501 (kvmdirty-linux's exit status): bit 0 a bad page, bit 1 R12
  *     changed, bit 2 the scratch register lost.
  */
@@ -43,6 +45,8 @@
 #define IDT 0x200000
 #define IRQ_LEFT 0x201000  /* bytes the interrupt-driven flood has still to write */
 #define IRQ_ON 0x201008	   /* that flood started and not yet reported done */
+#define TICKS 0x201010	   /* the PIT's interrupts taken (IRQ 0, 100 Hz) */
+#define PIT_DIVISOR 11932  /* 1193182 Hz / 100 */
 #define IRQ_BYTES 16384
 
 	.text
@@ -88,6 +92,7 @@ startup_64:
 	mov $0x5a, %al
 	mov $COM1 + 7, %dx
 	out %al, %dx
+	call setup_interrupts
 	movabs $STUB_MAGIC, %r12
 	xor %r13d, %r13d		/* rounds done */
 	xor %r14d, %r14d		/* bad pages seen */
@@ -144,16 +149,23 @@ round:
 	jmp round
 
 irqflood:				/* 'i': IRQ_BYTES of 'y' lines, written as Linux's 8250 driver does */
-	call setup_irq
+	movq $IRQ_BYTES, IRQ_LEFT
+	movq $1, IRQ_ON
+	mov $COM1 + 1, %dx		/* IER = THRI: start_tx */
+	mov $0x02, %al
+	out %al, %dx
 	jmp round
 
 /*
- * An IDT (every vector to an IRETQ, IRQ 4 at vector 0x24 to irq4_isr),
- * the PICs (the master at 0x20 with IRQ 4 alone unmasked), IER = THRI,
- * interrupts on: from here each "transmitter empty" interrupt writes up
- * to 16 bytes without a look at LSR, as serial8250_tx_chars() does.
+ * At boot: an IDT (every vector to an IRETQ, IRQ 0 at vector 0x20 to
+ * irq0_isr, IRQ 4 at 0x24 to irq4_isr), the PICs (the master at 0x20
+ * with IRQs 0 and 4 unmasked, the slave all masked), the PIT's channel 0
+ * at 100 Hz, interrupts on.  The PIT's ticks (in TICKS) must go on after
+ * each move: the PIT's and the PICs' state travel.  The console's
+ * interrupt comes once 'i' sets IER = THRI: then each "transmitter empty"
+ * writes up to 16 bytes without a look at LSR, as serial8250_tx_chars() does.
  */
-setup_irq:
+setup_interrupts:
 	lea default_isr(%rip), %rax
 	mov $IDT, %rdi
 	mov $256, %ecx
@@ -164,8 +176,11 @@ setup_irq:
 	lea irq4_isr(%rip), %rax
 	mov $IDT + 0x24 * 16, %rdi
 	call put_gate
+	lea irq0_isr(%rip), %rax
+	mov $IDT + 0x20 * 16, %rdi
+	call put_gate
 	lidt idtr(%rip)
-	/* the master PIC at vector 0x20, only IRQ 4 unmasked; the slave all masked */
+	/* the master PIC at vector 0x20, IRQs 0 and 4 unmasked; the slave all masked */
 	mov $0x11, %al
 	out %al, $0x20
 	mov $0x20, %al
@@ -182,17 +197,26 @@ setup_irq:
 	out %al, $0xa1
 	mov $0x01, %al
 	out %al, $0xa1
-	mov $0xef, %al
+	mov $0xee, %al
 	out %al, $0x21
 	mov $0xff, %al
 	out %al, $0xa1
-	movq $IRQ_BYTES, IRQ_LEFT
-	movq $1, IRQ_ON
-	mov $COM1 + 1, %dx		/* IER = THRI: start_tx */
-	mov $0x02, %al
-	out %al, %dx
+	mov $0x34, %al			/* the PIT: channel 0, low then high byte, mode 2 (rate) */
+	out %al, $0x43
+	mov $PIT_DIVISOR & 0xff, %al
+	out %al, $0x40
+	mov $PIT_DIVISOR >> 8, %al
+	out %al, $0x40
 	sti
 	ret
+
+irq0_isr:
+	push %rax
+	incq TICKS
+	mov $0x20, %al			/* EOI */
+	out %al, $0x20
+	pop %rax
+	iretq
 
 /* put_gate(RDI: the entry, RAX: the handler) */
 put_gate:
@@ -297,7 +321,7 @@ finish:
 4:	hlt
 	jmp 4b
 
-/* counts(RDI: a label): the label, the rounds (R13), " bad=" and the bad pages (R14); clobbers RAX-RSI */
+/* counts(RDI: a label): the label, the rounds (R13), the bad pages (R14), the PIT's ticks; clobbers RAX-RSI */
 counts:
 	call puts
 	mov %r13, %rdi
@@ -305,6 +329,10 @@ counts:
 	lea msg_bad(%rip), %rdi
 	call puts
 	mov %r14, %rdi
+	call puthex
+	lea msg_ticks(%rip), %rdi
+	call puts
+	mov TICKS, %rdi
 	jmp puthex
 
 /* putc(AL) once the transmitter is empty (LSR's THRE), as a driver does; clobbers RDX */
@@ -364,6 +392,7 @@ msg_up:		.asciz "stub: up cmdline="
 msg_e820:	.asciz " e820="
 msg_round:	.asciz "stub: round="
 msg_bad:	.asciz " bad="
+msg_ticks:	.asciz " ticks="
 msg_end:	.asciz "stub: end rounds="
 msg_scr:	.asciz " scr="
 msg_status:	.asciz " status="

@@ -44,8 +44,9 @@ Proc = linux_guest.Proc
 
 DEFAULT_CMDLINE = "console=ttyS0 reboot=k panic=-1 pci=off"
 UP = r"^stub: up cmdline=(.*) e820=0x([0-9a-f]+)$"
-ROUND = r"^stub: round=0x([0-9a-f]+) bad=0x([0-9a-f]+)$"
-END = r"^stub: end rounds=0x([0-9a-f]+) bad=0x([0-9a-f]+) scr=0x([0-9a-f]+) status=0x([0-9a-f]+)$"
+ROUND = r"^stub: round=0x([0-9a-f]+) bad=0x([0-9a-f]+) ticks=0x([0-9a-f]+)$"
+END = (r"^stub: end rounds=0x([0-9a-f]+) bad=0x([0-9a-f]+) ticks=0x([0-9a-f]+) scr=0x([0-9a-f]+) "
+       r"status=0x([0-9a-f]+)$")
 MEM = "64"
 VCPUS = "2"
 # bounds on a hang, never on speed: the stub's rounds take milliseconds
@@ -70,14 +71,26 @@ def restore(vmm, tmp, procs, want=None):
 
 
 def ask_round(p):
-    """The stub's round and bad-page counts, asked through its console ('p')."""
+    """The stub's round and bad-page counts, asked through its console ('p'); its PIT ticks in p.ticks."""
     n = len(p.out)
     if not p.type("p"):
         raise Fail(f"{p.name}: its console's input is closed")
     m = p.wait_out(ROUND, SECS, n)
     if not m:
         raise Fail(f"{p.name}: no answer to 'p' on the console")
+    p.ticks = int(m[3], 16)
     return int(m[1], 16), int(m[2], 16)
+
+
+def ticks_go_on(p, since):
+    """The PIT's interrupts keep coming: 10 more than since (0.1 s of the guest's time), asked until then."""
+    end = time.monotonic() + SECS
+    ask_round(p)
+    while p.ticks <= since + 10 and time.monotonic() < end:
+        time.sleep(0.05)
+        ask_round(p)
+    if p.ticks <= since + 10:
+        raise Fail(f"{p.name}: the PIT's ticks stopped: {p.ticks}, and {since} before the move")
 
 
 def finish(p, want_status=0):
@@ -88,7 +101,7 @@ def finish(p, want_status=0):
     m = p.wait_out(END, 1, n)
     if not m:
         raise Fail(f"{p.name}: no end line after 'q' (exit {rc})")
-    rounds, bad, scr, status = (int(x, 16) for x in m.groups())
+    rounds, bad, _, scr, status = (int(x, 16) for x in m.groups())
     if status != want_status or rc != want_status:
         raise Fail(f"{p.name}: the stub ended with status {status} (bad pages {bad}, scratch 0x{scr:x}), "
                    f"the VMM with {rc}; {want_status} wanted")
@@ -149,6 +162,7 @@ def scenario_migrate(vmm, stub, tmp, procs, track, extra, want_status=0):
         raise Fail(f"round {after} at the destination, {before} at the source before the move")
     if want_status == 0 and bad:
         raise Fail(f"{bad} bad pages at the destination")
+    ticks_go_on(dst, src.ticks)
     finish(dst, want_status)
 
 
@@ -345,6 +359,7 @@ def scenario_snapshot(vmm, stub, tmp, procs):
     if after <= last or bad:
         raise Fail(f"the restored stub is at round {after} with {bad} bad pages; the snapshot came after "
                    f"round {last}")
+    ticks_go_on(dst, src.ticks)
     finish(dst)
 
 
