@@ -26,6 +26,11 @@ fi
 "$src/examples/linux/mkguest.sh" "$build/linux-guest" >/dev/null
 cd "$src"
 # One emulated CPU thread: two-vCPU guests meet the emulator's racy page
-# walks otherwise (the tool's README).
+# walks otherwise (the tool's README).  The emulator's command starts with
+# an empty environment: the LINUX_* settings go in it by name.  A boot
+# that stops before userspace (the emulator's stop: doc/tests.md) is tried
+# again, LINUX_TRIES boots in all, each attempt said.
 TCGKVM_THREAD=single TCGKVM_TIMEOUT=${LINUX_TIMEOUT:-1500} \
-	"$tool" -- python3 "$src/tests/linux-guest.py" "$build" "$build/linux-guest" "$@"
+	"$tool" -- env LINUX_TRIES="${LINUX_TRIES:-3}" LINUX_STALL="${LINUX_STALL:-45}" \
+	LINUX_XSAVE="${LINUX_XSAVE:-}" LINUX_VCPUS="${LINUX_VCPUS:-1}" LINUX_MEM="${LINUX_MEM:-192}" \
+	LINUX_THREADS="${LINUX_THREADS:-1}" python3 "$src/tests/linux-guest.py" "$build" "$build/linux-guest" "$@"

@@ -37,6 +37,9 @@ MEM = os.environ.get("LINUX_MEM", "192")
 # kvm-under-tcg's nested SVM lets the guest's XSETBV through unseen: no
 # XSAVE there (LINUX_XSAVE=1 keeps it, on a KVM that runs Linux natively)
 CPU = [] if os.environ.get("LINUX_XSAVE") == "1" else ["--no-xsave"]
+# a boot that prints nothing for STALL s has stopped; LINUX_TRIES boots a scenario at most, only such stops again
+STALL = int(os.environ.get("LINUX_STALL", "45"))
+TRIES = int(os.environ.get("LINUX_TRIES", "1"))
 WL = f"wl.mib=16 wl.rate=4 wl.threads={os.environ.get('LINUX_THREADS', '1')} wl.hz=100"
 
 
@@ -49,11 +52,33 @@ class Proc:
         self.p = subprocess.Popen(args, stdin=stdin, stdout=subprocess.PIPE,
                                   stderr=stderr, text=True, errors="replace")
         self.threads = []
+        self.boot_stalled = False
         if self.p.stderr:  # else the caller's fd, read by the caller
             self.threads.append(threading.Thread(target=self._read, args=(self.p.stderr, self.err), daemon=True))
             self.threads[0].start()
         if read_console:
             self.read_console()
+
+    def watch_boot(self, secs):
+        """
+        A guest that prints nothing on its console for secs before it reaches
+        userspace has stopped (under kvm-under-tcg: doc/tests.md, "The Linux
+        guest"): its vCPUs' registers (SIGQUIT) go to the VMM's lines, and it is killed.
+        """
+        def watch():
+            seen, since = -1, time.monotonic()
+            while self.p.poll() is None and not any("init: userspace at" in l for l in self.out):
+                if len(self.out) != seen:
+                    seen, since = len(self.out), time.monotonic()
+                elif time.monotonic() - since > secs:
+                    self.boot_stalled = True
+                    self.p.send_signal(signal.SIGQUIT)
+                    time.sleep(2)
+                    self.err.append(f"(the guest printed nothing for {secs} s before userspace: killed)\n")
+                    self.p.kill()
+                    return
+                time.sleep(0.5)
+        threading.Thread(target=watch, daemon=True).start()
 
     def read_console(self):
         """Read the console from now on (a Proc made with read_console=False leaves it unread until then)."""
@@ -191,6 +216,7 @@ def userspace_at(text):
 
 def scenario_boot(build, guest, tmp):
     p = Proc(boot_args(build, guest, 6), "boot")
+    p.watch_boot(STALL)
     rc = p.wait(240)
     print(f"linux: boot: userspace at {userspace_at(p.console())} s of guest uptime")
     return judge("boot", p.console(), "", [("the VMM", rc)], moved=False), p
@@ -205,9 +231,10 @@ def scenario_migrate(build, guest, tmp, track, extra, name, dst_wait=240):
     # moved once the workload runs: its third line (--on-signal)
     src = Proc(boot_args(build, guest, 12) + ["--track", track, "--migrate-to", sock, "--on-signal"] + extra,
                "source")
+    src.watch_boot(STALL)
     signal_at(src, [3])
     rs = src.wait(240)
-    rd = dst.wait(dst_wait)
+    rd = dst.wait(1 if src.boot_stalled else dst_wait)  # no guest will come
     for l in src.log().splitlines():
         if "migrated to" in l:
             print(f"linux: {name}: {l}")
@@ -218,6 +245,7 @@ def scenario_migrate(build, guest, tmp, track, extra, name, dst_wait=240):
 def scenario_snapshot(build, guest, tmp):
     prefix = os.path.join(tmp, "snap")
     src = Proc(boot_args(build, guest, 14) + ["--snapshot", prefix, "--on-signal", "--count", "3"], "snapshot")
+    src.watch_boot(STALL)
     signal_at(src, [3, 6, 9])
     rs = src.wait(240)
     for l in src.log().splitlines():
@@ -244,43 +272,62 @@ def scenario_snapshot(build, guest, tmp):
     return fails, (src, dst)
 
 
+def as_tuple(procs):
+    return procs if isinstance(procs, tuple) else (procs,)
+
+
+def run_scenario(build, guest, name):
+    """One attempt at a scenario: (failures, the VMMs), or (None, None) for an unknown name."""
+    tmp = tempfile.mkdtemp(prefix=f"linux-{name}-")
+    if name == "boot":
+        fails, procs = scenario_boot(build, guest, tmp)
+    elif name in ("migrate-log", "migrate-ring"):
+        fails, procs = scenario_migrate(build, guest, tmp, name.split("-")[1], [], name)
+    elif name == "migrate-psk":
+        key = os.path.join(tmp, "key")
+        subprocess.run([os.path.join(build, "examples", "kvmdirty-migrate", "kvmdirty-migrate"), "genkey", key],
+                       check=True, stdout=subprocess.DEVNULL)
+        fails, procs = scenario_migrate(build, guest, tmp, "log",
+                                        ["--psk", key, "--encrypt", "--connections", "2"], name)
+    elif name == "snapshot":
+        fails, procs = scenario_snapshot(build, guest, tmp)
+    elif name == "drop-devices":
+        # the console's registers left behind: the destination's UART
+        # has its interrupts off, the guest's console writes wait for
+        # an interrupt that never comes, the workload's lines stop
+        fails, procs = scenario_migrate(build, guest, tmp, "log", ["--drop-devices"], name, dst_wait=40)
+        moved = "migrated to" in procs[0].log()
+        if moved and any("did not run on there" in f for f in fails):
+            print(f"linux: {name}: failed as it must: {fails[0]}")
+            fails = []
+        else:
+            fails = ["the guest ran on without its console's state (or never moved): this test cannot see "
+                     "device state"] + fails
+    else:
+        print(f"linux-guest.py: unknown scenario '{name}'", file=sys.stderr)
+        return None, None
+    return fails, procs
+
+
 def main():
     if len(sys.argv) < 4:
         print(__doc__, file=sys.stderr)
         return 2
     build, guest = sys.argv[1], sys.argv[2]
-    key = None
     status = 0
     for name in sys.argv[3:]:
-        tmp = tempfile.mkdtemp(prefix=f"linux-{name}-")
         t0 = time.monotonic()
-        if name == "boot":
-            fails, procs = scenario_boot(build, guest, tmp)
-        elif name in ("migrate-log", "migrate-ring"):
-            fails, procs = scenario_migrate(build, guest, tmp, name.split("-")[1], [], name)
-        elif name == "migrate-psk":
-            key = os.path.join(tmp, "key")
-            subprocess.run([os.path.join(build, "examples", "kvmdirty-migrate", "kvmdirty-migrate"), "genkey", key],
-                           check=True, stdout=subprocess.DEVNULL)
-            fails, procs = scenario_migrate(build, guest, tmp, "log",
-                                            ["--psk", key, "--encrypt", "--connections", "2"], name)
-        elif name == "snapshot":
-            fails, procs = scenario_snapshot(build, guest, tmp)
-        elif name == "drop-devices":
-            # the console's registers left behind: the destination's UART
-            # has its interrupts off, the guest's console writes wait for
-            # an interrupt that never comes, the workload's lines stop
-            fails, procs = scenario_migrate(build, guest, tmp, "log", ["--drop-devices"], name, dst_wait=40)
-            moved = "migrated to" in procs[0].log()
-            if moved and any("did not run on there" in f for f in fails):
-                print(f"linux: {name}: failed as it must: {fails[0]}")
-                fails = []
-            else:
-                fails = ["the guest ran on without its console's state (or never moved): this test cannot see "
-                         "device state"] + fails
-        else:
-            print(f"linux-guest.py: unknown scenario '{name}'", file=sys.stderr)
-            return 2
+        for attempt in range(1, TRIES + 1):
+            fails, procs = run_scenario(build, guest, name)
+            if fails is None:
+                return 2
+            if not fails or attempt == TRIES or not any(p.boot_stalled for p in as_tuple(procs)):
+                break
+            print(f"linux: {name}: attempt {attempt}: the guest stopped before userspace (the emulator's stop, "
+                  f"doc/tests.md): booted again")
+            for p in as_tuple(procs):
+                print(f"--- {p.name}: VMM lines ---\n{p.log()}", end="")
+            sys.stdout.flush()
         verdict = "ok" if not fails else "FAILED"
         print(f"linux: {name}: {verdict} ({time.monotonic() - t0:.0f} s)")
         if fails:
