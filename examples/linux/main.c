@@ -977,6 +977,7 @@ int main(int argc, char **argv)
 	sigemptyset(&set);
 	sigaddset(&set, SIGQUIT);
 	pthread_sigmask(SIG_BLOCK, &set, NULL);
+	signal(SIGPIPE, SIG_IGN); /* a console reader gone is EPIPE on a write (dropped), not the VMM's end */
 	ret = parse(argc, argv, &v);
 	if (ret)
 		return ret < 0 ? 0 : ret;

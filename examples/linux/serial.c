@@ -11,11 +11,14 @@
  * then write a FIFO's worth without looking.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <linux/kvm.h>
@@ -91,6 +94,31 @@ static void *writer(void *p)
 	return NULL;
 }
 
+/*
+ * A second, non-blocking open of out_fd's pipe, FIFO or terminal (through
+ * /proc/self/fd: its own file description, so the caller's flags stay as
+ * they are), or -1 (a regular file would get an offset of its own; a
+ * socket cannot be opened so).  Through it the vCPU writes a byte itself
+ * while nothing waits in the buffer: no hand-over to the writer thread
+ * for each burst.
+ */
+static int nonblocking_twin(int out_fd)
+{
+	struct stat a, b;
+	char path[64];
+	int fd;
+
+	if (fstat(out_fd, &a) < 0 || !(S_ISFIFO(a.st_mode) || S_ISCHR(a.st_mode)))
+		return -1;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", out_fd);
+	fd = open(path, O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+	if (fd >= 0 && (fstat(fd, &b) < 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino)) {
+		close(fd);
+		fd = -1;
+	}
+	return fd;
+}
+
 int serial_init(struct serial *s, int vm_fd, unsigned int irq, int out_fd)
 {
 	pthread_condattr_t ca;
@@ -105,6 +133,7 @@ int serial_init(struct serial *s, int vm_fd, unsigned int irq, int out_fd)
 	s->vm_fd = vm_fd;
 	s->irq = irq;
 	s->out_fd = out_fd;
+	s->nb_fd = nonblocking_twin(out_fd);
 	s->inited = true;
 	ret = -pthread_create(&s->writer, NULL, writer, s);
 	s->writer_on = ret == 0;
@@ -141,16 +170,30 @@ static uint8_t msr(const struct serial *s)
 	return 0xb0; /* DCD, DSR, CTS: a terminal is there */
 }
 
+/* The byte out at once, from the vCPU's thread, where the fd takes it without waiting: true if it is gone. */
+static bool write_now(struct serial *s, uint8_t c)
+{
+	ssize_t n;
+
+	do
+		n = write(s->nb_fd, &c, 1);
+	while (n < 0 && errno == EINTR);
+	return n == 1 || (n < 0 && errno != EAGAIN); /* a failing fd takes no more: dropped, as the writer does */
+}
+
 static void transmit(struct serial *s, uint8_t c)
 {
 	s->r.thr_pending = 0;
 	update(s);
 	if (s->r.mcr & MCR_LOOP) {
 		rx_push(s, c);
+	} else if (!s->tx_len && s->nb_fd >= 0 && write_now(s, c)) {
+		s->out_bytes++;
 	} else if (s->tx_len < SERIAL_TX_MAX) {
 		s->tx[(s->tx_head + s->tx_len++) % SERIAL_TX_MAX] = c;
 		s->out_bytes++;
-		pthread_cond_signal(&s->tx_cond);
+		if (s->tx_len == 1) /* the writer waits only on an empty buffer: one wake-up a burst, not a byte */
+			pthread_cond_signal(&s->tx_cond);
 	} else {
 		s->out_dropped++; /* written though the transmitter said busy */
 	}
@@ -276,6 +319,9 @@ void serial_close(struct serial *s)
 	until.tv_sec += 2;
 	pthread_mutex_lock(&s->lock);
 	s->closed = true;
+	if (s->nb_fd >= 0) /* under the lock: no vCPU is in write_now() */
+		close(s->nb_fd);
+	s->nb_fd = -1;
 	if (!s->writer_on) { /* never set up, or no thread: nothing to wait for */
 		pthread_mutex_unlock(&s->lock);
 		return;

@@ -5,8 +5,10 @@
 /*
  * A 16550A UART at an I/O port base, its interrupt an ISA IRQ of KVM's
  * in-kernel irqchip: what Linux's 8250 driver needs for a console both
- * ways.  Output goes through a buffer to a file descriptor, written by a
- * thread of the UART's own: a reader that stops reading stops the guest's
+ * ways.  Output goes to a file descriptor: from the vCPU's thread at once
+ * while the fd (a pipe or terminal, opened again non-blocking) takes it,
+ * else through a buffer written by a thread of the UART's own, in order:
+ * a reader that stops reading stops the guest's
  * console (the transmitter reports busy until there is room again, as a
  * UART with flow control does), never a vCPU inside a call or the
  * UART's lock, so a pause and the device-state calls still go through.
@@ -36,6 +38,7 @@ struct serial_regs {
 struct serial {
 	pthread_mutex_t lock;
 	int vm_fd, out_fd;
+	int nb_fd; /* out_fd's pipe or terminal opened again, non-blocking, or -1 */
 	unsigned int irq;
 	bool line;    /* the IRQ line's level as last set in KVM */
 	bool closed;  /* the VM is going: no more KVM_IRQ_LINE */
