@@ -521,6 +521,112 @@ void kvmdirty_mig_snap_free(struct kvmdirty_mig_snap *snap);
 int kvmdirty_mig_restore(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,
 			 uint64_t *ret_pages, char *err, size_t len);
 
+/* A lazy restore under way (kvmdirty_mig_restore_lazy()). */
+struct kvmdirty_mig_lazy;
+
+enum kvmdirty_mig_lazy_event {
+	KVMDIRTY_MIG_LAZY_RESIDENT = 1, /* every page in place: the snapshot files are needed no more */
+	KVMDIRTY_MIG_LAZY_FAILED,	/* the restore failed and the guest was paused: it must not run again */
+};
+
+struct kvmdirty_mig_lazy_opts {
+	/*
+	 * The working-set file to read (NULL: none), whose pages the fill
+	 * places first: one recorded by a restore of this chain or of a
+	 * chain it extends; one absent, damaged or of another chain is left
+	 * unused (said in the stats' ws_note), never an error.  And the one
+	 * to write once resident (NULL: none; replaced whole): the pages the
+	 * guest's faults brought in, in their order (kvmdirty-snapshot(5)).
+	 */
+	const char *workset_read, *workset_write;
+	/* no fill: pages come in only when touched, and the guest never becomes resident (tests, benchmarks) */
+	bool no_fill;
+	/*
+	 * Optional: called once, from the restore's own thread, when the
+	 * guest is resident or when the restore failed (the guest paused
+	 * first); line says what happened and when, or why (the file and the
+	 * page).  It may not call kvmdirty_mig_lazy_free().
+	 */
+	void (*event)(void *ctx, enum kvmdirty_mig_lazy_event ev, const char *line);
+	void *ctx;
+};
+
+struct kvmdirty_mig_lazy_stats {
+	double first_instruction_ms; /* the call's start to its return: when the vCPUs may run */
+	double resident_ms;	     /* the call's start to every page in place (0: not yet) */
+	bool resident, failed;
+	uint64_t faults;      /* faults that placed a page, zero pages included */
+	uint64_t zero_faults; /* ... of them, pages the chain holds as zero */
+	uint64_t raced;	      /* a fault's or the fill's copy found its page placed already */
+	uint64_t filled;      /* pages the fill placed */
+	uint64_t prefetched;  /* ... of them, the working-set file's */
+	uint64_t workset_pages; /* pages the working-set file read lists (0: none used) */
+	char ws_note[160];	/* why a working-set file given was not used ("" otherwise) */
+	uint64_t data_pages;	/* pages the chain holds as data (known once the fill is through) */
+	/*
+	 * Each fault's service: from the read that brought it to the page
+	 * placed (the time a fault waits before that read is not in it).
+	 * hist[i]: faults that took at most kvmdirty_mig_lazy_bucket_us(i)
+	 * and more than bucket i - 1's (0.1 us steps to 100 us, 10 us steps
+	 * to 10 ms, then the rest).
+	 */
+	double fault_p50_us, fault_p99_us, fault_max_us;
+	uint64_t hist[2001];
+};
+
+/*
+ * Restore the chain paths[0 .. n) into guest as kvmdirty_mig_restore()
+ * does, but lazily: the files checked whole (not their pages), the
+ * guest's memory emptied (whatever the VMM put there goes) and registered
+ * with userfaultfd, each vCPU's, the VM's and the devices' state loaded
+ * (the devices may read guest memory: it is served), and 0 returned: run
+ * the vCPUs at once.  A page the guest (or any thread) touches is read
+ * from the newest file listing it and checked against its hash before it
+ * is placed; a thread of the restore's own places the rest, the
+ * working set's first (opts), then every file newest first in page order.
+ * Once every page is in, the guest is resident (event, stats): the files
+ * may go.  A page that fails its check (damaged, or its file changed
+ * since) or a read that fails is never placed: the restore pauses the
+ * guest (ops->pause, required; a vCPU waiting on that page leaves
+ * KVM_RUN on the pause's kick, as Linux 6.2+ lets a signal end a KVM
+ * fault's wait) and says so (event; kvmdirty_mig_lazy_wait()): the guest
+ * must not run again.  The files must not be changed meanwhile.
+ * Errors (nothing left running, the guest must not run): as
+ * kvmdirty_mig_restore()'s before its pages, -EINVAL (no pause op), and
+ * -EPERM or -ENOSYS where this process may not have userfaultfd
+ * (vm.unprivileged_userfaultfd=0 for a caller without CAP_SYS_PTRACE, a
+ * seccomp filter; err says so): the eager kvmdirty_mig_restore() remains.
+ * The guest's regions must be private anonymous or shared memory.
+ * *ret_lazy: free it with kvmdirty_mig_lazy_free().  Any thread.
+ */
+int kvmdirty_mig_restore_lazy(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,
+			      const struct kvmdirty_mig_lazy_opts *opts, struct kvmdirty_mig_lazy **ret_lazy,
+			      char *err, size_t len);
+
+/*
+ * Wait up to timeout_ms (negative: for ever) until the guest is resident
+ * (0) or the restore failed and the guest is paused (-EPROTO for a page
+ * that failed its check or a file that changed, else the -errno of what
+ * failed; err names the file and the page).  -ETIMEDOUT otherwise.  Any
+ * thread.
+ */
+int kvmdirty_mig_lazy_wait(struct kvmdirty_mig_lazy *lazy, int timeout_ms, char *err, size_t len);
+
+/* The restore's figures so far (any thread, any time). */
+void kvmdirty_mig_lazy_stats(struct kvmdirty_mig_lazy *lazy, struct kvmdirty_mig_lazy_stats *ret);
+
+/* The upper bound (microseconds) of histogram bucket i of kvmdirty_mig_lazy_stats.hist. */
+double kvmdirty_mig_lazy_bucket_us(unsigned int i);
+
+/*
+ * End the restore: its threads stopped, the files closed.  Once resident,
+ * the guest runs on untouched.  Before that its memory is incomplete:
+ * every vCPU must be out of KVM_RUN for good, and no thread may touch
+ * guest memory, from then on (a page not placed reads as zero).  NULL is
+ * ignored.
+ */
+void kvmdirty_mig_lazy_free(struct kvmdirty_mig_lazy *lazy);
+
 /* What a snapshot file holds, from its header: what a guest to restore it into must have. */
 struct kvmdirty_mig_snap_region {
 	uint64_t gpa, size; /* in the guest, bytes */

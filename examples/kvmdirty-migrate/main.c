@@ -134,7 +134,7 @@ static void usage(void)
 			"       kvmdirty-migrate rate [guest options] [--interval MS] [--count N] [--json]\n"
 			"                             [--during-migration [send options]]   (the test guest's dirty rate)\n"
 			"       kvmdirty-migrate snapshot -o PREFIX [guest options] [--every MS] [--count N] [--run-ms MS]\n"
-			"       kvmdirty-migrate restore FILE... [--run-ms MS] [--check]  (a full snapshot, then its diffs in order)\n"
+			"       kvmdirty-migrate restore FILE... [--run-ms MS] [--check] [--lazy [--no-workset]]  (a full snapshot, then its diffs in order)\n"
 			"       kvmdirty-migrate plot STATS.json [-o OUT.svg]\n"
 			"       kvmdirty-migrate probe                   (what this host's KVM offers; 77 where none)\n"
 			"       kvmdirty-migrate genkey FILE             (a new key for --psk, in a new file, mode 0600)\n"

@@ -166,24 +166,95 @@ static int guest_opts(const char *path, struct mig_testvm_opts *o, char *err, si
 static int restore_usage(void)
 {
 	fprintf(stderr,
-		"usage: kvmdirty-migrate restore FILE... [--run-ms MS] [--check]   (a full snapshot, then its diffs in order)\n");
+		"usage: kvmdirty-migrate restore FILE... [--run-ms MS] [--check] [--lazy [--no-workset]]   (a full snapshot, then its diffs in order)\n");
 	return 2;
+}
+
+/* The lazy restore's event: resident, a line on stdout (a failure is said once, as the command ends). */
+static void lazy_event(void *ctx, enum kvmdirty_mig_lazy_event ev, const char *line)
+{
+	(void)ctx;
+	if (ev == KVMDIRTY_MIG_LAZY_RESIDENT) {
+		printf("restore: %s\n", line);
+		fflush(stdout);
+	}
+}
+
+/*
+ * The working-set file to read: the newest file of the chain with one
+ * beside it (FILE.ws), into path (empty: none).
+ */
+static void workset_of(const char *const *files, unsigned int n, char *path, size_t len)
+{
+	struct stat sb;
+
+	path[0] = 0;
+	while (n--) {
+		snprintf(path, len, "%s.ws", files[n]);
+		if (stat(path, &sb) == 0)
+			return;
+	}
+	path[0] = 0;
+}
+
+/*
+ * kvmdirty_mig_restore_lazy() into g: 0 (the guest may run, *ret_lazy
+ * set), 1 where userfaultfd is not to be had here (said in one line: the
+ * eager restore follows), or -errno with err.
+ */
+static int restore_lazy(struct kvmdirty_mig_guest *g, const char *const *files, unsigned int n, bool workset,
+			struct kvmdirty_mig_lazy **ret_lazy, char *err, size_t len)
+{
+	static char ws_in[MIG_SNAP_PATH_MAX + 8], ws_out[MIG_SNAP_PATH_MAX + 8];
+	struct kvmdirty_mig_lazy_opts lo = { .event = lazy_event };
+	int ret;
+
+	if (workset) {
+		workset_of(files, n, ws_in, sizeof(ws_in));
+		snprintf(ws_out, sizeof(ws_out), "%s.ws", files[n - 1]);
+		lo.workset_read = ws_in[0] ? ws_in : NULL;
+		lo.workset_write = ws_out;
+	}
+	ret = kvmdirty_mig_restore_lazy(g, files, n, &lo, ret_lazy, err, len);
+	if (ret == -EPERM || ret == -ENOSYS) {
+		fprintf(stderr, "kvmdirty-migrate: restore --lazy: %s; restoring eagerly\n", err);
+		return 1;
+	}
+	return ret;
+}
+
+/* The lazy restore's figures, one line, once resident (or as far as it got). */
+static void lazy_line(struct kvmdirty_mig_lazy *lz)
+{
+	struct kvmdirty_mig_lazy_stats st;
+
+	kvmdirty_mig_lazy_stats(lz, &st);
+	printf("restore --lazy: first_instruction_ms=%.2f resident_ms=%.1f faults=%" PRIu64 " fault_p50_us=%.1f "
+	       "fault_p99_us=%.1f zero_faults=%" PRIu64 " filled=%" PRIu64 " prefetched=%" PRIu64
+	       " workset_pages=%" PRIu64 " raced=%" PRIu64 "\n",
+	       st.first_instruction_ms, st.resident_ms, st.faults, st.fault_p50_us, st.fault_p99_us, st.zero_faults,
+	       st.filled, st.prefetched, st.workset_pages, st.raced);
+	if (st.ws_note[0])
+		printf("restore --lazy: working-set file %s\n", st.ws_note);
 }
 
 int mig_snap_restore_cmd(int argc, char **argv)
 {
 	static const struct option longopts[] = { { "run-ms", required_argument, NULL, 'R' },
 						  { "check", no_argument, NULL, 'C' },
+						  { "lazy", no_argument, NULL, 'L' },
+						  { "no-workset", no_argument, NULL, 'W' },
 						  { "help", no_argument, NULL, 'h' },
 						  { 0 } };
 	struct kvmdirty_mig_guest *g = NULL;
+	struct kvmdirty_mig_lazy *lz = NULL;
 	struct mig_testvm_opts go;
 	struct testvm *tv = NULL;
 	uint64_t run_ms = 1000, pages = 0, checked = 0;
 	const char *const *files;
 	unsigned int n;
-	bool check = false;
-	char err[512];
+	bool check = false, lazy = false, workset = true;
+	char err[1024];
 	int c, ret = 0;
 
 	optind = 2;
@@ -193,12 +264,20 @@ int mig_snap_restore_cmd(int argc, char **argv)
 				return 2;
 		} else if (c == 'C') {
 			check = true;
+		} else if (c == 'L') {
+			lazy = true;
+		} else if (c == 'W') {
+			workset = false;
 		} else {
 			return c == 'h' ? (restore_usage(), 0) : restore_usage();
 		}
 	}
 	if (optind == argc)
 		return restore_usage();
+	if (!workset && !lazy) {
+		fprintf(stderr, "kvmdirty-migrate: --no-workset: only with --lazy\n");
+		return 2;
+	}
 	files = (const char *const *)argv + optind;
 	n = (unsigned int)(argc - optind);
 	/* every file whole and the chain in order before anything is built */
@@ -220,24 +299,49 @@ int mig_snap_restore_cmd(int argc, char **argv)
 	ret = mig_testvm_new(&go, false, &tv, err, sizeof(err));
 	if (ret == 0)
 		ret = mig_testvm_api(tv, false, &g, err, sizeof(err));
-	if (ret == 0)
+	if (ret == 0 && lazy && (ret = restore_lazy(g, files, n, workset, &lz, err, sizeof(err))) == 1)
+		lazy = false, ret = 0;
+	if (ret == 0 && !lazy)
 		ret = kvmdirty_mig_restore(g, files, n, &pages, err, sizeof(err));
-	kvmdirty_mig_guest_free(g);
 	if (ret < 0) {
+		kvmdirty_mig_guest_free(g);
 		fprintf(stderr, "kvmdirty-migrate: restore refused, the guest does not run: %s\n", err);
 		goto out;
 	}
 	if (check)
 		printf("restore: --check: %" PRIu64 " pages of the %u file%s, every copy, each matched its hash\n", checked, n,
 		       n == 1 ? "" : "s");
-	printf("restore: %u file%s, a chain; %" PRIu64 " pages read, each matched its hash; resuming the guest\n", n,
-	       n == 1 ? "" : "s", pages);
+	if (lazy)
+		printf("restore: %u file%s, a chain, lazily: pages placed as the guest touches them, each checked first; "
+		       "resuming the guest\n", n, n == 1 ? "" : "s");
+	else
+		printf("restore: %u file%s, a chain; %" PRIu64 " pages read, each matched its hash; resuming the guest\n",
+		       n, n == 1 ? "" : "s", pages);
 	fflush(stdout);
 	ret = mig_testvm_resume_check(tv, run_ms, err, sizeof(err));
+	if (lz) {
+		char why[1024];
+		/* a failure stopped the guest: that, not what the stopped guest's check says, is the news */
+		int lret = kvmdirty_mig_lazy_wait(lz, ret < 0 ? 0 : -1, why, sizeof(why));
+
+		if (lret < 0 && lret != -ETIMEDOUT) {
+			fprintf(stderr, "kvmdirty-migrate: restore --lazy failed, the guest stopped: %s\n", why);
+			ret = lret;
+			lazy_line(lz);
+			kvmdirty_mig_lazy_free(lz);
+			kvmdirty_mig_guest_free(g);
+			goto out;
+		}
+	}
 	if (ret < 0)
 		fprintf(stderr, "kvmdirty-migrate: restore: %s\n", err);
 	else
 		printf("restore: guest ran %" PRIu64 " ms after restore, %s, self-check ok\n", run_ms, err);
+	if (lz) {
+		lazy_line(lz);
+		kvmdirty_mig_lazy_free(lz);
+	}
+	kvmdirty_mig_guest_free(g);
 out:
 	if (tv)
 		mig_testvm_free(tv);

@@ -21,7 +21,9 @@
 #include "gate.h"
 #include "guest.h"
 #include "hostmem.h"
+#include "lazy.h"
 #include "keyfile.h"
+#include "clock.h"
 #include "rate.h"
 #include "snapfile.h"
 #include "snapshot.h"
@@ -853,6 +855,118 @@ EXPORT int kvmdirty_mig_restore(struct kvmdirty_mig_guest *guest, const char *co
 	else if (ret_pages)
 		*ret_pages = pages;
 	return ret;
+}
+
+struct kvmdirty_mig_lazy {
+	struct mig_lazy *lz;
+	struct kvmdirty_mig_lazy_opts o;
+};
+
+_Static_assert(sizeof(((struct kvmdirty_mig_lazy_stats *)0)->hist) ==
+		       sizeof(((struct mig_lazy_stats *)0)->hist), "the histogram's buckets");
+_Static_assert((int)KVMDIRTY_MIG_LAZY_RESIDENT == (int)MIG_LAZY_RESIDENT &&
+		       (int)KVMDIRTY_MIG_LAZY_FAILED == (int)MIG_LAZY_FAILED, "the lazy restore's events");
+
+static void lazy_event(void *ctx, enum mig_lazy_event ev, const char *line)
+{
+	struct kvmdirty_mig_lazy *l = ctx;
+
+	if (l->o.event)
+		l->o.event(l->o.ctx, (enum kvmdirty_mig_lazy_event)ev, line);
+}
+
+EXPORT int kvmdirty_mig_restore_lazy(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,
+				     const struct kvmdirty_mig_lazy_opts *opts, struct kvmdirty_mig_lazy **ret_lazy,
+				     char *err, size_t len)
+{
+	struct mig_lazy_opts o = { .t0_ms = mig_clock_msf() };
+	struct kvmdirty_mig_lazy *l;
+	struct snap_file **files;
+	char why[768] = "";
+	int ret;
+
+	if (!ret_lazy) {
+		say(err, len, "kvmdirty_mig_restore_lazy: ret_lazy is NULL");
+		return -EINVAL;
+	}
+	*ret_lazy = NULL;
+	if (!guest) {
+		say(err, len, "kvmdirty_mig_restore_lazy: the guest is NULL");
+		return -EINVAL;
+	}
+	l = calloc(1, sizeof(*l));
+	if (!l) {
+		say(err, len, "out of memory");
+		return -ENOMEM;
+	}
+	if (opts)
+		l->o = *opts;
+	o.ws_read = l->o.workset_read;
+	o.ws_write = l->o.workset_write;
+	o.no_fill = l->o.no_fill;
+	o.event = lazy_event;
+	o.ctx = l;
+	ret = open_chain(paths, n, &files, why, sizeof(why));
+	if (ret == 0) {
+		ret = mig_lazy_start(&guest->g, files, n, &o, &l->lz, why, sizeof(why));
+		if (ret < 0)
+			close_chain(files, n); /* else the files and their array are the restore's now */
+	}
+	if (ret < 0) {
+		say(err, len, "%s", why);
+		free(l);
+		return ret;
+	}
+	*ret_lazy = l;
+	return 0;
+}
+
+EXPORT int kvmdirty_mig_lazy_wait(struct kvmdirty_mig_lazy *lazy, int timeout_ms, char *err, size_t len)
+{
+	if (!lazy) {
+		say(err, len, "kvmdirty_mig_lazy_wait: NULL");
+		return -EINVAL;
+	}
+	return mig_lazy_wait(lazy->lz, timeout_ms, err, len);
+}
+
+EXPORT void kvmdirty_mig_lazy_stats(struct kvmdirty_mig_lazy *lazy, struct kvmdirty_mig_lazy_stats *ret)
+{
+	struct mig_lazy_stats st;
+
+	memset(ret, 0, sizeof(*ret));
+	if (!lazy)
+		return;
+	mig_lazy_get_stats(lazy->lz, &st);
+	ret->first_instruction_ms = st.first_ms;
+	ret->resident_ms = st.resident_ms;
+	ret->resident = st.resident;
+	ret->failed = st.failed;
+	ret->faults = st.faults;
+	ret->zero_faults = st.zero_faults;
+	ret->raced = st.raced;
+	ret->filled = st.filled;
+	ret->prefetched = st.prefetched;
+	ret->workset_pages = st.ws_pages;
+	snprintf(ret->ws_note, sizeof(ret->ws_note), "%s", st.ws_note);
+	ret->data_pages = st.data_pages;
+	ret->fault_p50_us = st.fault_p50_us;
+	ret->fault_p99_us = st.fault_p99_us;
+	ret->fault_max_us = st.fault_max_us;
+	memcpy(ret->hist, st.hist, sizeof(ret->hist));
+}
+
+EXPORT double kvmdirty_mig_lazy_bucket_us(unsigned int i)
+{
+	return mig_lazy_bucket_us(i);
+}
+
+EXPORT void kvmdirty_mig_lazy_free(struct kvmdirty_mig_lazy *lazy)
+{
+	if (!lazy)
+		return;
+	mig_lazy_free(lazy->lz);
+	free(lazy);
 }
 
 /* Close what open_chain() opened (NULL entries: never opened). */

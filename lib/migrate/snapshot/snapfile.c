@@ -34,7 +34,7 @@ ssize_t (*snap_pwrite)(int fd, const void *buf, size_t n, off_t off) = pwrite;
 
 static const uint8_t zero_id[SNAP_ID];
 
-static void sha256(const void *p, size_t n, uint8_t out[SNAP_ID])
+void snap_sha256(const void *p, size_t n, uint8_t out[SNAP_ID])
 {
 	unsigned int len = SNAP_ID;
 
@@ -596,8 +596,8 @@ static int finish(struct snap_writer *w, uint8_t id[SNAP_ID], struct snap_writte
 	clock_gettime(CLOCK_REALTIME, &now);
 	w->h.time_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
 	w->h.index_len = ilen;
-	sha256(index, ilen, w->h.index_sha);
-	sha256(w->dev, w->h.dev_len, w->h.dev_sha);
+	snap_sha256(index, ilen, w->h.index_sha);
+	snap_sha256(w->dev, w->h.dev_len, w->h.dev_sha);
 	hdr = header_bytes(w);
 	if (!hdr)
 		ret = mig_errf(err, len, -ENOMEM, "%s: out of memory for the header", w->path);
@@ -614,8 +614,8 @@ static int finish(struct snap_writer *w, uint8_t id[SNAP_ID], struct snap_writte
 		t.index_off = w->h.index_off;
 		t.index_len = ilen;
 		t.file_len = w->h.index_off + ilen + w->h.dev_len + sizeof(t);
-		sha256(hdr, w->h.header_len, t.id);
-		sha256(&t, offsetof(struct snap_trailer, sha), t.sha);
+		snap_sha256(hdr, w->h.header_len, t.id);
+		snap_sha256(&t, offsetof(struct snap_trailer, sha), t.sha);
 		/* last: until it is there, the file is not a snapshot */
 		ret = write_all(w, &t, sizeof(t), w->h.index_off + ilen + w->h.dev_len, err, len);
 	}
@@ -714,7 +714,7 @@ static int check_trailer(struct snap_file *f, struct snap_trailer *t, char *err,
 		return ret;
 	if (memcmp(t->magic, SNAP_TRAILER_MAGIC, sizeof(t->magic)))
 		return BAD("%s: no trailer at its end: cut short, or never finished", f->path);
-	sha256(t, offsetof(struct snap_trailer, sha), sha);
+	snap_sha256(t, offsetof(struct snap_trailer, sha), sha);
 	if (memcmp(sha, t->sha, SNAP_ID))
 		return BAD("%s: trailer damaged (its checksum does not match)", f->path);
 	if (t->version == 1)
@@ -889,7 +889,7 @@ static int index_same(struct snap_file *f, char *err, size_t len)
 {
 	uint8_t sha[SNAP_ID];
 
-	sha256(f->runs, f->h.index_len, sha);
+	snap_sha256(f->runs, f->h.index_len, sha);
 	if (memcmp(sha, f->h.index_sha, SNAP_ID))
 		return BAD("%s: index damaged (its hash is not the header's)", f->path);
 	return 0;
@@ -1033,7 +1033,7 @@ static int file_check(struct snap_file *f, char *err, size_t len)
 		return mig_errf(err, len, -ENOMEM, "%s: out of memory", f->path);
 	ret = read_all(f, hdr, t.header_len, 0, "the header", err, len);
 	if (ret == 0) {
-		sha256(hdr, t.header_len, sha);
+		snap_sha256(hdr, t.header_len, sha);
 		if (memcmp(sha, t.id, SNAP_ID))
 			ret = BAD("%s: header damaged (its hash is not the trailer's)", f->path);
 	}
@@ -1091,7 +1091,7 @@ static int read_devices(struct snap_file *f, char *err, size_t len)
 	ret = read_all(f, f->dev, f->h.dev_len, f->h.index_off + f->h.index_len, "the devices' state", err, len);
 	if (ret < 0)
 		return ret;
-	sha256(f->dev, f->h.dev_len, sha);
+	snap_sha256(f->dev, f->h.dev_len, sha);
 	if (memcmp(sha, f->h.dev_sha, SNAP_ID))
 		return BAD("%s: the devices' state (%" PRIu64 " bytes) damaged (not its hash)", f->path, f->h.dev_len);
 	f->dev_rest = f->dev;

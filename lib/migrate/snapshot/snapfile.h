@@ -121,6 +121,9 @@ _Static_assert(sizeof(struct snap_region) == 32, "snapshot layout");
 _Static_assert(sizeof(struct snap_run) == 32, "snapshot layout");
 _Static_assert(sizeof(struct snap_trailer) == 128, "snapshot layout");
 
+/* SHA-256 of p[0 .. n) (the files' identities and checksums). */
+void snap_sha256(const void *p, size_t n, uint8_t out[SNAP_ID]);
+
 /* The header's length and the page area's place for a layout (page-aligned; data_off on SNAP_ALIGN). */
 uint64_t snap_header_len(uint32_t nr_regions, uint32_t nr_vcpus);
 

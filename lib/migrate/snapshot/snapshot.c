@@ -421,11 +421,29 @@ int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, 
 	const struct snap_file *last;
 	void **hva;
 	unsigned int i;
-	int ret = snap_chain_check(files, n, err, len);
+	int ret = mig_snap_check_guest(g, files, n, err, len);
 
 	if (ret < 0)
 		return ret;
 	last = files[n - 1];
+	hva = calloc(g->nr_regions, sizeof(*hva));
+	if (!hva)
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	for (i = 0; i < g->nr_regions; i++)
+		hva[i] = g->regions[i].hva;
+	ret = snap_chain_load(files, n, hva, ret_pages, err, len);
+	free(hva);
+	return ret < 0 ? ret : mig_snap_load_states(g, last, err, len);
+}
+
+int mig_snap_check_guest(const struct mig_guest *g, struct snap_file *const *files, unsigned int n, char *err,
+			 size_t len)
+{
+	unsigned int i;
+	int ret = snap_chain_check(files, n, err, len);
+
+	if (ret < 0)
+		return ret;
 	if (files[0]->h.nr_regions != g->nr_regions || files[0]->h.nr_vcpus != g->nr_vcpus)
 		return mig_errf(err, len, -EINVAL, "%s: %u regions and %u vCPUs, the guest has %u and %u",
 				files[0]->path, files[0]->h.nr_regions, files[0]->h.nr_vcpus, g->nr_regions,
@@ -435,13 +453,14 @@ int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, 
 			return mig_errf(err, len, -EINVAL,
 					"%s: region %u (gpa 0x%" PRIx64 ", %" PRIu64 " bytes) is not the guest's",
 					files[0]->path, i, files[0]->regions[i].gpa, files[0]->regions[i].size);
-	hva = calloc(g->nr_regions, sizeof(*hva));
-	if (!hva)
-		return mig_errf(err, len, -ENOMEM, "out of memory");
-	for (i = 0; i < g->nr_regions; i++)
-		hva[i] = g->regions[i].hva;
-	ret = snap_chain_load(files, n, hva, ret_pages, err, len);
-	free(hva);
+	return 0;
+}
+
+int mig_snap_load_states(const struct mig_guest *g, const struct snap_file *last, char *err, size_t len)
+{
+	unsigned int i;
+	int ret = 0;
+
 	for (i = 0; ret == 0 && i < g->nr_vcpus; i++) {
 		char what[SNAP_PATH_MAX + 32], why[SNAP_PATH_MAX + 256];
 

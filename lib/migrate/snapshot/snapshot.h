@@ -116,6 +116,18 @@ int mig_snap_take(struct mig_snap *s, struct mig_snap_result *res, char *err, si
 int mig_snap_restore(const struct mig_guest *g, struct snap_file *const *files, unsigned int n, uint64_t *ret_pages,
 		     char *err, size_t len);
 
+/* The chain checked (snap_chain_check()) and its regions and vCPUs against g's: 0, or -errno with err. */
+int mig_snap_check_guest(const struct mig_guest *g, struct snap_file *const *files, unsigned int n, char *err,
+			 size_t len);
+
+/*
+ * The states of last (a chain's newest file) into g: each vCPU's (checked
+ * against this host first), the VM's, the devices' live part and the
+ * rest, in that order.  0, or -errno with err naming the file and the
+ * piece (the guest must not run).
+ */
+int mig_snap_load_states(const struct mig_guest *g, const struct snap_file *last, char *err, size_t len);
+
 /*
  * The consumer freed, and its claim on the regions with it
  * (kvmdirty_consumer_start()): logging goes off where no other consumer

@@ -1,0 +1,900 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Lazy restore: the page server on userfaultfd and the fill thread
+ * (lazy.h says who places a page and what a failure does).  The
+ * working-set file's layout: kvmdirty-snapshot(5).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <linux/userfaultfd.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+
+#include "clock.h"
+#include "errf.h"
+#include "lazy.h"
+#include "snapshot.h"
+
+#define SERVERS	   2   /* threads reading faults: a fault need not wait behind another's read */
+#define FILL_CHUNK 256 /* pages the filler reads at a time: 1 MiB */
+#define MSGS	   1   /* fault messages a read takes: one, so that the other server takes the next */
+
+#define WS_MAGIC   "KVMDWSET"
+#define WS_VERSION 1u
+
+void (*mig_lazy_hook)(enum mig_lazy_hook_point p, struct mig_lazy_hook *h);
+
+static inline void hook(enum mig_lazy_hook_point p, struct mig_lazy_hook *h)
+{
+	void (*fn)(enum mig_lazy_hook_point, struct mig_lazy_hook *) = __atomic_load_n(&mig_lazy_hook, __ATOMIC_ACQUIRE);
+
+	if (fn)
+		fn(p, h);
+}
+
+struct ws_header {
+	char magic[8]; /* WS_MAGIC */
+	uint32_t version;
+	uint32_t reserved;
+	uint8_t chain[SNAP_ID]; /* the identity of the chain's newest file when it was recorded */
+	uint64_t count;		/* entries that follow: region << 48 | page, u64 little-endian each */
+};
+/* ... then the SHA-256 of the header and the entries */
+
+struct lregion {
+	uint8_t *hva;
+	uint64_t size, npages;
+	uint64_t *placed; /* atomic bits: the page is in memory (copied, zero page, or found there: EEXIST) */
+	uint64_t *bad;	  /* atomic bits: its copy failed its check; never placed */
+};
+
+struct mig_lazy {
+	const struct mig_guest *g;
+	struct snap_file **files;
+	unsigned int n;
+	struct lregion *r;
+	uint32_t nr_regions;
+	uint32_t *by_hva; /* region indexes by hva, for a fault's address */
+	int uffd, stop_fd;
+	struct mig_lazy_opts o;
+	char ws_write[SNAP_PATH_MAX];
+	uint64_t *ws_in; /* the working-set file's entries */
+	pthread_t server[SERVERS], filler;
+	unsigned int nr_servers;
+	bool filler_started;
+	int failing; /* __atomic: a failure was recorded (loops stop) */
+	int stopping; /* __atomic: mig_lazy_free() */
+	/* under lock */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool failed, paused, resident;
+	int fail_ret;
+	char why[768];
+	uint64_t *ws; /* faults' DATA pages, in order, until resident */
+	uint64_t ws_n, ws_cap;
+	struct mig_lazy_stats st;
+	double t0;
+};
+
+static inline bool bit_test(uint64_t *map, uint64_t i)
+{
+	return __atomic_load_n(&map[i / 64], __ATOMIC_ACQUIRE) >> (i % 64) & 1;
+}
+
+static inline void bit_set(uint64_t *map, uint64_t i)
+{
+	__atomic_fetch_or(&map[i / 64], 1ull << (i % 64), __ATOMIC_RELEASE);
+}
+
+static unsigned int bucket(uint64_t ns)
+{
+	if (ns < 100000)
+		return (unsigned int)(ns / 100);
+	if (ns < 10000000)
+		return 1000 + (unsigned int)((ns - 100000) / 10000);
+	return MIG_LAZY_HIST;
+}
+
+double mig_lazy_bucket_us(unsigned int i)
+{
+	if (i < 1000)
+		return (i + 1) * 0.1;
+	if (i < MIG_LAZY_HIST)
+		return 100.0 + (i - 999) * 10.0;
+	return 1e12;
+}
+
+/* The first failure wins: its reason kept, the filler told to pause the guest. */
+static void lazy_fail(struct mig_lazy *lz, int ret, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void lazy_fail(struct mig_lazy *lz, int ret, const char *fmt, ...)
+{
+	va_list ap;
+
+	pthread_mutex_lock(&lz->lock);
+	if (!lz->failed && !lz->resident) {
+		lz->failed = true;
+		lz->fail_ret = ret;
+		va_start(ap, fmt);
+		vsnprintf(lz->why, sizeof(lz->why), fmt, ap);
+		va_end(ap);
+		__atomic_store_n(&lz->failing, 1, __ATOMIC_RELEASE);
+		pthread_cond_broadcast(&lz->cond);
+	}
+	pthread_mutex_unlock(&lz->lock);
+}
+
+static bool halted(struct mig_lazy *lz)
+{
+	return __atomic_load_n(&lz->failing, __ATOMIC_ACQUIRE) || __atomic_load_n(&lz->stopping, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Where page p of region r comes from: the newest file listing it (*ret_f,
+ * *ret_run), or none (0: the page is zero in the chain, or listed ZERO).
+ */
+static bool lookup(const struct mig_lazy *lz, uint32_t r, uint64_t p, const struct snap_file **ret_f,
+		   const struct snap_run **ret_run)
+{
+	unsigned int j = lz->n;
+
+	while (j--) {
+		const struct snap_file *f = lz->files[j];
+		uint64_t lo = 0, hi = f->h.nr_runs;
+
+		/* the last run starting at or before (r, p) */
+		while (lo < hi) {
+			uint64_t mid = lo + (hi - lo) / 2;
+			const struct snap_run *m = &f->runs[mid];
+
+			if (m->region < r || (m->region == r && m->first <= p))
+				lo = mid + 1;
+			else
+				hi = mid;
+		}
+		if (lo) {
+			const struct snap_run *run = &f->runs[lo - 1];
+
+			if (run->region == r && p < run->first + run->count) {
+				*ret_f = f;
+				*ret_run = run;
+				return run->kind == SNAP_RUN_DATA;
+			}
+		}
+	}
+	return false;
+}
+
+/* count pages from page p of run in f into buf, each unplaced one checked against its hash; 0 or -errno (failed). */
+static int read_checked(struct mig_lazy *lz, const struct snap_file *f, const struct snap_run *run, uint64_t p,
+			uint64_t count, uint8_t *buf, bool fill)
+{
+	const struct snap_region *reg = &f->regions[run->region];
+	struct mig_lazy_hook h = { .region = run->region, .page = p, .count = count, .fill = fill };
+	uint64_t off = reg->data_off + p * SNAP_PAGE, n = count * SNAP_PAGE, got = 0, i;
+
+	hook(MIG_LAZY_HOOK_READ, &h);
+	if (h.inject) {
+		lazy_fail(lz, -h.inject, "%s: reading region %u page %" PRIu64 ": %s", f->path, run->region, p,
+			  strerror(h.inject));
+		return -h.inject;
+	}
+	while (got < n) {
+		ssize_t k = pread(f->fd, buf + got, n - got, (off_t)(off + got));
+
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0) {
+			int e = k < 0 ? errno : 0;
+			struct stat sb;
+
+			if (!e && fstat(f->fd, &sb) == 0 && (uint64_t)sb.st_size != f->size)
+				lazy_fail(lz, -EPROTO, "%s: changed under the restore: %" PRIu64 " bytes, %" PRIu64
+					  " when it began", f->path, (uint64_t)sb.st_size, f->size);
+			else
+				lazy_fail(lz, e ? -e : -EPROTO, "%s: reading region %u page %" PRIu64 ": %s", f->path,
+					  run->region, p + got / SNAP_PAGE, e ? strerror(e) : "the file ends there");
+			return e ? -e : -EPROTO;
+		}
+		got += (uint64_t)k;
+	}
+	for (i = 0; i < count; i++) {
+		uint64_t pg = p + i;
+
+		if (bit_test(lz->r[run->region].placed, pg))
+			continue;
+		if (mig_page_hash(buf + i * SNAP_PAGE) != f->hashes[run->hash_first + pg - run->first]) {
+			bit_set(lz->r[run->region].bad, pg);
+			lazy_fail(lz, -EPROTO,
+				  "%s: region %u page %" PRIu64 " (gpa 0x%" PRIx64 "): not its hash (damaged, or the "
+				  "file changed since the restore began); the guest never saw it",
+				  f->path, run->region, pg, reg->gpa + pg * SNAP_PAGE);
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+/*
+ * Place count pages of region r from page p (copies in src, or the zero
+ * page where src is NULL): each one placed or found there (EEXIST) gets
+ * its bit.  0, or -errno of the kernel (the restore failed).  *ret_new:
+ * pages this call placed.
+ */
+static int place(struct mig_lazy *lz, uint32_t r, uint64_t p, uint64_t count, const uint8_t *src, uint64_t *ret_new)
+{
+	struct lregion *lr = &lz->r[r];
+	uint64_t done = 0, placed = 0, raced = 0;
+	int ret = 0;
+
+	while (done < count) {
+		uint64_t at = (uint64_t)(uintptr_t)lr->hva + (p + done) * SNAP_PAGE, len = (count - done) * SNAP_PAGE;
+		int64_t res;
+		int rc;
+
+		if (src) {
+			struct uffdio_copy c = { .dst = at, .src = (uint64_t)(uintptr_t)(src + done * SNAP_PAGE), .len = len };
+
+			rc = ioctl(lz->uffd, UFFDIO_COPY, &c);
+			res = c.copy;
+		} else {
+			struct uffdio_zeropage z = { .range = { .start = at, .len = len } };
+
+			rc = ioctl(lz->uffd, UFFDIO_ZEROPAGE, &z);
+			res = z.zeropage;
+		}
+		if (rc == 0)
+			res = (int64_t)len;
+		if (res > 0) {
+			uint64_t k = (uint64_t)res / SNAP_PAGE, i;
+
+			for (i = 0; i < k; i++)
+				bit_set(lr->placed, p + done + i);
+			done += k;
+			placed += k;
+			continue;
+		}
+		if (res == -EAGAIN || (rc < 0 && errno == EAGAIN && res == 0))
+			continue;
+		if (res == -EEXIST) {
+			struct uffdio_range w = { .start = at, .len = SNAP_PAGE };
+
+			/* there already: whoever placed it woke its waiters; wake again all the same */
+			ioctl(lz->uffd, UFFDIO_WAKE, &w);
+			bit_set(lr->placed, p + done);
+			done++;
+			raced++;
+			continue;
+		}
+		ret = res < 0 ? (int)res : -errno;
+		pthread_mutex_lock(&lz->lock);
+		if (lz->resident)
+			ret = 0; /* unregistered: every DATA page is in, the rest reads as zero */
+		pthread_mutex_unlock(&lz->lock);
+		if (ret)
+			lazy_fail(lz, ret, "placing region %u page %" PRIu64 " (%s): %s", r, p + done,
+				  src ? "UFFDIO_COPY" : "UFFDIO_ZEROPAGE", strerror(-ret));
+		break;
+	}
+	if (raced) {
+		pthread_mutex_lock(&lz->lock);
+		lz->st.raced += raced;
+		pthread_mutex_unlock(&lz->lock);
+	}
+	if (ret_new)
+		*ret_new = placed;
+	return ret;
+}
+
+/* The region holding hva (UINT32_MAX: none of the guest's). */
+static uint32_t region_of(const struct mig_lazy *lz, uint64_t hva)
+{
+	uint32_t lo = 0, hi = lz->nr_regions;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if ((uint64_t)(uintptr_t)lz->r[lz->by_hva[mid]].hva <= hva)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo) {
+		const struct lregion *lr = &lz->r[lz->by_hva[lo - 1]];
+
+		if (hva - (uint64_t)(uintptr_t)lr->hva < lr->size)
+			return lz->by_hva[lo - 1];
+	}
+	return UINT32_MAX;
+}
+
+static void record(struct mig_lazy *lz, uint64_t t_read, bool zero, uint32_t r, uint64_t p)
+{
+	uint64_t ns = mig_clock_ns() - t_read;
+
+	pthread_mutex_lock(&lz->lock);
+	lz->st.faults++;
+	lz->st.zero_faults += zero;
+	lz->st.hist[bucket(ns)]++;
+	if (ns / 1e3 > lz->st.fault_max_us)
+		lz->st.fault_max_us = ns / 1e3;
+	if (!zero && !lz->resident && lz->ws_write[0]) {
+		if (lz->ws_n == lz->ws_cap) {
+			uint64_t cap = lz->ws_cap ? lz->ws_cap * 2 : 4096;
+			uint64_t *w = realloc(lz->ws, cap * sizeof(*w));
+
+			if (w) {
+				lz->ws = w;
+				lz->ws_cap = cap;
+			}
+		}
+		if (lz->ws_n < lz->ws_cap)
+			lz->ws[lz->ws_n++] = (uint64_t)r << 48 | p;
+	}
+	pthread_mutex_unlock(&lz->lock);
+}
+
+static void serve(struct mig_lazy *lz, uint64_t addr, uint64_t t_read, uint8_t *buf)
+{
+	uint32_t r = region_of(lz, addr);
+	struct mig_lazy_hook h;
+	const struct snap_file *f = NULL;
+	const struct snap_run *run = NULL;
+	uint64_t p, placed = 0;
+	bool data;
+
+	if (r == UINT32_MAX)
+		return; /* not ours: nothing of the guest is registered there */
+	p = (addr - (uint64_t)(uintptr_t)lz->r[r].hva) / SNAP_PAGE;
+	if (bit_test(lz->r[r].bad, p))
+		return; /* never placed: the waiter leaves on the pause's kick */
+	if (bit_test(lz->r[r].placed, p)) {
+		struct uffdio_range w = { .start = (uint64_t)(uintptr_t)lz->r[r].hva + p * SNAP_PAGE, .len = SNAP_PAGE };
+
+		ioctl(lz->uffd, UFFDIO_WAKE, &w);
+		return;
+	}
+	data = lookup(lz, r, p, &f, &run);
+	h = (struct mig_lazy_hook){ .region = r, .page = p, .count = 1 };
+	hook(MIG_LAZY_HOOK_FAULT, &h);
+	if (data && read_checked(lz, f, run, p, 1, buf, false) < 0)
+		return;
+	if (place(lz, r, p, 1, data ? buf : NULL, &placed) == 0 && placed)
+		record(lz, t_read, !data, r, p);
+}
+
+static void *server_main(void *arg)
+{
+	struct mig_lazy *lz = arg;
+	struct uffd_msg msg[MSGS];
+	uint8_t *buf = aligned_alloc(SNAP_PAGE, SNAP_PAGE);
+
+	if (!buf) {
+		lazy_fail(lz, -ENOMEM, "the page server: out of memory");
+		return NULL;
+	}
+	for (;;) {
+		struct pollfd pf[2] = { { .fd = lz->uffd, .events = POLLIN }, { .fd = lz->stop_fd, .events = POLLIN } };
+		ssize_t k;
+		uint64_t t;
+		int i;
+
+		if (poll(pf, 2, -1) < 0 && errno != EINTR)
+			break;
+		if (pf[1].revents)
+			break;
+		k = read(lz->uffd, msg, sizeof(msg));
+		t = mig_clock_ns();
+		if (k < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				continue;
+			lazy_fail(lz, -errno, "the page server: reading faults: %s", strerror(errno));
+			break;
+		}
+		for (i = 0; i < k / (ssize_t)sizeof(msg[0]); i++)
+			if (msg[i].event == UFFD_EVENT_PAGEFAULT)
+				serve(lz, msg[i].arg.pagefault.address & ~(uint64_t)(SNAP_PAGE - 1), t, buf);
+	}
+	free(buf);
+	return NULL;
+}
+
+/* The filler's pages [p, p + k) of run in f (DATA), those not in place yet. */
+static int fill_chunk(struct mig_lazy *lz, const struct snap_file *f, const struct snap_run *run, uint64_t p,
+		      uint64_t k, uint8_t *buf, uint64_t *ret_new)
+{
+	struct lregion *lr = &lz->r[run->region];
+	struct mig_lazy_hook h = { .region = run->region, .page = p, .count = k, .fill = true };
+	uint64_t i, j, n, total = 0;
+	int ret;
+
+	*ret_new = 0;
+	for (i = 0; i < k && bit_test(lr->placed, p + i); i++)
+		;
+	while (k && bit_test(lr->placed, p + k - 1))
+		k--;
+	if (i >= k)
+		return 0;
+	p += i;
+	k -= i;
+	ret = read_checked(lz, f, run, p, k, buf, true);
+	if (ret < 0)
+		return ret;
+	for (i = 0; i < k; i = j) {
+		for (; i < k && bit_test(lr->placed, p + i); i++)
+			;
+		for (j = i; j < k && !bit_test(lr->placed, p + j); j++)
+			;
+		if (j > i) {
+			h.page = p + i;
+			h.count = j - i;
+			hook(MIG_LAZY_HOOK_PLACE, &h);
+			ret = place(lz, run->region, p + i, j - i, buf + i * SNAP_PAGE, &n);
+			total += n;
+			if (ret < 0)
+				break;
+		}
+	}
+	*ret_new = total;
+	return ret;
+}
+
+/* The working set's pages first, then every file newest first, each in page order. */
+static int fill(struct mig_lazy *lz, uint8_t *buf)
+{
+	uint64_t **decided = calloc(lz->nr_regions, sizeof(*decided)), i, p, k, n, filled = 0, pre = 0, data = 0;
+	uint32_t r;
+	unsigned int j;
+	int ret = 0;
+
+	if (!decided)
+		return -ENOMEM;
+	for (r = 0; r < lz->nr_regions && !ret; r++)
+		if (!(decided[r] = calloc((lz->r[r].npages + 63) / 64, 8)))
+			ret = -ENOMEM;
+	for (i = 0; !ret && lz->ws_in && i < lz->st.ws_pages && !halted(lz); i++) {
+		const struct snap_file *f;
+		const struct snap_run *run;
+
+		r = (uint32_t)(lz->ws_in[i] >> 48);
+		p = lz->ws_in[i] & ((1ull << 48) - 1);
+		if (lookup(lz, r, p, &f, &run) && (ret = fill_chunk(lz, f, run, p, 1, buf, &n)) == 0)
+			pre += n;
+	}
+	for (j = lz->n; j-- && !ret;) {
+		const struct snap_file *f = lz->files[j];
+
+		for (i = 0; i < f->h.nr_runs && !ret && !halted(lz); i++) {
+			const struct snap_run *run = &f->runs[i];
+			uint64_t *d = decided[run->region];
+
+			for (p = run->first; p < run->first + run->count && !ret && !halted(lz); p = k) {
+				/* the pages a newer file did not decide, up to a chunk */
+				for (k = p; k < run->first + run->count && k - p < FILL_CHUNK && !(d[k / 64] >> (k % 64) & 1);
+				     k++)
+					d[k / 64] |= 1ull << (k % 64);
+				if (k > p && run->kind == SNAP_RUN_DATA) {
+					data += k - p;
+					ret = fill_chunk(lz, f, run, p, k - p, buf, &n);
+					filled += n;
+				}
+				for (; k < run->first + run->count && (d[k / 64] >> (k % 64) & 1); k++)
+					;
+			}
+		}
+	}
+	for (r = 0; r < lz->nr_regions; r++)
+		free(decided[r]);
+	free(decided);
+	pthread_mutex_lock(&lz->lock);
+	lz->st.filled = filled + pre;
+	lz->st.prefetched = pre;
+	lz->st.data_pages = data;
+	pthread_mutex_unlock(&lz->lock);
+	return ret ? ret : halted(lz) ? -ECANCELED : 0;
+}
+
+static void ws_save(struct mig_lazy *lz)
+{
+	char tmp[SNAP_PATH_MAX + 32];
+	struct ws_header h = { .version = WS_VERSION };
+	uint8_t sha[SNAP_ID], *all;
+	size_t n = (size_t)lz->ws_n * 8;
+	int fd;
+
+	memcpy(h.magic, WS_MAGIC, 8);
+	memcpy(h.chain, lz->files[lz->n - 1]->id, SNAP_ID);
+	h.count = lz->ws_n;
+	snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", lz->ws_write);
+	fd = mkstemp(tmp);
+	if (fd < 0)
+		return;
+	all = malloc(sizeof(h) + n);
+	if (all) {
+		memcpy(all, &h, sizeof(h));
+		if (n)
+			memcpy(all + sizeof(h), lz->ws, n);
+		snap_sha256(all, sizeof(h) + n, sha);
+		/* whole or not at all: written beside, synced, renamed over the last one */
+		if (write(fd, all, sizeof(h) + n) == (ssize_t)(sizeof(h) + n) &&
+		    write(fd, sha, sizeof(sha)) == (ssize_t)sizeof(sha) && fsync(fd) == 0 && rename(tmp, lz->ws_write) == 0)
+			tmp[0] = 0;
+		free(all);
+	}
+	close(fd);
+	if (tmp[0])
+		unlink(tmp);
+}
+
+static void *filler_main(void *arg)
+{
+	struct mig_lazy *lz = arg;
+	uint8_t *buf = aligned_alloc(SNAP_PAGE, (size_t)FILL_CHUNK * SNAP_PAGE);
+	char line[900];
+	uint32_t r;
+	int ret = buf ? 0 : -ENOMEM;
+
+	if (ret == 0 && !lz->o.no_fill)
+		ret = fill(lz, buf);
+	free(buf);
+	if (ret == -ENOMEM)
+		lazy_fail(lz, ret, "the fill thread: out of memory");
+	if (ret == 0 && !lz->o.no_fill) {
+		/* every DATA page is in: the rest is zero, which the kernel gives a missing page once unregistered */
+		for (r = 0; r < lz->nr_regions; r++) {
+			struct uffdio_range u = { .start = (uint64_t)(uintptr_t)lz->r[r].hva, .len = lz->r[r].size };
+
+			ioctl(lz->uffd, UFFDIO_UNREGISTER, &u);
+		}
+		pthread_mutex_lock(&lz->lock);
+		lz->resident = true; /* no fault records a page from here on */
+		lz->st.resident_ms = mig_clock_msf() - lz->t0;
+		snprintf(line, sizeof(line),
+			 "resident after %.1f ms: %" PRIu64 " pages placed by faults, %" PRIu64
+			 " by the fill; the snapshot files are needed no more",
+			 lz->st.resident_ms, lz->st.faults, lz->st.filled);
+		pthread_mutex_unlock(&lz->lock);
+		if (lz->ws_write[0])
+			ws_save(lz);
+		if (lz->o.event)
+			lz->o.event(lz->o.ctx, MIG_LAZY_RESIDENT, line);
+		/* mig_lazy_wait() returns once the file is written and the event said */
+		pthread_mutex_lock(&lz->lock);
+		lz->st.resident = true;
+		pthread_cond_broadcast(&lz->cond);
+		pthread_mutex_unlock(&lz->lock);
+		return NULL;
+	}
+	/* not resident: wait for a failure (then stop the guest) or the end */
+	pthread_mutex_lock(&lz->lock);
+	while (!lz->failed && !__atomic_load_n(&lz->stopping, __ATOMIC_ACQUIRE))
+		pthread_cond_wait(&lz->cond, &lz->lock);
+	if (!lz->failed || __atomic_load_n(&lz->stopping, __ATOMIC_ACQUIRE)) {
+		pthread_mutex_unlock(&lz->lock);
+		return NULL;
+	}
+	pthread_mutex_unlock(&lz->lock);
+	/* every vCPU out of KVM_RUN: one waiting on the bad page takes the kick's EINTR */
+	lz->g->ops->pause(lz->g->ctx);
+	snprintf(line, sizeof(line), "lazy restore failed, the guest stopped: %s", lz->why);
+	if (lz->o.event)
+		lz->o.event(lz->o.ctx, MIG_LAZY_FAILED, line);
+	pthread_mutex_lock(&lz->lock);
+	lz->paused = true;
+	lz->st.failed = true;
+	pthread_cond_broadcast(&lz->cond);
+	pthread_mutex_unlock(&lz->lock);
+	return NULL;
+}
+
+/* The working-set file at path for this chain, into lz->ws_in; a file unusable is noted, never an error. */
+static void ws_load(struct mig_lazy *lz, const char *path)
+{
+	struct ws_header h;
+	struct stat sb;
+	uint64_t max = 0, i, size;
+	uint8_t *all = NULL, sha[SNAP_ID];
+	unsigned int j;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	const char *why = NULL;
+
+	if (fd < 0) {
+		if (errno != ENOENT)
+			snprintf(lz->st.ws_note, sizeof(lz->st.ws_note), "%.100s: %s", path, strerror(errno));
+		return;
+	}
+	for (i = 0; i < lz->nr_regions; i++)
+		max += lz->r[i].npages;
+	if (fstat(fd, &sb) < 0 || (uint64_t)sb.st_size < sizeof(h) + SNAP_ID) {
+		why = "too short";
+	} else {
+		size = (uint64_t)sb.st_size;
+		if ((size - sizeof(h) - SNAP_ID) % 8 || (size - sizeof(h) - SNAP_ID) / 8 > max)
+			why = "not a working-set file of this guest's size";
+		else if (!(all = malloc(size)))
+			why = "out of memory";
+		else if (pread(fd, all, size, 0) != (ssize_t)size)
+			why = "cannot be read";
+		else {
+			memcpy(&h, all, sizeof(h));
+			snap_sha256(all, size - SNAP_ID, sha);
+			if (memcmp(h.magic, WS_MAGIC, 8) || h.version != WS_VERSION)
+				why = "not a working-set file of this version";
+			else if (memcmp(sha, all + size - SNAP_ID, SNAP_ID) || h.count != (size - sizeof(h) - SNAP_ID) / 8)
+				why = "damaged (its checksum)";
+		}
+		if (!why) {
+			for (j = 0; j < lz->n && memcmp(lz->files[j]->id, h.chain, SNAP_ID); j++)
+				;
+			if (j == lz->n)
+				why = "recorded for another chain";
+		}
+		if (!why) {
+			uint64_t *e = (uint64_t *)(all + sizeof(h));
+
+			for (i = 0; i < h.count && !why; i++)
+				if ((e[i] >> 48) >= lz->nr_regions || (e[i] & ((1ull << 48) - 1)) >= lz->r[e[i] >> 48].npages)
+					why = "lists a page outside the guest";
+			if (!why && h.count && (lz->ws_in = malloc(h.count * 8))) {
+				memcpy(lz->ws_in, e, h.count * 8);
+				lz->st.ws_pages = h.count;
+			}
+		}
+	}
+	if (why)
+		snprintf(lz->st.ws_note, sizeof(lz->st.ws_note), "%.100s: %s, not used", path, why);
+	free(all);
+	close(fd);
+}
+
+static int cmp_hva(const void *a, const void *b, void *arg)
+{
+	const struct lregion *r = arg;
+	uintptr_t x = (uintptr_t)r[*(const uint32_t *)a].hva, y = (uintptr_t)r[*(const uint32_t *)b].hva;
+
+	return x < y ? -1 : x > y;
+}
+
+static int uffd_open(char *err, size_t len)
+{
+	struct uffdio_api api = { .api = UFFD_API };
+	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+
+	if (fd < 0) {
+		int e = errno;
+
+		if (e == EPERM)
+			return mig_errf(err, len, -e, "userfaultfd: %s (a caller without CAP_SYS_PTRACE where "
+				       "vm.unprivileged_userfaultfd is 0, or a seccomp filter)", strerror(e));
+		return mig_errf(err, len, -e, "userfaultfd: %s (no userfaultfd in this kernel, or a seccomp filter)",
+				strerror(e));
+	}
+	if (ioctl(fd, UFFDIO_API, &api) < 0) {
+		int e = errno;
+
+		close(fd);
+		return mig_errf(err, len, -e, "userfaultfd: UFFDIO_API: %s", strerror(e));
+	}
+	return fd;
+}
+
+void mig_lazy_free(struct mig_lazy *lz)
+{
+	unsigned int i;
+	uint64_t one = 1;
+
+	if (!lz)
+		return;
+	__atomic_store_n(&lz->stopping, 1, __ATOMIC_RELEASE);
+	if (lz->stop_fd >= 0 && write(lz->stop_fd, &one, sizeof(one)) < 0)
+		abort(); /* an eventfd takes a write below its limit */
+	pthread_mutex_lock(&lz->lock);
+	pthread_cond_broadcast(&lz->cond);
+	pthread_mutex_unlock(&lz->lock);
+	for (i = 0; i < lz->nr_servers; i++)
+		pthread_join(lz->server[i], NULL);
+	if (lz->filler_started)
+		pthread_join(lz->filler, NULL);
+	if (lz->uffd >= 0)
+		close(lz->uffd);
+	if (lz->stop_fd >= 0)
+		close(lz->stop_fd);
+	for (i = 0; lz->files && i < lz->n; i++)
+		snap_file_close(lz->files[i]);
+	free(lz->files);
+	for (i = 0; lz->r && i < lz->nr_regions; i++) {
+		free(lz->r[i].placed);
+		free(lz->r[i].bad);
+	}
+	free(lz->r);
+	free(lz->by_hva);
+	free(lz->ws);
+	free(lz->ws_in);
+	pthread_mutex_destroy(&lz->lock);
+	pthread_cond_destroy(&lz->cond);
+	free(lz);
+}
+
+int mig_lazy_start(const struct mig_guest *g, struct snap_file **files, unsigned int n,
+		   const struct mig_lazy_opts *o, struct mig_lazy **ret_lz, char *err, size_t len)
+{
+	struct mig_lazy *lz;
+	uint32_t r;
+	unsigned int j;
+	int ret;
+
+	*ret_lz = NULL;
+	if (!g->ops->pause)
+		return mig_errf(err, len, -EINVAL, "a lazy restore needs the guest's pause (it stops the guest on a bad page)");
+	ret = mig_snap_check_guest(g, files, n, err, len);
+	if (ret < 0)
+		return ret;
+	if (o && o->ws_write && strlen(o->ws_write) >= SNAP_PATH_MAX - 1)
+		return mig_errf(err, len, -ENAMETOOLONG, "the working-set file's path is too long");
+	lz = calloc(1, sizeof(*lz));
+	if (!lz)
+		return mig_errf(err, len, -ENOMEM, "out of memory");
+	lz->t0 = o && o->t0_ms > 0 ? o->t0_ms : mig_clock_msf();
+	lz->g = g;
+	lz->uffd = lz->stop_fd = -1;
+	if (o)
+		lz->o = *o;
+	if (lz->o.ws_write)
+		snprintf(lz->ws_write, sizeof(lz->ws_write), "%s", lz->o.ws_write);
+	{
+		pthread_condattr_t ca;
+
+		/* mig_lazy_wait()'s deadline is on the monotonic clock */
+		pthread_condattr_init(&ca);
+		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+		pthread_mutex_init(&lz->lock, NULL);
+		pthread_cond_init(&lz->cond, &ca);
+		pthread_condattr_destroy(&ca);
+	}
+	lz->nr_regions = g->nr_regions;
+	lz->r = calloc(g->nr_regions, sizeof(*lz->r));
+	lz->by_hva = calloc(g->nr_regions, sizeof(*lz->by_hva));
+	if (!lz->r || !lz->by_hva) {
+		ret = mig_errf(err, len, -ENOMEM, "out of memory");
+		goto fail;
+	}
+	for (r = 0; r < g->nr_regions; r++) {
+		struct lregion *lr = &lz->r[r];
+
+		lr->hva = g->regions[r].hva;
+		lr->size = g->regions[r].size;
+		lr->npages = lr->size / SNAP_PAGE;
+		lr->placed = calloc((lr->npages + 63) / 64, 8);
+		lr->bad = calloc((lr->npages + 63) / 64, 8);
+		if (!lr->placed || !lr->bad) {
+			ret = mig_errf(err, len, -ENOMEM, "out of memory");
+			goto fail;
+		}
+		lz->by_hva[r] = r;
+	}
+	qsort_r(lz->by_hva, lz->nr_regions, sizeof(*lz->by_hva), cmp_hva, lz->r);
+	lz->files = files;
+	lz->n = n;
+	if (lz->o.ws_read)
+		ws_load(lz, lz->o.ws_read);
+	ret = uffd_open(err, len);
+	if (ret < 0)
+		goto fail;
+	lz->uffd = ret;
+	lz->stop_fd = eventfd(0, EFD_CLOEXEC);
+	if (lz->stop_fd < 0) {
+		ret = mig_errf(err, len, -errno, "eventfd: %s", strerror(errno));
+		goto fail;
+	}
+	for (r = 0; r < lz->nr_regions; r++) {
+		struct lregion *lr = &lz->r[r];
+		struct uffdio_register reg = { .range = { .start = (uint64_t)(uintptr_t)lr->hva, .len = lr->size },
+					       .mode = UFFDIO_REGISTER_MODE_MISSING };
+
+		/* whatever the VMM put there goes (shared memory's pages too): every page missing */
+		if (madvise(lr->hva, lr->size, MADV_REMOVE) < 0 && madvise(lr->hva, lr->size, MADV_DONTNEED) < 0) {
+			ret = mig_errf(err, len, -errno, "region %u (gpa 0x%" PRIx64 "): emptying it: %s", r,
+				       g->regions[r].gpa, strerror(errno));
+			goto fail;
+		}
+		if (ioctl(lz->uffd, UFFDIO_REGISTER, &reg) < 0) {
+			ret = mig_errf(err, len, -errno,
+				       "region %u (gpa 0x%" PRIx64 "): userfaultfd takes no missing pages there: %s "
+				       "(private anonymous or shared memory only)",
+				       r, g->regions[r].gpa, strerror(errno));
+			goto fail;
+		}
+	}
+	/* the server first: a device's load may read guest memory */
+	for (j = 0; j < SERVERS; j++) {
+		if ((ret = pthread_create(&lz->server[j], NULL, server_main, lz)) != 0) {
+			ret = mig_errf(err, len, -ret, "the page server's thread: %s", strerror(ret));
+			goto fail;
+		}
+		lz->nr_servers++;
+	}
+	ret = mig_snap_load_states(g, files[n - 1], err, len);
+	if (ret < 0)
+		goto fail;
+	if ((ret = pthread_create(&lz->filler, NULL, filler_main, lz)) != 0) {
+		ret = mig_errf(err, len, -ret, "the fill thread: %s", strerror(ret));
+		goto fail;
+	}
+	lz->filler_started = true;
+	pthread_mutex_lock(&lz->lock);
+	lz->st.first_ms = mig_clock_msf() - lz->t0;
+	pthread_mutex_unlock(&lz->lock);
+	*ret_lz = lz;
+	return 0;
+fail:
+	lz->files = NULL; /* still the caller's */
+	mig_lazy_free(lz);
+	return ret;
+}
+
+int mig_lazy_wait(struct mig_lazy *lz, int64_t timeout_ms, char *err, size_t len)
+{
+	struct timespec until;
+	int ret = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	if (timeout_ms >= 0) {
+		until.tv_sec += timeout_ms / 1000;
+		until.tv_nsec += (timeout_ms % 1000) * 1000000;
+		if (until.tv_nsec >= 1000000000) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000;
+		}
+	}
+	pthread_mutex_lock(&lz->lock);
+	while (!lz->st.resident && !lz->paused && ret == 0) {
+		if (timeout_ms < 0)
+			pthread_cond_wait(&lz->cond, &lz->lock);
+		else
+			ret = pthread_cond_timedwait(&lz->cond, &lz->lock, &until);
+	}
+	if (lz->st.resident)
+		ret = 0;
+	else if (lz->paused)
+		ret = mig_errf(err, len, lz->fail_ret, "%s", lz->why);
+	else
+		ret = mig_errf(err, len, -ETIMEDOUT, "not resident yet: %" PRIu64 " pages placed by faults so far",
+			       lz->st.faults);
+	pthread_mutex_unlock(&lz->lock);
+	return ret;
+}
+
+void mig_lazy_get_stats(struct mig_lazy *lz, struct mig_lazy_stats *st)
+{
+	uint64_t total = 0, seen = 0, p50 = 0, p99 = 0;
+	unsigned int i;
+
+	pthread_mutex_lock(&lz->lock);
+	*st = lz->st;
+	pthread_mutex_unlock(&lz->lock);
+	for (i = 0; i <= MIG_LAZY_HIST; i++)
+		total += st->hist[i];
+	p50 = (total + 1) / 2;
+	p99 = total - total / 100;
+	st->fault_p50_us = st->fault_p99_us = 0;
+	for (i = 0; i <= MIG_LAZY_HIST && total; i++) {
+		seen += st->hist[i];
+		if (!st->fault_p50_us && seen >= p50)
+			st->fault_p50_us = mig_lazy_bucket_us(i) < st->fault_max_us ? mig_lazy_bucket_us(i) : st->fault_max_us;
+		if (seen >= p99) {
+			st->fault_p99_us = mig_lazy_bucket_us(i) < st->fault_max_us ? mig_lazy_bucket_us(i) : st->fault_max_us;
+			break;
+		}
+	}
+}

@@ -1,0 +1,576 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Lazy restore (kvmdirty_mig_restore_lazy(), lib/migrate/snapshot/lazy.h)
+ * through the public API, with the test build of the page server (its
+ * hooks hold the server or the filler at a named point).  The source: the
+ * test guest with a data region whose every page holds its tag {gfn, 0}
+ * and random bytes after it, never run, snapshotted whole.  Each restore
+ * runs the guest one pass over its working set (GUEST_F_CHECK_EXACT: a
+ * page that is not the snapshot's fails the guest's own check), and the
+ * test then compares every page beyond its tag with the source's.
+ *
+ * Forced: a page flipped in the file after the restore began (the guest
+ * must not see it, and stops); the fill holding a page it read while a
+ * fault places it (EEXIST); two vCPUs faulting on one page; the guest
+ * paused (a kick) while its vCPU waits on a fault; the fill's read
+ * failing; the working-set file's pages placed first on the next restore.
+ */
+#define _GNU_SOURCE
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <kvmdirty-migrate.h>
+
+#include "api-guest.h"
+#include "kvm-skip.h"
+#include "lazy.h"
+#include "test-util.h"
+
+#define DATA_GPA  (4ull << 30)
+#define DATA_SIZE (4ull << 20)
+#define PAGES	  (DATA_SIZE / 4096)
+#define HOOK_WAIT_MS 3000
+
+static char dir[] = "/tmp/kvmdirty-lazy-XXXXXX";
+static char path[256];
+static uint8_t *golden; /* the source's data region */
+
+static void sleep_ms(unsigned int ms)
+{
+	struct timespec ts = { ms / 1000, (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+/* ---- the hook ---- */
+
+enum mode {
+	H_NONE,
+	H_HOLD_FAULT,	/* hold the first fault on page `page` of the data region until released */
+	H_PAIR_FAULT,	/* hold the first fault on `page` until a second one on it arrives */
+	H_HOLD_PLACE,	/* hold the filler's chunk holding `page` until released */
+	H_FAIL_READ,	/* the filler's first read fails with EIO */
+	H_ORDER,	/* record the filler's pages in order */
+};
+
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	enum mode mode;
+	uint32_t region;
+	uint64_t page;
+	unsigned int arrived;
+	bool held, released;
+	uint64_t order[PAGES];
+	unsigned int nr_order;
+} hk = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static bool hk_wait(bool (*cond)(void), unsigned int ms)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += ms / 1000;
+	until.tv_nsec += (ms % 1000) * 1000000l;
+	if (until.tv_nsec >= 1000000000l) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000l;
+	}
+	while (!cond())
+		if (pthread_cond_timedwait(&hk.cond, &hk.lock, &until) == ETIMEDOUT)
+			return cond();
+	return true;
+}
+
+static bool is_released(void)
+{
+	return hk.released;
+}
+
+static bool two_arrived(void)
+{
+	return hk.arrived >= 2;
+}
+
+static bool is_held(void)
+{
+	return hk.held;
+}
+
+static void hook(enum mig_lazy_hook_point p, struct mig_lazy_hook *h)
+{
+
+	pthread_mutex_lock(&hk.lock);
+	if ((p == MIG_LAZY_HOOK_FAULT && h->region == hk.region && h->page == hk.page &&
+	     (hk.mode == H_HOLD_FAULT || hk.mode == H_PAIR_FAULT)) ||
+	    (p == MIG_LAZY_HOOK_PLACE && hk.mode == H_HOLD_PLACE && h->region == hk.region && hk.page >= h->page &&
+	     hk.page < h->page + h->count && !hk.held)) {
+		hk.arrived++;
+		if (hk.arrived == 1) {
+			hk.held = true;
+			pthread_cond_broadcast(&hk.cond);
+			hk_wait(hk.mode == H_PAIR_FAULT ? two_arrived : is_released, HOOK_WAIT_MS * 3);
+		}
+		pthread_cond_broadcast(&hk.cond);
+	} else if (p == MIG_LAZY_HOOK_READ && hk.mode == H_FAIL_READ && h->fill && !hk.held) {
+		hk.held = true;
+		h->inject = EIO;
+	} else if (p == MIG_LAZY_HOOK_PLACE && hk.mode == H_ORDER) {
+		uint64_t i;
+
+		for (i = 0; i < h->count && hk.nr_order < PAGES; i++)
+			hk.order[hk.nr_order++] = (uint64_t)h->region << 48 | (h->page + i);
+	}
+	pthread_mutex_unlock(&hk.lock);
+}
+
+static void hk_set(enum mode m, uint64_t page)
+{
+	pthread_mutex_lock(&hk.lock);
+	hk.mode = m;
+	hk.region = 1; /* the data region: the code's comes first */
+	hk.page = page;
+	hk.arrived = 0;
+	hk.held = hk.released = false;
+	hk.nr_order = 0;
+	pthread_mutex_unlock(&hk.lock);
+	__atomic_store_n(&mig_lazy_hook, hook, __ATOMIC_RELEASE);
+}
+
+static void hk_release(void)
+{
+	pthread_mutex_lock(&hk.lock);
+	hk.released = true;
+	pthread_cond_broadcast(&hk.cond);
+	pthread_mutex_unlock(&hk.lock);
+}
+
+static bool hk_wait_held(void)
+{
+	bool ok;
+
+	pthread_mutex_lock(&hk.lock);
+	ok = hk_wait(is_held, HOOK_WAIT_MS);
+	pthread_mutex_unlock(&hk.lock);
+	return ok;
+}
+
+/* ---- the guest ---- */
+
+/* Each of the source's vCPUs' working set: vCPU i pages [i * share, (i + 1) * share), or all for shared. */
+static void workloads(struct api_side *s, unsigned int vcpus, bool shared, uint32_t flags)
+{
+	unsigned int i;
+
+	for (i = 0; i < vcpus; i++) {
+		struct guest_vcpu *v = testvm_mailbox(s->tv, i);
+
+		v->gpa = DATA_GPA + (shared ? 0 : i * (DATA_SIZE / vcpus));
+		v->pages = shared ? PAGES : PAGES / vcpus;
+		v->flags = flags;
+		v->until_pass = 1;
+	}
+}
+
+/* The source: data filled, snapshotted (full) into path; golden keeps its data. */
+static void make_chain(unsigned int vcpus, bool shared, uint32_t flags)
+{
+	struct testvm_opts o = { .nr_vcpus = vcpus, .track = true, .track_opts.mode = KVMDIRTY_MODE_CLEAR_LOG };
+	struct kvmdirty_mig_snap_opts so = { 0 };
+	struct kvmdirty_mig_snap_result res;
+	struct kvmdirty_mig_snap *snap;
+	struct api_side src;
+	char prefix[200], err[512];
+	uint64_t p, i, x = 0x9e3779b97f4a7c15ull;
+
+	api_side_new(&src, &o, DATA_GPA, DATA_SIZE, NULL);
+	workloads(&src, vcpus, shared, flags);
+	for (p = 0; p < PAGES; p++) {
+		uint64_t *w = (uint64_t *)((uint8_t *)src.data + p * 4096);
+
+		w[0] = DATA_GPA / 4096 + p;
+		w[1] = 0;
+		for (i = 2; i < 512; i++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			w[i] = x;
+		}
+	}
+	memcpy(golden, src.data, DATA_SIZE);
+	snprintf(prefix, sizeof(prefix), "%s/c%u", dir, vcpus);
+	snprintf(path, sizeof(path), "%s-000000.snap", prefix);
+	unlink(path);
+	so.prefix = prefix;
+	ck_assert_msg(kvmdirty_mig_snap_new(src.g, &so, &snap, err, sizeof(err)) == 0, "snap_new: %s", err);
+	ck_assert_msg(kvmdirty_mig_snap_take(snap, &res, err, sizeof(err)) == 0, "snap_take: %s", err);
+	kvmdirty_mig_snap_free(snap);
+	api_side_free(&src);
+}
+
+struct events {
+	pthread_mutex_t lock;
+	unsigned int resident, failed;
+	char line[1024];
+};
+
+static void on_event(void *ctx, enum kvmdirty_mig_lazy_event ev, const char *line)
+{
+	struct events *e = ctx;
+
+	pthread_mutex_lock(&e->lock);
+	if (ev == KVMDIRTY_MIG_LAZY_RESIDENT)
+		e->resident++;
+	else
+		e->failed++;
+	snprintf(e->line, sizeof(e->line), "%s", line);
+	pthread_mutex_unlock(&e->lock);
+}
+
+struct dst {
+	struct api_side s;
+	struct kvmdirty_mig_lazy *lz;
+	struct events ev;
+};
+
+static void dst_restore(struct dst *d, unsigned int vcpus, struct kvmdirty_mig_lazy_opts *lo)
+{
+	struct testvm_opts o = { .nr_vcpus = vcpus };
+	const char *chain[1] = { path };
+	char err[1024];
+
+	memset(d, 0, sizeof(*d));
+	pthread_mutex_init(&d->ev.lock, NULL);
+	api_side_new(&d->s, &o, DATA_GPA, DATA_SIZE, NULL);
+	lo->event = on_event;
+	lo->ctx = &d->ev;
+	ck_assert_msg(kvmdirty_mig_restore_lazy(d->s.g, chain, 1, lo, &d->lz, err, sizeof(err)) == 0, "restore: %s", err);
+}
+
+static void dst_free(struct dst *d)
+{
+	kvmdirty_mig_lazy_free(d->lz);
+	api_side_free(&d->s);
+}
+
+/* Every data page as the source had it beyond its tag, and its tag {gfn, pass}. */
+static void same_as_golden(struct dst *d, uint64_t pass)
+{
+	uint64_t p;
+
+	for (p = 0; p < PAGES; p++) {
+		const uint64_t *w = (const uint64_t *)((uint8_t *)d->s.data + p * 4096);
+
+		ck_assert_msg(w[0] == DATA_GPA / 4096 + p && w[1] == pass, "page %" PRIu64 ": tag {%" PRIu64 ", %" PRIu64 "}",
+			      p, w[0], w[1]);
+		ck_assert_msg(!memcmp(w + 2, golden + p * 4096 + 16, 4096 - 16),
+			      "page %" PRIu64 ": not the snapshot's bytes", p);
+	}
+}
+
+static void run_to_done(struct dst *d)
+{
+	struct testvm_exit ex;
+	unsigned int bad = 0;
+	int ret = testvm_join(d->s.tv, &bad, &ex);
+
+	ck_assert_msg(ret == 0, "vCPU %u: %s (err_gpa 0x%" PRIx64 ", tag {%" PRIu64 ", %" PRIu64 "})", bad,
+		      testvm_event_name(ex.event), testvm_mailbox(d->s.tv, bad)->err_gpa,
+		      testvm_mailbox(d->s.tv, bad)->err_tag[0], testvm_mailbox(d->s.tv, bad)->err_tag[1]);
+}
+
+static void setup(void)
+{
+	strcpy(dir, "/tmp/kvmdirty-lazy-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	golden = malloc(DATA_SIZE);
+	ck_assert_ptr_nonnull(golden);
+}
+
+static void teardown(void)
+{
+	char cmd[300];
+
+	__atomic_store_n(&mig_lazy_hook, NULL, __ATOMIC_RELEASE);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "could not remove %s\n", dir);
+	free(golden);
+}
+
+/* The plain case: the guest runs at once, every page right, resident, the working-set file written. */
+START_TEST(restores_whole)
+{
+	struct kvmdirty_mig_lazy_opts lo = { 0 };
+	struct kvmdirty_mig_lazy_stats st;
+	struct dst d;
+	char ws[300], err[1024];
+
+	make_chain(2, false, GUEST_F_CHECK_EXACT);
+	snprintf(ws, sizeof(ws), "%s.ws", path);
+	lo.workset_write = ws;
+	dst_restore(&d, 2, &lo);
+	ck_assert_int_eq(testvm_spawn(d.s.tv), 0);
+	run_to_done(&d);
+	ck_assert_msg(kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err)) == 0, "wait: %s", err);
+	kvmdirty_mig_lazy_stats(d.lz, &st);
+	ck_assert(st.resident && !st.failed);
+	ck_assert_int_eq(d.ev.resident, 1);
+	same_as_golden(&d, 1);
+	ck_assert_msg(access(ws, F_OK) == 0, "no working-set file");
+	dst_free(&d);
+}
+END_TEST
+
+/*
+ * A page flipped in the file after the restore began, which the guest
+ * then touches: never placed, the guest paused, the file and page named.
+ * Red without the check before UFFDIO_COPY: the guest's own check meets
+ * the flipped tag (an ERROR exit).
+ */
+START_TEST(flipped_page_never_seen)
+{
+	struct kvmdirty_mig_lazy_opts lo = { .no_fill = true };
+	struct snap_file_region {
+		uint64_t gpa, size, data_off, reserved;
+	} reg;
+	struct dst d;
+	char err[1024], page[64];
+	uint64_t victim = PAGES / 2 + 3, tag;
+	int fd, ret;
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	dst_restore(&d, 1, &lo);
+	/* the data region's entry in the file's region table (after the 256-byte header): flip the victim's tag */
+	fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &reg, sizeof(reg), 256 + 32), (ssize_t)sizeof(reg));
+	ck_assert_int_eq(pread(fd, &tag, 8, (off_t)(reg.data_off + victim * 4096)), 8);
+	tag ^= 0x40;
+	ck_assert_int_eq(pwrite(fd, &tag, 8, (off_t)(reg.data_off + victim * 4096)), 8);
+	close(fd);
+	ck_assert_int_eq(testvm_spawn(d.s.tv), 0);
+	ret = kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err));
+	ck_assert_msg(ret == -EPROTO, "wait: %d %s", ret, err);
+	snprintf(page, sizeof(page), "region 1 page %" PRIu64 " ", victim);
+	ck_assert_msg(strstr(err, path) && strstr(err, page) && strstr(err, "not its hash"), "%s", err);
+	ck_assert_int_eq(d.ev.failed, 1);
+	/* paused at the page, and no error reported: it never saw it */
+	sleep_ms(50);
+	ck_assert_uint_eq(testvm_mailbox(d.s.tv, 0)->writes, victim);
+	testvm_halt_all(d.s.tv);
+	{
+		struct testvm_exit ex;
+		unsigned int bad;
+
+		ret = testvm_join(d.s.tv, &bad, &ex);
+		ck_assert_msg(ret == 0, "the guest saw something: %s", testvm_event_name(ex.event));
+	}
+	dst_free(&d);
+}
+END_TEST
+
+/* The fill holds a chunk it read and checked while a fault places one of its pages: EEXIST, all right. */
+START_TEST(fill_and_fault_on_one_page)
+{
+	struct kvmdirty_mig_lazy_opts lo = { 0 };
+	struct kvmdirty_mig_lazy_stats st;
+	struct dst d;
+	char err[1024];
+	uint64_t page = 700;
+	volatile uint64_t *w;
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	hk_set(H_HOLD_PLACE, page);
+	dst_restore(&d, 1, &lo);
+	ck_assert_msg(hk_wait_held(), "the filler never read page %" PRIu64, page);
+	/* a fault on it while the filler holds its copy: the server places it */
+	w = (volatile uint64_t *)((uint8_t *)d.s.data + page * 4096);
+	ck_assert_uint_eq(w[0], DATA_GPA / 4096 + page);
+	hk_release();
+	ck_assert_msg(kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err)) == 0, "wait: %s", err);
+	kvmdirty_mig_lazy_stats(d.lz, &st);
+	ck_assert_uint_ge(st.raced, 1);
+	ck_assert_int_eq(testvm_spawn(d.s.tv), 0);
+	run_to_done(&d);
+	same_as_golden(&d, 1);
+	dst_free(&d);
+}
+END_TEST
+
+/* Two vCPUs fault on the same page at once (the first held until the second comes): both see it right. */
+START_TEST(two_vcpus_one_page)
+{
+	struct kvmdirty_mig_lazy_opts lo = { .no_fill = true };
+	struct dst d;
+	uint64_t p;
+
+	make_chain(2, true, GUEST_F_CHECK);
+	hk_set(H_PAIR_FAULT, 0);
+	dst_restore(&d, 2, &lo);
+	ck_assert_int_eq(testvm_spawn(d.s.tv), 0);
+	run_to_done(&d);
+	pthread_mutex_lock(&hk.lock);
+	ck_assert_msg(hk.arrived >= 2, "one fault on the page only (%u)", hk.arrived);
+	pthread_mutex_unlock(&hk.lock);
+	for (p = 0; p < PAGES; p++) {
+		const uint64_t *w = (const uint64_t *)((uint8_t *)d.s.data + p * 4096);
+
+		ck_assert_msg(w[0] == DATA_GPA / 4096 + p && w[1] == 1, "page %" PRIu64, p);
+		ck_assert_msg(!memcmp(w + 2, golden + p * 4096 + 16, 4096 - 16), "page %" PRIu64 ": not the snapshot's", p);
+	}
+	dst_free(&d);
+}
+END_TEST
+
+/*
+ * The guest paused (each vCPU kicked) while its vCPU waits on a fault the
+ * server holds: the pause completes, and after it the guest runs on right.
+ */
+START_TEST(paused_while_fault_pending)
+{
+	struct kvmdirty_mig_lazy_opts lo = { .no_fill = true };
+	struct dst d;
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	hk_set(H_HOLD_FAULT, 5);
+	dst_restore(&d, 1, &lo);
+	ck_assert_int_eq(testvm_spawn(d.s.tv), 0);
+	ck_assert_msg(hk_wait_held(), "no fault on page 5");
+	testvm_pause_all(d.s.tv);
+	/* out of KVM_RUN with its fault unserved */
+	pthread_mutex_lock(&hk.lock);
+	ck_assert_msg(!hk.released, "the pause waited for the fault");
+	pthread_mutex_unlock(&hk.lock);
+	ck_assert_uint_eq(testvm_mailbox(d.s.tv, 0)->writes, 5);
+	hk_release();
+	sleep_ms(20);
+	testvm_resume_all(d.s.tv);
+	run_to_done(&d);
+	same_as_golden(&d, 1);
+	dst_free(&d);
+}
+END_TEST
+
+/* The fill's read fails: the restore fails by name, the guest paused. */
+START_TEST(fill_read_fails)
+{
+	struct kvmdirty_mig_lazy_opts lo = { 0 };
+	struct dst d;
+	char err[1024];
+	int ret;
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	hk_set(H_FAIL_READ, 0);
+	dst_restore(&d, 1, &lo);
+	ck_assert_int_eq(testvm_spawn(d.s.tv), 0);
+	ret = kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err));
+	ck_assert_msg(ret == -EIO && strstr(err, path) && strstr(err, "Input/output error"), "wait: %d %s", ret, err);
+	ck_assert_int_eq(d.ev.failed, 1);
+	testvm_halt_all(d.s.tv);
+	{
+		struct testvm_exit ex;
+		unsigned int bad;
+
+		ck_assert_int_eq(testvm_join(d.s.tv, &bad, &ex), 0);
+	}
+	dst_free(&d);
+}
+END_TEST
+
+/*
+ * A restore records the pages its faults brought in; the next restore of
+ * the chain places exactly those first, in that order.  A damaged file is
+ * left unused, by name.
+ */
+START_TEST(working_set_first)
+{
+	struct kvmdirty_mig_lazy_opts lo = { 0 };
+	struct kvmdirty_mig_lazy_stats st;
+	struct dst d;
+	char ws[300], err[1024];
+	uint64_t rec[64], i, n;
+	int fd;
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	snprintf(ws, sizeof(ws), "%s.ws", path);
+	/* the host touches pages 900, 265, ..., in that order, while the fill waits */
+	for (n = 0; n < 64; n++)
+		rec[n] = (n * 389 + 900) % PAGES;
+	lo.workset_write = ws;
+	hk_set(H_HOLD_PLACE, 0); /* the fill waits at its first chunk until the host touched the 64 */
+	dst_restore(&d, 1, &lo);
+	ck_assert(hk_wait_held());
+	for (i = 0; i < 64; i++)
+		ck_assert_uint_eq(((volatile uint64_t *)((uint8_t *)d.s.data + rec[i] * 4096))[0], DATA_GPA / 4096 + rec[i]);
+	hk_release();
+	ck_assert_msg(kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err)) == 0, "wait: %s", err);
+	dst_free(&d);
+	/* the third: with the file, the fill's first 64 pages are those, in order */
+	lo.workset_read = ws;
+	lo.workset_write = NULL;
+	hk_set(H_ORDER, 0);
+	dst_restore(&d, 1, &lo);
+	ck_assert_msg(kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err)) == 0, "wait: %s", err);
+	kvmdirty_mig_lazy_stats(d.lz, &st);
+	ck_assert_msg(st.workset_pages >= 64, "the file lists %" PRIu64 " pages (%s)", st.workset_pages, st.ws_note);
+	pthread_mutex_lock(&hk.lock);
+	ck_assert_uint_ge(hk.nr_order, 64);
+	/* page 0 of the code region and its kin may come first: the file lists what faulted, in order */
+	for (i = 0, n = 0; i < hk.nr_order && n < 64; i++) {
+		if (hk.order[i] >> 48 != 1)
+			continue;
+		ck_assert_msg((hk.order[i] & 0xffffffffffffull) == rec[n], "placed %" PRIu64 "th: page %" PRIu64
+			      ", the working set's %" PRIu64, n, (uint64_t)(hk.order[i] & 0xffffffffffffull), rec[n]);
+		n++;
+	}
+	pthread_mutex_unlock(&hk.lock);
+	ck_assert_uint_eq(st.prefetched, st.workset_pages);
+	dst_free(&d);
+	/* damaged: left unused, and said */
+	fd = open(ws, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pwrite(fd, "X", 1, 60), 1);
+	close(fd);
+	hk_set(H_NONE, 0);
+	dst_restore(&d, 1, &lo);
+	ck_assert_msg(kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err)) == 0, "wait: %s", err);
+	kvmdirty_mig_lazy_stats(d.lz, &st);
+	ck_assert_msg(st.workset_pages == 0 && strstr(st.ws_note, "damaged"), "note: %s", st.ws_note);
+	ck_assert_int_eq(testvm_spawn(d.s.tv), 0);
+	run_to_done(&d);
+	same_as_golden(&d, 1);
+	dst_free(&d);
+}
+END_TEST
+
+static Suite *suite(void)
+{
+	Suite *s = suite_create("lazy");
+	TCase *tc = tcase_create("lazy");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 240);
+	tcase_add_test(tc, restores_whole);
+	tcase_add_test(tc, flipped_page_never_seen);
+	tcase_add_test(tc, fill_and_fault_on_one_page);
+	tcase_add_test(tc, two_vcpus_one_page);
+	tcase_add_test(tc, paused_while_fault_pending);
+	tcase_add_test(tc, fill_read_fails);
+	tcase_add_test(tc, working_set_first);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	int skip = require_kvm("test-lazy");
+
+	return skip ? skip : run_suite(suite());
+}
