@@ -587,16 +587,26 @@ struct kvmdirty_mig_lazy_stats {
  * Once every page is in, the guest is resident (event, stats): the files
  * may go.  A page that fails its check (damaged, or its file changed
  * since) or a read that fails is never placed: the restore pauses the
- * guest (ops->pause, required; a vCPU waiting on that page leaves
+ * guest (ops->pause, required, called from the restore's thread at any
+ * time after this returns, also before the VMM started its vCPUs: it must
+ * hold for vCPUs started later; a vCPU waiting on that page leaves
  * KVM_RUN on the pause's kick, as Linux 6.2+ lets a signal end a KVM
  * fault's wait) and says so (event; kvmdirty_mig_lazy_wait()): the guest
- * must not run again.  The files must not be changed meanwhile.
+ * must not run again.  A VMM thread that reads that page gets zeroes once
+ * the guest is paused (or 100 ms after the failure), never the copy.  The
+ * files must not be changed meanwhile.  Until the guest is resident its
+ * memory is whole only as seen through these mappings: a second mapping
+ * of shared memory must not be touched, a page the VMM discards
+ * (MADV_DONTNEED) comes again when touched (after it, reads as zero), and
+ * kvmdirty_mig_snap_new() and kvmdirty_mig_send() on any guest over this
+ * memory refuse with -EBUSY.
  * Errors (nothing left running, the guest must not run): as
  * kvmdirty_mig_restore()'s before its pages, -EINVAL (no pause op), and
  * -EPERM or -ENOSYS where this process may not have userfaultfd
  * (vm.unprivileged_userfaultfd=0 for a caller without CAP_SYS_PTRACE, a
  * seccomp filter; err says so): the eager kvmdirty_mig_restore() remains.
- * The guest's regions must be private anonymous or shared memory.
+ * The guest's regions must be private anonymous or shared memory, of 4
+ * KiB pages (hugetlbfs: -EOPNOTSUPP, refused before anything is emptied).
  * *ret_lazy: free it with kvmdirty_mig_lazy_free().  Any thread.
  */
 int kvmdirty_mig_restore_lazy(struct kvmdirty_mig_guest *guest, const char *const *paths, unsigned int n,

@@ -26,6 +26,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <kvmdirty-migrate.h>
 
@@ -239,9 +241,9 @@ struct dst {
 	struct events ev;
 };
 
-static void dst_restore(struct dst *d, unsigned int vcpus, struct kvmdirty_mig_lazy_opts *lo)
+static void dst_restore_tracked(struct dst *d, unsigned int vcpus, struct kvmdirty_mig_lazy_opts *lo, bool track)
 {
-	struct testvm_opts o = { .nr_vcpus = vcpus };
+	struct testvm_opts o = { .nr_vcpus = vcpus, .track = track, .track_opts.mode = KVMDIRTY_MODE_CLEAR_LOG };
 	const char *chain[1] = { path };
 	char err[1024];
 
@@ -251,6 +253,28 @@ static void dst_restore(struct dst *d, unsigned int vcpus, struct kvmdirty_mig_l
 	lo->event = on_event;
 	lo->ctx = &d->ev;
 	ck_assert_msg(kvmdirty_mig_restore_lazy(d->s.g, chain, 1, lo, &d->lz, err, sizeof(err)) == 0, "restore: %s", err);
+}
+
+static void dst_restore(struct dst *d, unsigned int vcpus, struct kvmdirty_mig_lazy_opts *lo)
+{
+	dst_restore_tracked(d, vcpus, lo, false);
+}
+
+/* Flip a byte of page `page` of the data region in the chain's file (its tag's), for the check to catch. */
+static void flip_page(uint64_t page)
+{
+	struct {
+		uint64_t gpa, size, data_off, reserved;
+	} reg;
+	uint64_t tag;
+	int fd = open(path, O_RDWR);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &reg, sizeof(reg), 256 + 32), (ssize_t)sizeof(reg));
+	ck_assert_int_eq(pread(fd, &tag, 8, (off_t)(reg.data_off + page * 4096)), 8);
+	tag ^= 0x40;
+	ck_assert_int_eq(pwrite(fd, &tag, 8, (off_t)(reg.data_off + page * 4096)), 8);
+	close(fd);
 }
 
 static void dst_free(struct dst *d)
@@ -337,24 +361,14 @@ END_TEST
 START_TEST(flipped_page_never_seen)
 {
 	struct kvmdirty_mig_lazy_opts lo = { .no_fill = true };
-	struct snap_file_region {
-		uint64_t gpa, size, data_off, reserved;
-	} reg;
 	struct dst d;
 	char err[1024], page[64];
-	uint64_t victim = PAGES / 2 + 3, tag;
-	int fd, ret;
+	uint64_t victim = PAGES / 2 + 3;
+	int ret;
 
 	make_chain(1, false, GUEST_F_CHECK_EXACT);
 	dst_restore(&d, 1, &lo);
-	/* the data region's entry in the file's region table (after the 256-byte header): flip the victim's tag */
-	fd = open(path, O_RDWR);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(pread(fd, &reg, sizeof(reg), 256 + 32), (ssize_t)sizeof(reg));
-	ck_assert_int_eq(pread(fd, &tag, 8, (off_t)(reg.data_off + victim * 4096)), 8);
-	tag ^= 0x40;
-	ck_assert_int_eq(pwrite(fd, &tag, 8, (off_t)(reg.data_off + victim * 4096)), 8);
-	close(fd);
+	flip_page(victim);
 	ck_assert_int_eq(testvm_spawn(d.s.tv), 0);
 	ret = kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err));
 	ck_assert_msg(ret == -EPROTO, "wait: %d %s", ret, err);
@@ -550,6 +564,106 @@ START_TEST(working_set_first)
 }
 END_TEST
 
+/*
+ * A VMM thread reads a page that fails its check: it is not held for
+ * ever (the zero page once the guest is paused, never the copy), and the
+ * restore fails by name.  Red before: the read waited in the kernel for
+ * good (the server never answered a bad page).
+ */
+START_TEST(bad_page_read_by_the_vmm)
+{
+	struct kvmdirty_mig_lazy_opts lo = { .no_fill = true };
+	struct dst d;
+	char err[1024];
+	uint64_t v;
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	dst_restore(&d, 1, &lo);
+	flip_page(77);
+	v = ((volatile uint64_t *)((uint8_t *)d.s.data + 77 * 4096))[0];
+	ck_assert_msg(v == 0, "the VMM read 0x%" PRIx64 " from the damaged page", v);
+	ck_assert_int_eq(kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err)), -EPROTO);
+	ck_assert_msg(strstr(err, "region 1 page 77 "), "%s", err);
+	dst_free(&d);
+}
+END_TEST
+
+/*
+ * A page placed, then discarded by the VMM (MADV_DONTNEED) before the
+ * guest is resident: touched again, it comes again.  Red before: the
+ * server only woke a fault on a page it had placed, and the touch
+ * faulted for ever.
+ */
+START_TEST(discarded_page_comes_again)
+{
+	struct kvmdirty_mig_lazy_opts lo = { .no_fill = true };
+	struct dst d;
+	uint8_t *pg;
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	dst_restore(&d, 1, &lo);
+	pg = (uint8_t *)d.s.data + 300 * 4096;
+	ck_assert_uint_eq(((volatile uint64_t *)pg)[0], DATA_GPA / 4096 + 300);
+	ck_assert_int_eq(madvise(pg, 4096, MADV_DONTNEED), 0);
+	ck_assert_uint_eq(((volatile uint64_t *)pg)[0], DATA_GPA / 4096 + 300);
+	ck_assert(!memcmp(pg + 16, golden + 300 * 4096 + 16, 4096 - 16));
+	dst_free(&d);
+}
+END_TEST
+
+/*
+ * A snapshot of the restored guest before it is resident is refused
+ * (-EBUSY): its memory is not all there, and what the server placed is
+ * in no dirty log.  Once resident it is taken, and restores right.  Red
+ * before: the snapshot was taken, "data_pages=0", every page lost.
+ */
+START_TEST(snapshot_waits_for_resident)
+{
+	struct kvmdirty_mig_lazy_opts lo = { 0 };
+	struct kvmdirty_mig_snap_opts so = { 0 };
+	struct kvmdirty_mig_snap *snap = NULL;
+	struct kvmdirty_mig_snap_result res;
+	struct dst d;
+	char prefix[200], err[1024];
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	hk_set(H_HOLD_PLACE, 0); /* the fill held: not resident */
+	dst_restore_tracked(&d, 1, &lo, true);
+	ck_assert(hk_wait_held());
+	snprintf(prefix, sizeof(prefix), "%s/again", dir);
+	so.prefix = prefix;
+	ck_assert_int_eq(kvmdirty_mig_snap_new(d.s.g, &so, &snap, err, sizeof(err)), -EBUSY);
+	ck_assert_msg(strstr(err, "lazy restore"), "%s", err);
+	hk_release();
+	ck_assert_msg(kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err)) == 0, "wait: %s", err);
+	ck_assert_msg(kvmdirty_mig_snap_new(d.s.g, &so, &snap, err, sizeof(err)) == 0, "snap_new: %s", err);
+	ck_assert_msg(kvmdirty_mig_snap_take(snap, &res, err, sizeof(err)) == 0, "snap_take: %s", err);
+	ck_assert_uint_ge(res.data_pages, PAGES);
+	kvmdirty_mig_snap_free(snap);
+	dst_free(&d);
+}
+END_TEST
+
+/* A FIFO where the working-set file should be: not opened for ever, left unused by name. */
+START_TEST(workset_fifo)
+{
+	struct kvmdirty_mig_lazy_opts lo = { 0 };
+	struct kvmdirty_mig_lazy_stats st;
+	struct dst d;
+	char ws[300], err[1024];
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	snprintf(ws, sizeof(ws), "%s/fifo.ws", dir);
+	ck_assert_int_eq(mkfifo(ws, 0600), 0);
+	lo.workset_read = ws;
+	dst_restore(&d, 1, &lo);
+	ck_assert_msg(kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err)) == 0, "wait: %s", err);
+	kvmdirty_mig_lazy_stats(d.lz, &st);
+	ck_assert_msg(strstr(st.ws_note, "not a regular file"), "note: %s", st.ws_note);
+	dst_free(&d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("lazy");
@@ -564,6 +678,10 @@ static Suite *suite(void)
 	tcase_add_test(tc, paused_while_fault_pending);
 	tcase_add_test(tc, fill_read_fails);
 	tcase_add_test(tc, working_set_first);
+	tcase_add_test(tc, bad_page_read_by_the_vmm);
+	tcase_add_test(tc, discarded_page_comes_again);
+	tcase_add_test(tc, snapshot_waits_for_resident);
+	tcase_add_test(tc, workset_fifo);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -877,20 +877,24 @@ int testvm_spawn(struct testvm *tv)
 		return -EBUSY;
 	/* no SA_RESTART: the signal must end KVM_RUN with EINTR */
 	sigaction(SIGUSR1, &sa, NULL);
-	tv->alive = tv->nr_vcpus;
 	tv->args = calloc(tv->nr_vcpus, sizeof(*tv->args));
 	if (!tv->args)
 		return -ENOMEM;
+	/* under the lock: a pause from another thread (a lazy restore's) sees every thread or none */
+	pthread_mutex_lock(&tv->lock);
+	tv->alive = tv->nr_vcpus;
 	for (i = 0; i < tv->nr_vcpus; i++) {
 		tv->args[i] = (struct testvm_run_arg){ .tv = tv, .i = i };
 		if (pthread_create(&tv->threads[i], NULL, run_thread, &tv->args[i])) {
 			tv->alive = i;
+			pthread_mutex_unlock(&tv->lock);
 			testvm_stop_all(tv);
 			testvm_join(tv, NULL, NULL);
 			return -EAGAIN;
 		}
 		tv->nr_threads++;
 	}
+	pthread_mutex_unlock(&tv->lock);
 	return 0;
 }
 

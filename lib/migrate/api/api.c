@@ -594,6 +594,10 @@ EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
 		return -EBUSY;
 	}
 	ret = send_check(guest, addr, u, err, len);
+	if (ret == 0 && mig_lazy_busy(&guest->g)) {
+		say(err, len, "kvmdirty_mig_send: the guest's memory is under a lazy restore, not resident yet");
+		ret = -EBUSY;
+	}
 	if (ret == 0)
 		ret = load_psk(u->psk_file, &psk, err, len);
 	if (ret < 0) {
@@ -747,6 +751,10 @@ EXPORT int kvmdirty_mig_snap_new(struct kvmdirty_mig_guest *guest, const struct 
 		say(err, len, "kvmdirty_mig_snap_new: %s is NULL",
 		    !ret_snap ? "ret_snap" : !guest ? "the guest" : !opts ? "opts" : "the prefix");
 		return -EINVAL;
+	}
+	if (mig_lazy_busy(&guest->g)) {
+		say(err, len, "kvmdirty_mig_snap_new: the guest's memory is under a lazy restore, not resident yet");
+		return -EBUSY;
 	}
 	if (!guest->g.tracker || !guest->ops.pause) {
 		say(err, len, "kvmdirty_mig_snap_new: the guest has no %s: it cannot be snapshotted",

@@ -61,6 +61,8 @@ struct lregion {
 };
 
 struct mig_lazy {
+	struct mig_lazy *next_busy; /* under busy_lock: on busy_list until resident or freed */
+	bool on_busy;
 	const struct mig_guest *g;
 	struct snap_file **files;
 	unsigned int n;
@@ -81,12 +83,65 @@ struct mig_lazy {
 	pthread_cond_t cond;
 	bool failed, paused, resident;
 	int fail_ret;
+	uint64_t failed_ns; /* when the failure was recorded */
+	pthread_mutex_t rd_lock; /* a fault's read and its place in the working set's order, together */
 	char why[768];
 	uint64_t *ws; /* faults' DATA pages, in order, until resident */
 	uint64_t ws_n, ws_cap;
 	struct mig_lazy_stats st;
 	double t0;
 };
+
+/*
+ * The restores whose guests are not resident yet, in this process: their
+ * memory reads right only through the page server, and KVM's dirty log
+ * never sees what UFFDIO_COPY places, so a snapshot or a migration of it
+ * must wait (mig_lazy_busy()).
+ */
+static pthread_mutex_t busy_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct mig_lazy *busy_list;
+
+static void busy_add(struct mig_lazy *lz)
+{
+	pthread_mutex_lock(&busy_lock);
+	lz->next_busy = busy_list;
+	busy_list = lz;
+	lz->on_busy = true;
+	pthread_mutex_unlock(&busy_lock);
+}
+
+static void busy_del(struct mig_lazy *lz)
+{
+	struct mig_lazy **pp;
+
+	pthread_mutex_lock(&busy_lock);
+	for (pp = &busy_list; *pp; pp = &(*pp)->next_busy)
+		if (*pp == lz) {
+			*pp = lz->next_busy;
+			break;
+		}
+	lz->on_busy = false;
+	pthread_mutex_unlock(&busy_lock);
+}
+
+bool mig_lazy_busy(const struct mig_guest *g)
+{
+	const struct mig_lazy *lz;
+	unsigned int i;
+	uint32_t r;
+	bool busy = false;
+
+	pthread_mutex_lock(&busy_lock);
+	for (lz = busy_list; lz && !busy; lz = lz->next_busy)
+		for (r = 0; r < lz->nr_regions && !busy; r++)
+			for (i = 0; i < g->nr_regions && !busy; i++) {
+				uintptr_t a = (uintptr_t)g->regions[i].hva, b = (uintptr_t)lz->r[r].hva;
+
+				busy = a < b + lz->r[r].size && b < a + g->regions[i].size;
+			}
+	pthread_mutex_unlock(&busy_lock);
+	return busy;
+}
 
 static inline bool bit_test(uint64_t *map, uint64_t i)
 {
@@ -100,10 +155,12 @@ static inline void bit_set(uint64_t *map, uint64_t i)
 
 static unsigned int bucket(uint64_t ns)
 {
-	if (ns < 100000)
-		return (unsigned int)(ns / 100);
-	if (ns < 10000000)
-		return 1000 + (unsigned int)((ns - 100000) / 10000);
+	uint64_t x = ns ? ns - 1 : 0; /* bucket i holds what is at most its upper bound */
+
+	if (x < 100000)
+		return (unsigned int)(x / 100);
+	if (x < 10000000)
+		return 1000 + (unsigned int)((x - 100000) / 10000);
 	return MIG_LAZY_HIST;
 }
 
@@ -126,6 +183,7 @@ static void lazy_fail(struct mig_lazy *lz, int ret, const char *fmt, ...)
 	if (!lz->failed && !lz->resident) {
 		lz->failed = true;
 		lz->fail_ret = ret;
+		lz->failed_ns = mig_clock_ns();
 		va_start(ap, fmt);
 		vsnprintf(lz->why, sizeof(lz->why), fmt, ap);
 		va_end(ap);
@@ -179,6 +237,7 @@ static bool lookup(const struct mig_lazy *lz, uint32_t r, uint64_t p, const stru
 /* count pages from page p of run in f into buf, each unplaced one checked against its hash; 0 or -errno (failed). */
 static int read_checked(struct mig_lazy *lz, const struct snap_file *f, const struct snap_run *run, uint64_t p,
 			uint64_t count, uint8_t *buf, bool fill)
+/* (the filler skips the check of a page placed meanwhile, whose copy it then never places; a fault checks always) */
 {
 	const struct snap_region *reg = &f->regions[run->region];
 	struct mig_lazy_hook h = { .region = run->region, .page = p, .count = count, .fill = fill };
@@ -212,7 +271,7 @@ static int read_checked(struct mig_lazy *lz, const struct snap_file *f, const st
 	for (i = 0; i < count; i++) {
 		uint64_t pg = p + i;
 
-		if (bit_test(lz->r[run->region].placed, pg))
+		if (fill && bit_test(lz->r[run->region].placed, pg))
 			continue;
 		if (mig_page_hash(buf + i * SNAP_PAGE) != f->hashes[run->hash_first + pg - run->first]) {
 			bit_set(lz->r[run->region].bad, pg);
@@ -319,7 +378,7 @@ static uint32_t region_of(const struct mig_lazy *lz, uint64_t hva)
 	return UINT32_MAX;
 }
 
-static void record(struct mig_lazy *lz, uint64_t t_read, bool zero, uint32_t r, uint64_t p)
+static void record(struct mig_lazy *lz, uint64_t t_read, bool zero)
 {
 	uint64_t ns = mig_clock_ns() - t_read;
 
@@ -329,7 +388,14 @@ static void record(struct mig_lazy *lz, uint64_t t_read, bool zero, uint32_t r, 
 	lz->st.hist[bucket(ns)]++;
 	if (ns / 1e3 > lz->st.fault_max_us)
 		lz->st.fault_max_us = ns / 1e3;
-	if (!zero && !lz->resident && lz->ws_write[0]) {
+	pthread_mutex_unlock(&lz->lock);
+}
+
+/* A fault on page p of region r, in the order the faults were read (the working-set file keeps its DATA pages). */
+static void note_order(struct mig_lazy *lz, uint32_t r, uint64_t p)
+{
+	pthread_mutex_lock(&lz->lock);
+	if (!lz->resident && lz->ws_n < (1ull << 26)) {
 		if (lz->ws_n == lz->ws_cap) {
 			uint64_t cap = lz->ws_cap ? lz->ws_cap * 2 : 4096;
 			uint64_t *w = realloc(lz->ws, cap * sizeof(*w));
@@ -345,39 +411,76 @@ static void record(struct mig_lazy *lz, uint64_t t_read, bool zero, uint32_t r, 
 	pthread_mutex_unlock(&lz->lock);
 }
 
-static void serve(struct mig_lazy *lz, uint64_t addr, uint64_t t_read, uint8_t *buf)
+static bool bad_settled(struct mig_lazy *lz)
 {
-	uint32_t r = region_of(lz, addr);
+	return lz->paused || __atomic_load_n(&lz->stopping, __ATOMIC_ACQUIRE) ||
+	       (lz->failed && mig_clock_ns() - lz->failed_ns > 100000000ull);
+}
+
+/*
+ * A fault on a page that failed its check.  Never its copy: once the
+ * guest is paused (or 100 ms after the failure, by when the pause's kicks
+ * have gone out and no vCPU enters the guest again), the zero page, so
+ * that a VMM thread reading guest memory (a device, the pause's own
+ * bookkeeping) is not held for ever; the guest must not run again.
+ */
+static void serve_bad(struct mig_lazy *lz, uint32_t r, uint64_t p)
+{
+	struct uffdio_zeropage z = { .range = { .start = (uint64_t)(uintptr_t)lz->r[r].hva + p * SNAP_PAGE,
+						 .len = SNAP_PAGE } };
+
+	pthread_mutex_lock(&lz->lock);
+	while (!bad_settled(lz)) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		ts.tv_nsec += 10000000;
+		if (ts.tv_nsec >= 1000000000) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000;
+		}
+		pthread_cond_timedwait(&lz->cond, &lz->lock, &ts);
+	}
+	pthread_mutex_unlock(&lz->lock);
+	if (ioctl(lz->uffd, UFFDIO_ZEROPAGE, &z) < 0 && errno == EEXIST)
+		ioctl(lz->uffd, UFFDIO_WAKE, &z.range);
+}
+
+static void serve(struct mig_lazy *lz, uint32_t r, uint64_t p, uint64_t t_read, uint8_t *buf)
+{
 	struct mig_lazy_hook h;
 	const struct snap_file *f = NULL;
 	const struct snap_run *run = NULL;
-	uint64_t p, placed = 0;
+	uint64_t placed = 0;
 	bool data;
 
-	if (r == UINT32_MAX)
-		return; /* not ours: nothing of the guest is registered there */
-	p = (addr - (uint64_t)(uintptr_t)lz->r[r].hva) / SNAP_PAGE;
-	if (bit_test(lz->r[r].bad, p))
-		return; /* never placed: the waiter leaves on the pause's kick */
-	if (bit_test(lz->r[r].placed, p)) {
-		struct uffdio_range w = { .start = (uint64_t)(uintptr_t)lz->r[r].hva + p * SNAP_PAGE, .len = SNAP_PAGE };
-
-		ioctl(lz->uffd, UFFDIO_WAKE, &w);
+	if (bit_test(lz->r[r].bad, p)) {
+		serve_bad(lz, r, p);
 		return;
 	}
+	/*
+	 * Placed already or not, the page is read, checked and copied: a
+	 * fault on a placed page is one read before the copy woke it (the
+	 * copy then finds it there: EEXIST, and wakes again), or one the VMM
+	 * discarded since (MADV_DONTNEED), which needs its copy again.
+	 */
 	data = lookup(lz, r, p, &f, &run);
 	h = (struct mig_lazy_hook){ .region = r, .page = p, .count = 1 };
 	hook(MIG_LAZY_HOOK_FAULT, &h);
-	if (data && read_checked(lz, f, run, p, 1, buf, false) < 0)
+	if (data && read_checked(lz, f, run, p, 1, buf, false) < 0) {
+		serve_bad(lz, r, p);
 		return;
+	}
 	if (place(lz, r, p, 1, data ? buf : NULL, &placed) == 0 && placed)
-		record(lz, t_read, !data, r, p);
+		record(lz, t_read, !data);
 }
 
 static void *server_main(void *arg)
 {
 	struct mig_lazy *lz = arg;
 	struct uffd_msg msg[MSGS];
+	uint32_t r[MSGS];
+	uint64_t p[MSGS];
 	uint8_t *buf = aligned_alloc(SNAP_PAGE, SNAP_PAGE);
 
 	if (!buf) {
@@ -388,23 +491,39 @@ static void *server_main(void *arg)
 		struct pollfd pf[2] = { { .fd = lz->uffd, .events = POLLIN }, { .fd = lz->stop_fd, .events = POLLIN } };
 		ssize_t k;
 		uint64_t t;
-		int i;
+		int i, n;
 
 		if (poll(pf, 2, -1) < 0 && errno != EINTR)
 			break;
 		if (pf[1].revents)
 			break;
+		/* the faults' order, as read, is the working set's: read and noted under one lock */
+		pthread_mutex_lock(&lz->rd_lock);
 		k = read(lz->uffd, msg, sizeof(msg));
 		t = mig_clock_ns();
 		if (k < 0) {
-			if (errno == EAGAIN || errno == EINTR)
+			int e = errno;
+
+			pthread_mutex_unlock(&lz->rd_lock);
+			if (e == EAGAIN || e == EINTR)
 				continue;
-			lazy_fail(lz, -errno, "the page server: reading faults: %s", strerror(errno));
+			lazy_fail(lz, -e, "the page server: reading faults: %s", strerror(e));
 			break;
 		}
-		for (i = 0; i < k / (ssize_t)sizeof(msg[0]); i++)
-			if (msg[i].event == UFFD_EVENT_PAGEFAULT)
-				serve(lz, msg[i].arg.pagefault.address & ~(uint64_t)(SNAP_PAGE - 1), t, buf);
+		n = 0;
+		for (i = 0; i < k / (ssize_t)sizeof(msg[0]); i++) {
+			uint64_t a = msg[i].arg.pagefault.address & ~(uint64_t)(SNAP_PAGE - 1);
+
+			if (msg[i].event != UFFD_EVENT_PAGEFAULT || (r[n] = region_of(lz, a)) == UINT32_MAX)
+				continue; /* not ours: nothing of the guest is registered there */
+			p[n] = (a - (uint64_t)(uintptr_t)lz->r[r[n]].hva) / SNAP_PAGE;
+			if (lz->ws_write[0])
+				note_order(lz, r[n], p[n]);
+			n++;
+		}
+		pthread_mutex_unlock(&lz->rd_lock);
+		for (i = 0; i < n; i++)
+			serve(lz, r[i], p[i], t, buf);
 	}
 	free(buf);
 	return NULL;
@@ -505,36 +624,65 @@ static int fill(struct mig_lazy *lz, uint8_t *buf)
 	return ret ? ret : halted(lz) ? -ECANCELED : 0;
 }
 
+/* The working-set file: the faults' DATA pages, each once, in the order the faults were read. */
 static void ws_save(struct mig_lazy *lz)
 {
 	char tmp[SNAP_PATH_MAX + 32];
 	struct ws_header h = { .version = WS_VERSION };
-	uint8_t sha[SNAP_ID], *all;
-	size_t n = (size_t)lz->ws_n * 8;
-	int fd;
+	uint8_t sha[SNAP_ID], *all = NULL;
+	uint64_t **seen = calloc(lz->nr_regions, sizeof(*seen)), *e, i, m = 0;
+	uint32_t r;
+	int fd = -1, e_no = ENOMEM;
 
+	for (r = 0; seen && r < lz->nr_regions; r++)
+		if (!(seen[r] = calloc((lz->r[r].npages + 63) / 64, 8)))
+			goto out;
+	all = seen ? malloc(sizeof(h) + lz->ws_n * 8) : NULL;
+	if (!all)
+		goto out;
+	e = (uint64_t *)(all + sizeof(h));
+	for (i = 0; i < lz->ws_n; i++) {
+		const struct snap_file *f;
+		const struct snap_run *run;
+		uint64_t p = lz->ws[i] & ((1ull << 48) - 1);
+
+		r = (uint32_t)(lz->ws[i] >> 48);
+		if (seen[r][p / 64] >> (p % 64) & 1 || !lookup(lz, r, p, &f, &run))
+			continue;
+		seen[r][p / 64] |= 1ull << (p % 64);
+		e[m++] = lz->ws[i];
+	}
 	memcpy(h.magic, WS_MAGIC, 8);
 	memcpy(h.chain, lz->files[lz->n - 1]->id, SNAP_ID);
-	h.count = lz->ws_n;
+	h.count = m;
+	memcpy(all, &h, sizeof(h));
+	snap_sha256(all, sizeof(h) + m * 8, sha);
 	snprintf(tmp, sizeof(tmp), "%s.tmp.XXXXXX", lz->ws_write);
 	fd = mkstemp(tmp);
-	if (fd < 0)
-		return;
-	all = malloc(sizeof(h) + n);
-	if (all) {
-		memcpy(all, &h, sizeof(h));
-		if (n)
-			memcpy(all + sizeof(h), lz->ws, n);
-		snap_sha256(all, sizeof(h) + n, sha);
-		/* whole or not at all: written beside, synced, renamed over the last one */
-		if (write(fd, all, sizeof(h) + n) == (ssize_t)(sizeof(h) + n) &&
-		    write(fd, sha, sizeof(sha)) == (ssize_t)sizeof(sha) && fsync(fd) == 0 && rename(tmp, lz->ws_write) == 0)
-			tmp[0] = 0;
-		free(all);
+	if (fd < 0) {
+		e_no = errno;
+		goto out;
 	}
-	close(fd);
-	if (tmp[0])
+	/* whole or not at all: written beside, synced, renamed over the last one */
+	if (write(fd, all, sizeof(h) + m * 8) == (ssize_t)(sizeof(h) + m * 8) &&
+	    write(fd, sha, sizeof(sha)) == (ssize_t)sizeof(sha) && fsync(fd) == 0 && rename(tmp, lz->ws_write) == 0)
+		e_no = 0;
+	else
+		e_no = errno ? errno : EIO;
+	if (e_no)
 		unlink(tmp);
+out:
+	if (fd >= 0)
+		close(fd);
+	if (e_no) {
+		pthread_mutex_lock(&lz->lock);
+		snprintf(lz->st.ws_note, sizeof(lz->st.ws_note), "%.100s: not written: %s", lz->ws_write, strerror(e_no));
+		pthread_mutex_unlock(&lz->lock);
+	}
+	for (r = 0; seen && r < lz->nr_regions; r++)
+		free(seen[r]);
+	free(seen);
+	free(all);
 }
 
 static void *filler_main(void *arg)
@@ -557,6 +705,7 @@ static void *filler_main(void *arg)
 
 			ioctl(lz->uffd, UFFDIO_UNREGISTER, &u);
 		}
+		busy_del(lz);
 		pthread_mutex_lock(&lz->lock);
 		lz->resident = true; /* no fault records a page from here on */
 		lz->st.resident_ms = mig_clock_msf() - lz->t0;
@@ -606,7 +755,8 @@ static void ws_load(struct mig_lazy *lz, const char *path)
 	uint64_t max = 0, i, size;
 	uint8_t *all = NULL, sha[SNAP_ID];
 	unsigned int j;
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* never held by a FIFO or a device: non-blocking, and a regular file only */
+	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	const char *why = NULL;
 
 	if (fd < 0) {
@@ -616,7 +766,9 @@ static void ws_load(struct mig_lazy *lz, const char *path)
 	}
 	for (i = 0; i < lz->nr_regions; i++)
 		max += lz->r[i].npages;
-	if (fstat(fd, &sb) < 0 || (uint64_t)sb.st_size < sizeof(h) + SNAP_ID) {
+	if (fstat(fd, &sb) < 0 || !S_ISREG(sb.st_mode)) {
+		why = "not a regular file";
+	} else if ((uint64_t)sb.st_size < sizeof(h) + SNAP_ID) {
 		why = "too short";
 	} else {
 		size = (uint64_t)sb.st_size;
@@ -697,6 +849,7 @@ void mig_lazy_free(struct mig_lazy *lz)
 	if (!lz)
 		return;
 	__atomic_store_n(&lz->stopping, 1, __ATOMIC_RELEASE);
+	busy_del(lz);
 	if (lz->stop_fd >= 0 && write(lz->stop_fd, &one, sizeof(one)) < 0)
 		abort(); /* an eventfd takes a write below its limit */
 	pthread_mutex_lock(&lz->lock);
@@ -722,6 +875,7 @@ void mig_lazy_free(struct mig_lazy *lz)
 	free(lz->ws);
 	free(lz->ws_in);
 	pthread_mutex_destroy(&lz->lock);
+	pthread_mutex_destroy(&lz->rd_lock);
 	pthread_cond_destroy(&lz->cond);
 	free(lz);
 }
@@ -759,6 +913,7 @@ int mig_lazy_start(const struct mig_guest *g, struct snap_file **files, unsigned
 		pthread_condattr_init(&ca);
 		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 		pthread_mutex_init(&lz->lock, NULL);
+		pthread_mutex_init(&lz->rd_lock, NULL);
 		pthread_cond_init(&lz->cond, &ca);
 		pthread_condattr_destroy(&ca);
 	}
@@ -786,6 +941,7 @@ int mig_lazy_start(const struct mig_guest *g, struct snap_file **files, unsigned
 	qsort_r(lz->by_hva, lz->nr_regions, sizeof(*lz->by_hva), cmp_hva, lz->r);
 	lz->files = files;
 	lz->n = n;
+	busy_add(lz);
 	if (lz->o.ws_read)
 		ws_load(lz, lz->o.ws_read);
 	ret = uffd_open(err, len);
@@ -797,22 +953,35 @@ int mig_lazy_start(const struct mig_guest *g, struct snap_file **files, unsigned
 		ret = mig_errf(err, len, -errno, "eventfd: %s", strerror(errno));
 		goto fail;
 	}
+	/* registered first, each region checked to take both copies and zero pages: nothing is emptied before */
 	for (r = 0; r < lz->nr_regions; r++) {
 		struct lregion *lr = &lz->r[r];
 		struct uffdio_register reg = { .range = { .start = (uint64_t)(uintptr_t)lr->hva, .len = lr->size },
 					       .mode = UFFDIO_REGISTER_MODE_MISSING };
+		uint64_t need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE;
 
-		/* whatever the VMM put there goes (shared memory's pages too): every page missing */
-		if (madvise(lr->hva, lr->size, MADV_REMOVE) < 0 && madvise(lr->hva, lr->size, MADV_DONTNEED) < 0) {
-			ret = mig_errf(err, len, -errno, "region %u (gpa 0x%" PRIx64 "): emptying it: %s", r,
-				       g->regions[r].gpa, strerror(errno));
-			goto fail;
-		}
 		if (ioctl(lz->uffd, UFFDIO_REGISTER, &reg) < 0) {
 			ret = mig_errf(err, len, -errno,
 				       "region %u (gpa 0x%" PRIx64 "): userfaultfd takes no missing pages there: %s "
 				       "(private anonymous or shared memory only)",
 				       r, g->regions[r].gpa, strerror(errno));
+			goto fail;
+		}
+		if ((reg.ioctls & need) != need) {
+			ret = mig_errf(err, len, -EOPNOTSUPP,
+				       "region %u (gpa 0x%" PRIx64 "): userfaultfd cannot place 4 KiB and zero pages "
+				       "there (huge pages?): private anonymous or shared memory only",
+				       r, g->regions[r].gpa);
+			goto fail;
+		}
+	}
+	for (r = 0; r < lz->nr_regions; r++) {
+		struct lregion *lr = &lz->r[r];
+
+		/* whatever the VMM put there goes (shared memory's pages too): every page missing */
+		if (madvise(lr->hva, lr->size, MADV_REMOVE) < 0 && madvise(lr->hva, lr->size, MADV_DONTNEED) < 0) {
+			ret = mig_errf(err, len, -errno, "region %u (gpa 0x%" PRIx64 "): emptying it: %s", r,
+				       g->regions[r].gpa, strerror(errno));
 			goto fail;
 		}
 	}

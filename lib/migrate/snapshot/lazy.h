@@ -102,6 +102,12 @@ int mig_lazy_start(const struct mig_guest *g, struct snap_file **files, unsigned
  */
 int mig_lazy_wait(struct mig_lazy *lz, int64_t timeout_ms, char *err, size_t len);
 
+/*
+ * Whether memory of g is under a lazy restore of this process that is not
+ * resident yet (a snapshot or a migration of it must wait: -EBUSY).
+ */
+bool mig_lazy_busy(const struct mig_guest *g);
+
 void mig_lazy_get_stats(struct mig_lazy *lz, struct mig_lazy_stats *st);
 /* The upper bound, in microseconds, of histogram bucket i. */
 double mig_lazy_bucket_us(unsigned int i);
