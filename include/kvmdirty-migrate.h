@@ -559,6 +559,7 @@ struct kvmdirty_mig_lazy_stats {
 	uint64_t zero_faults; /* ... of them, pages the chain holds as zero */
 	uint64_t raced;	      /* a fault's or the fill's copy found its page placed already */
 	uint64_t filled;      /* pages the fill placed */
+	uint64_t around;      /* pages placed after a faulting one, from the same copy (up to 15 a fault) */
 	uint64_t prefetched;  /* ... of them, the working-set file's */
 	uint64_t workset_pages; /* pages the working-set file read lists (0: none used) */
 	char ws_note[160];	/* why a working-set file given was not used ("" otherwise) */

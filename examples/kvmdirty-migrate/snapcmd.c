@@ -230,10 +230,10 @@ static void lazy_line(struct kvmdirty_mig_lazy *lz)
 
 	kvmdirty_mig_lazy_stats(lz, &st);
 	printf("restore --lazy: first_instruction_ms=%.2f resident_ms=%.1f faults=%" PRIu64 " fault_p50_us=%.1f "
-	       "fault_p99_us=%.1f zero_faults=%" PRIu64 " filled=%" PRIu64 " prefetched=%" PRIu64
+	       "fault_p99_us=%.1f zero_faults=%" PRIu64 " around=%" PRIu64 " filled=%" PRIu64 " prefetched=%" PRIu64
 	       " workset_pages=%" PRIu64 " raced=%" PRIu64 "\n",
 	       st.first_instruction_ms, st.resident_ms, st.faults, st.fault_p50_us, st.fault_p99_us, st.zero_faults,
-	       st.filled, st.prefetched, st.workset_pages, st.raced);
+	       st.around, st.filled, st.prefetched, st.workset_pages, st.raced);
 	if (st.ws_note[0])
 		printf("restore --lazy: working-set file %s\n", st.ws_note);
 }

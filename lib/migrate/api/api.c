@@ -954,6 +954,7 @@ EXPORT void kvmdirty_mig_lazy_stats(struct kvmdirty_mig_lazy *lazy, struct kvmdi
 	ret->zero_faults = st.zero_faults;
 	ret->raced = st.raced;
 	ret->filled = st.filled;
+	ret->around = st.around;
 	ret->prefetched = st.prefetched;
 	ret->workset_pages = st.ws_pages;
 	snprintf(ret->ws_note, sizeof(ret->ws_note), "%s", st.ws_note);

@@ -72,6 +72,7 @@ struct mig_lazy_stats {
 	uint64_t zero_faults; /* ... of them, zero pages */
 	uint64_t raced;	      /* faults or fill copies that found the page placed already (EEXIST) */
 	uint64_t filled;      /* DATA pages the filler placed */
+	uint64_t around;      /* DATA pages placed after a faulting one, from the same copy */
 	uint64_t prefetched;  /* ... of them, from the working-set file */
 	uint64_t ws_pages;    /* pages the working-set file read listed (0: none read) */
 	char ws_note[160];    /* why a working-set file given was not used ("" when it was, or none given) */
