@@ -698,6 +698,90 @@ START_TEST(workset_fifo)
 }
 END_TEST
 
+/*
+ * A page the fill placed (checked), then discarded by the VMM while the
+ * file's copy of it changed, inside the range the server places after a
+ * fault: that range's copy of the page is never placed unchecked.  The
+ * hook holds the fill at its first chunk until the server reads the pages
+ * after page 10; the fill then places pages 0-255, the page 12 is
+ * discarded and its tag flipped in the file, and the server goes on.  Red
+ * (helper attack) when the server copied its whole range after a check
+ * that skipped pages placed meanwhile: "resident with an unchecked, wrong
+ * page 12: tag 0x10004c".
+ */
+static struct {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int stage; /* 1: the server at page 11's read; 2: the fill past chunk 0; 3: the fill may go on */
+	uint8_t *hva;
+	int hits;
+} dc = { .lock = PTHREAD_MUTEX_INITIALIZER, .cond = PTHREAD_COND_INITIALIZER };
+
+static void dc_wait(int stage)
+{
+	struct timespec until;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += 5;
+	while (dc.stage < stage)
+		if (pthread_cond_timedwait(&dc.cond, &dc.lock, &until) == ETIMEDOUT)
+			break;
+}
+
+static void dc_hook(enum mig_lazy_hook_point p, struct mig_lazy_hook *h)
+{
+	if (p != MIG_LAZY_HOOK_READ || h->region != 1)
+		return;
+	pthread_mutex_lock(&dc.lock);
+	if (h->fill && h->count > 15 && h->page == 0) {
+		dc_wait(1);
+	} else if (h->fill && h->count > 15 && h->page >= 256 && dc.stage == 1) {
+		dc.stage = 2;
+		pthread_cond_broadcast(&dc.cond);
+		dc_wait(3);
+	} else if (h->page == 11 && h->count <= 15) {
+		dc.hits++;
+		dc.stage = 1;
+		pthread_cond_broadcast(&dc.cond);
+		dc_wait(2);
+		madvise(dc.hva + 12 * 4096, 4096, MADV_DONTNEED);
+		pthread_mutex_unlock(&dc.lock);
+		flip_page(12);
+		return;
+	}
+	pthread_mutex_unlock(&dc.lock);
+}
+
+START_TEST(discarded_page_in_the_range_after_a_fault)
+{
+	struct kvmdirty_mig_lazy_opts lo = { 0 };
+	struct dst d;
+	char err[1024];
+	uint64_t v;
+	int ret;
+
+	make_chain(1, false, GUEST_F_CHECK_EXACT);
+	__atomic_store_n(&mig_lazy_hook, dc_hook, __ATOMIC_RELEASE);
+	dst_restore(&d, 1, &lo);
+	pthread_mutex_lock(&dc.lock);
+	dc.hva = d.s.data;
+	pthread_mutex_unlock(&dc.lock);
+	ck_assert_uint_eq(((volatile uint64_t *)((uint8_t *)d.s.data + 10 * 4096))[0], DATA_GPA / 4096 + 10);
+	sleep_ms(300);
+	pthread_mutex_lock(&dc.lock);
+	ck_assert_int_eq(dc.hits, 1);
+	dc.stage = 3;
+	pthread_cond_broadcast(&dc.cond);
+	pthread_mutex_unlock(&dc.lock);
+	ret = kvmdirty_mig_lazy_wait(d.lz, 60000, err, sizeof(err));
+	/* resident (the page discarded reads as zero) or failed on the changed copy: never that copy */
+	v = ((volatile uint64_t *)((uint8_t *)d.s.data + 12 * 4096))[0];
+	ck_assert_msg(v == 0 || v == DATA_GPA / 4096 + 12, "wait %d (%s), and page 12 holds tag 0x%" PRIx64, ret,
+		      ret ? err : "resident", v);
+	dst_free(&d);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("lazy");
@@ -716,6 +800,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, discarded_page_comes_again);
 	tcase_add_test(tc, snapshot_waits_for_resident);
 	tcase_add_test(tc, workset_fifo);
+	tcase_add_test(tc, discarded_page_in_the_range_after_a_fault);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -454,6 +454,9 @@ static void serve_bad(struct mig_lazy *lz, uint32_t r, uint64_t p)
 		ioctl(lz->uffd, UFFDIO_WAKE, &z.range);
 }
 
+static int fill_chunk(struct mig_lazy *lz, const struct snap_file *f, const struct snap_run *run, uint64_t p,
+		      uint64_t k, uint8_t *buf, uint64_t *ret_new);
+
 /*
  * The pages after p (at most k) whose newest copy is in the same run of f
  * and that are not in yet: how many, from p.
@@ -481,7 +484,8 @@ static void around(struct mig_lazy *lz, const struct snap_file *f, const struct 
 {
 	uint64_t k = same_source(lz, f, run, r, p, AROUND), n;
 
-	if (k && !halted(lz) && read_checked(lz, f, run, p, k, buf, true) == 0 && place(lz, r, p, k, buf, &n) == 0) {
+	/* as the filler: only pages still missing after their check are copied (a page checked is never skipped) */
+	if (k && !halted(lz) && fill_chunk(lz, f, run, p, k, buf, &n) == 0) {
 		uint64_t i;
 
 		pthread_mutex_lock(&lz->lock);
