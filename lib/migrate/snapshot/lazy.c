@@ -70,7 +70,6 @@ struct lregion {
 
 struct mig_lazy {
 	struct mig_lazy *next_busy; /* under busy_lock: on busy_list until resident or freed */
-	bool on_busy;
 	const struct mig_guest *g;
 	struct snap_file **files;
 	unsigned int n;
@@ -114,7 +113,6 @@ static void busy_add(struct mig_lazy *lz)
 	pthread_mutex_lock(&busy_lock);
 	lz->next_busy = busy_list;
 	busy_list = lz;
-	lz->on_busy = true;
 	pthread_mutex_unlock(&busy_lock);
 }
 
@@ -128,7 +126,6 @@ static void busy_del(struct mig_lazy *lz)
 			*pp = lz->next_busy;
 			break;
 		}
-	lz->on_busy = false;
 	pthread_mutex_unlock(&busy_lock);
 }
 
@@ -242,10 +239,15 @@ static bool lookup(const struct mig_lazy *lz, uint32_t r, uint64_t p, const stru
 	return false;
 }
 
-/* count pages from page p of run in f into buf, each unplaced one checked against its hash; 0 or -errno (failed). */
+/*
+ * count pages from page p of run in f into buf, each checked against its
+ * hash: 0, or -errno (the restore failed).  A fault's page is checked
+ * always; fill (the filler, and the pages after a fault) skips a page
+ * placed meanwhile, and its caller must then copy only pages still
+ * missing (fill_chunk()): those were missing here too, so were checked.
+ */
 static int read_checked(struct mig_lazy *lz, const struct snap_file *f, const struct snap_run *run, uint64_t p,
 			uint64_t count, uint8_t *buf, bool fill)
-/* (the filler skips the check of a page placed meanwhile, whose copy it then never places; a fault checks always) */
 {
 	const struct snap_region *reg = &f->regions[run->region];
 	struct mig_lazy_hook h = { .region = run->region, .page = p, .count = count, .fill = fill };
