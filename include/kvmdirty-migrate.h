@@ -292,6 +292,16 @@ int kvmdirty_mig_control_set(struct kvmdirty_mig_control *ctl, const struct kvmd
  */
 int kvmdirty_mig_control_cancel(struct kvmdirty_mig_control *ctl, char *err, size_t len);
 /*
+ * Switch the source's migration to post-copy (one begun with
+ * kvmdirty_mig_send_opts.postcopy) at its next sample, whatever its
+ * policy says: the pass under way ends, the guest pauses and resumes at
+ * the destination with the pages still dirty missing.  0; -EOPNOTSUPP
+ * (a destination's control, or a migration without post-copy), -ENOENT
+ * (no migration under way), -EALREADY (past pre-copy); err: one line.
+ * Any thread.
+ */
+int kvmdirty_mig_control_postcopy_start(struct kvmdirty_mig_control *ctl, char *err, size_t len);
+/*
  * The socket closed (its path removed) and the control freed; no
  * migration may be using it.  NULL is ignored.
  */
@@ -349,6 +359,22 @@ struct kvmdirty_mig_send_opts {
 	 * the statistics (0: not measured)
 	 */
 	uint64_t baseline_ms;
+	/*
+	 * Post-copy (the destination must take it: its recv opts' postcopy).
+	 * The throttle stays off; where pre-copy will not converge (a pass
+	 * after the second leaves more than half of what the one before left;
+	 * the pass or time limit; postcopy_after passes, 0: no such limit; or
+	 * kvmdirty_mig_control_postcopy_start()), the guest pauses, its
+	 * state and the list of pages still dirty go, and it resumes at the
+	 * destination with those pages missing: each is fetched when the
+	 * guest touches it (a connection of its own, answered before the
+	 * rest) while the rest follows on the other connections, every page
+	 * checked against its hash before it is placed.  The call returns
+	 * once the destination has every page (then the guest here may be
+	 * freed).  A pre-copy that converges ends as without it.
+	 */
+	bool postcopy;
+	unsigned int postcopy_after;
 };
 
 struct kvmdirty_mig_send_result {
@@ -364,8 +390,19 @@ struct kvmdirty_mig_send_result {
 	bool cancelled;		  /* a cancel ended it before COMMIT: the guest runs here (-ECANCELED) */
 	bool resolved;		  /* the outcome was decided by a resolve */
 	bool throttled;		  /* the throttle slowed the vCPUs at some point */
-	/* why pre-copy ended: "fits_downtime", "pass_limit", "time_limit", "cancelled" or "failed" */
+	/* why pre-copy ended: "fits_downtime", "pass_limit", "time_limit", "postcopy", "cancelled" or "failed" */
 	const char *reason;
+	/* post-copy ran: why ("rule", "pass_limit", "time_limit", "postcopy_after", "asked") and how it went */
+	bool postcopy;
+	const char *postcopy_why;
+	uint64_t postcopy_pages;    /* pages left for post-copy at the switch */
+	uint64_t postcopy_requests; /* requests the destination's faults made, answered */
+	uint64_t postcopy_bulk;	    /* pages sent on the other connections */
+	double switch_pause_ms;	    /* the guest's pause at the switch: vCPUs paused here to the ACK */
+	double postcopy_ms;	    /* the ACK to the destination's word that every page is in */
+	/* the destination's figures: faults that asked for a page, and their waits (median, 99th percentile) */
+	uint64_t postcopy_faults;
+	double fault_p50_us, fault_p99_us;
 };
 
 /*
@@ -420,10 +457,20 @@ struct kvmdirty_mig_recv_opts {
 	void *log_ctx;
 	/* a destination's control (NULL: none); see kvmdirty_mig_send_opts' */
 	struct kvmdirty_mig_control *control;
+	/*
+	 * Take a source's post-copy (its send opts' postcopy; refused by name
+	 * without this): kvmdirty_mig_recv() may return 0 with pages still at
+	 * the source (res->postcopy), brought in as the guest touches them
+	 * (userfaultfd; the guest needs ops.pause); see
+	 * kvmdirty_mig_postcopy_wait().
+	 */
+	bool postcopy;
 };
 
 struct kvmdirty_mig_recv_result {
 	enum kvmdirty_mig_outcome outcome;
+	/* the guest runs in post-copy: kvmdirty_mig_postcopy_wait() says when every page is in */
+	bool postcopy;
 	bool hashed;	  /* pages came with hashes and every page's latest copy matched */
 	uint64_t pages;	  /* pages received, DATA and ZERO, re-sent ones counted again */
 	uint64_t records; /* records before END */
@@ -454,6 +501,36 @@ struct kvmdirty_mig_recv_result {
  */
 int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, const struct kvmdirty_mig_recv_opts *opts,
 		      struct kvmdirty_mig_recv_result *res, char *err, size_t len);
+
+struct kvmdirty_mig_postcopy_stats {
+	bool complete; /* every page is in: the source may drop its copy */
+	bool failed;   /* a page failed its hash or the stream was out of form: the guest was paused for good */
+	bool paused;   /* a connection ended before every page was in: vCPUs that touch a missing page wait */
+	uint64_t left;	      /* pages left at the source at the switch */
+	uint64_t missing;     /* ... still missing (only at the source) */
+	uint64_t faults;      /* faults on a missing page */
+	uint64_t zero_faults; /* faults on pages the stream left zero, placed here */
+	uint64_t requested;   /* pages asked for (a fault's and those after it) */
+	uint64_t placed;      /* pages placed */
+	double complete_ms;   /* the guest's resume here to every page in */
+	double fault_p50_us, fault_p99_us, fault_max_us; /* a fault's wait: its read to its page placed */
+	char why[256];					 /* failed or paused: why */
+};
+
+/*
+ * After kvmdirty_mig_recv() returned 0 with res->postcopy (run the vCPUs
+ * first): wait up to timeout_ms (negative: for ever) until every page is
+ * in (0), or post-copy failed (-EIO: a page that failed its hash, never
+ * placed; -EPROTO: a record out of form; err says which): the guest was
+ * paused (ops.pause) and must not run again (its memory is incomplete),
+ * a VMM thread reading a missing page gets zeroes from then.  -ETIMEDOUT
+ * otherwise (still under way, or paused for a lost connection: err
+ * says).  st (may be NULL): the figures so far.  -ENOENT: no post-copy on
+ * this guest.  Any thread.  kvmdirty_mig_guest_free() ends post-copy;
+ * before it completed, every vCPU must be out of KVM_RUN for good first.
+ */
+int kvmdirty_mig_postcopy_wait(struct kvmdirty_mig_guest *guest, int timeout_ms,
+			       struct kvmdirty_mig_postcopy_stats *st, char *err, size_t len);
 
 struct kvmdirty_mig_snap_opts {
 	/* files PREFIX-NNNNNN.snap (the snapshot's number, 6 digits); the directory must exist */

@@ -227,7 +227,7 @@ def cmd_options(page, program, sources):
 
 
 # a call of mig_status_event(): the status, the event's name, the format of its data
-EVENT_CALL = re.compile(r'mig_status_event\(\s*[^,]+,\s*"([a-z_]+)"\s*,((?:\s*(?:"(?:[^"\\]|\\.)*"|PRI[a-zA-Z0-9]+))+)')
+EVENT_CALL = re.compile(r'mig_status_event\(\s*[^,]+,\s*"([a-z_-]+)"\s*,((?:\s*(?:"(?:[^"\\]|\\.)*"|PRI[a-zA-Z0-9]+))+)')
 
 
 def cmd_events(page, *sources):

@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include "dest-postcopy.h"
 #include "dest.h"
 #include "migrate-spawn.h"
 #include "hostmem.h"
@@ -552,8 +553,12 @@ START_TEST(bad_fields)
 	refuse_patch(offsetof(struct mig_header, nr_regions), &u32, 4, false, "header.nr_regions", "region count");
 	u32 = 1;
 	refuse_patch(offsetof(struct mig_header, nr_vcpus), &u32, 4, true, "header.nr_vcpus", "vCPU count");
-	u32 = 6;
-	refuse_patch(offsetof(struct mig_header, flags), &u32, 4, true, "header.flags: unknown bits 0x6", "flags");
+	u32 = 0xd;
+	refuse_patch(offsetof(struct mig_header, flags), &u32, 4, true, "header.flags: unknown bits 0xc", "flags");
+	/* post-copy's flag where the session did not agree to it (a plain stream cannot) */
+	u32 = MIG_F_PAGE_HASH | MIG_F_POSTCOPY;
+	refuse_patch(offsetof(struct mig_header, flags), &u32, 4, true,
+		     "header.flags: post-copy, which this session did not agree to", "post-copy unasked");
 	u32 = 1;
 	refuse_patch(offsetof(struct mig_header, reserved), &u32, 4, true, "header.reserved: 0x1", "reserved set");
 	u64[0] = 8ull << 30;
@@ -1857,6 +1862,298 @@ START_TEST(connections_digest_exact)
 }
 END_TEST
 
+/*
+ * Post-copy.  The destination's side runs on a thread: mig_recv() (which
+ * returns with pages still at the source), then, while post-copy runs, a
+ * read of every page of guest memory from that thread (a VMM thread: each
+ * page missing is a fault served over the fault channel), compared with
+ * the source's, paused since the switch; then the end of post-copy.
+ */
+struct pc_dest {
+	struct receiving rv;
+	struct testvm *tv;
+	const struct mig_guest *src; /* the source's guest, paused from the switch on */
+	bool read_all;		     /* read and compare every page while post-copy runs */
+	uint64_t read_page;	     /* ... else only this page of region 0 (UINT64_MAX: none) */
+	int wait_ret;
+	struct mig_pc_stats st;
+	uint64_t differ; /* pages that differed from the source's */
+	uint8_t seen[MIG_PAGE_SIZE]; /* read_page as the destination's reader saw it */
+	char why[512];
+};
+
+static void *pc_dest_run(void *p)
+{
+	struct pc_dest *d = p;
+	const struct mig_guest *g = d->rv.g;
+	unsigned int i;
+	uint64_t k;
+
+	d->rv.ret = mig_recv(g, d->rv.fd, &d->rv.o, &d->rv.res, d->rv.err, sizeof(d->rv.err));
+	if (d->rv.ret < 0 || !d->rv.res.pc)
+		return NULL;
+	if (d->read_page != UINT64_MAX)
+		memcpy(d->seen, (uint8_t *)g->regions[0].hva + d->read_page * PAGE, PAGE);
+	for (i = 0; d->read_all && i < g->nr_regions; i++)
+		for (k = 0; k < g->regions[i].size / PAGE; k++)
+			if (memcmp((uint8_t *)g->regions[i].hva + k * PAGE, (uint8_t *)d->src->regions[i].hva + k * PAGE,
+				   PAGE))
+				d->differ++;
+	d->wait_ret = mig_pc_wait(d->rv.res.pc, 60000, d->why, sizeof(d->why));
+	mig_pc_get_stats(d->rv.res.pc, &d->st);
+	return NULL;
+}
+
+struct pc_case {
+	unsigned int conns;
+	enum kvmdirty_mode mode;
+	bool psk, encrypt;
+};
+
+static const struct pc_case pc_cases[] = {
+	{ .conns = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG },
+	{ .conns = 2, .mode = KVMDIRTY_MODE_DIRTY_RING, .psk = true },
+	{ .conns = 3, .mode = KVMDIRTY_MODE_DIRTY_LOG, .psk = true, .encrypt = true },
+};
+
+/*
+ * A guest writing its working set flat out, switched to post-copy after
+ * its first pass, the bulk held to 16 MiB/s so that most pages come by
+ * faults: every page the destination's reader touches while post-copy
+ * runs equals the paused source's, and so does all of memory after it;
+ * the source's check finds no page it did not send.
+ */
+START_TEST(postcopy_exact)
+{
+	const struct pc_case *c = &pc_cases[_i];
+	struct mig_testvm_opts o = { .mib = 32, .vcpus = 2, .mode = c->mode, .ws_mib = 16 };
+	struct mig_send_opts so = send_opts;
+	struct lanes_net ln = { .sealed = c->psk };
+	struct pc_dest d = { .read_all = true, .read_page = UINT64_MAX };
+	struct mig_guest g, dg;
+	struct testvm *tv, *dtv;
+	struct mig_result r;
+	struct mig_psk psk;
+	char keypath[128], err[512];
+	pthread_t th;
+	unsigned int i;
+	int fd, ret;
+
+	make_key("postcopy", keypath, sizeof(keypath), &psk);
+	ck_assert_msg(mig_testvm_new(&o, false, &dtv, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dtv, &dg));
+	ck_assert_ok(mig_guest_zero_known(&dg));
+	tv = running_source(&o, &g);
+	make_addr("unix", ln.addr, sizeof(ln.addr));
+	ln.lfd = mig_listen(ln.addr, err, sizeof(err));
+	ck_assert_msg(ln.lfd >= 0, "%s", err);
+	d.rv.g = &dg;
+	d.src = &g;
+	d.rv.o = (struct mig_recv_opts){ .timeout_ms = 60000, .psk = c->psk ? &psk : NULL, .encrypt = c->encrypt,
+					 .accept = lanes_accept, .accept_ctx = &ln, .postcopy = true };
+	so.downtime_ms = 0;
+	so.postcopy = true;
+	so.postcopy_after = 1;
+	so.max_bandwidth = 16;
+	so.psk = c->psk ? &psk : NULL;
+	so.encrypt = c->encrypt;
+	so.connections = c->conns;
+	so.connect = lanes_connect;
+	so.connect_ctx = &ln;
+	fd = mig_connect(ln.addr, 10000, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	d.rv.fd = mig_accept(ln.lfd, err, sizeof(err));
+	ck_assert_msg(d.rv.fd >= 0, "%s", err);
+	ck_assert_int_eq(pthread_create(&th, NULL, pc_dest_run, &d), 0);
+	ret = mig_send(&g, fd, &so, &r, err, sizeof(err));
+	pthread_join(th, NULL);
+	for (i = 0; i < ln.n; i++)
+		relay_stop(&ln.relay[i]);
+	close(fd);
+	close(d.rv.fd);
+	close(ln.lfd);
+	drop_addr(ln.addr);
+	ck_assert_msg(ret == 0 && d.rv.ret == 0 && d.wait_ret == 0,
+		      "%u connections, mode %d: source %d (%s), destination %d (%s), post-copy %d (%s)", c->conns, c->mode,
+		      ret, err, d.rv.ret, d.rv.err, d.wait_ret, d.why);
+	ck_assert_msg(r.postcopy && d.rv.res.pc, "no post-copy: %s", r.reason);
+	ck_assert_uint_eq(r.lost_pages, 0);
+	ck_assert_msg(d.differ == 0, "%" PRIu64 " pages read during post-copy differ from the source's", d.differ);
+	for (i = 0; i < g.nr_regions; i++)
+		ck_assert_msg(!memcmp(g.regions[i].hva, dg.regions[i].hva, g.regions[i].size),
+			      "region %u differs between the source and the destination", i);
+	ck_assert_uint_gt(d.st.left, 0);
+	ck_assert_uint_gt(d.st.faults, 0);
+	ck_assert_uint_eq(d.st.placed, d.st.left);
+	ck_assert_uint_eq(r.postcopy_pages, d.st.left);
+	printf("post-copy, %u connections, mode %d, psk %d: %" PRIu64 " pages left, %" PRIu64 " faults, %" PRIu64
+	       " requests answered, %" PRIu64 " sent behind them, switch pause %.1f ms, exact\n", c->conns, c->mode,
+	       c->psk, d.st.left, d.st.faults, r.postcopy_requests, r.postcopy_bulk, r.switch_pause_ms);
+	mig_pc_free(d.rv.res.pc);
+	mig_guest_release(&dg);
+	mig_testvm_free(dtv);
+	mig_guest_release(&g);
+	mig_testvm_free(tv);
+	unlink(keypath);
+	mig_psk_clear(&psk);
+}
+END_TEST
+
+/*
+ * The fault channel (the session's last connection) through a relay that
+ * flips a byte of the first piece after its hello: an answer's bytes.
+ */
+static int flip_connect(void *ctx, char *err, size_t len)
+{
+	struct lanes_net *ln = ctx;
+	struct relay *r = &ln->relay[ln->n];
+	int fd = mig_connect(ln->addr, 10000, err, len);
+
+	if (fd < 0)
+		return fd;
+	*r = (struct relay){ .mitm = MITM_FLIP, .k = 1 };
+	ln->n++;
+	return relay_start(r, fd);
+}
+
+static unsigned int pauses;
+
+static void counting_pause(void *ctx)
+{
+	__atomic_fetch_add(&pauses, 1, __ATOMIC_RELAXED);
+	mig_testvm_pause(ctx);
+}
+
+/*
+ * A copy damaged on the fault channel (a plain session: nothing seals
+ * it) is never placed: the first answer's bytes flipped, post-copy fails,
+ * the destination's guest is paused, and the reader waiting on that page
+ * gets zeroes, not the damaged copy nor a wait for ever.
+ */
+START_TEST(postcopy_damaged_page_never_placed)
+{
+	struct mig_testvm_opts o = { .mib = 16, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 8 };
+	struct mig_send_opts so = send_opts;
+	struct lanes_net ln = { 0 };
+	struct pc_dest d = { 0 };
+	struct mig_guest_ops dops;
+	struct mig_guest g, dg;
+	struct testvm *tv, *dtv;
+	struct mig_result r;
+	char err[512];
+	static const uint8_t zero[MIG_PAGE_SIZE];
+	pthread_t th;
+	unsigned int i;
+	int fd, ret;
+
+	ck_assert_msg(mig_testvm_new(&o, false, &dtv, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dtv, &dg));
+	dops = *dg.ops;
+	dops.pause = counting_pause;
+	dg.ops = &dops;
+	pauses = 0;
+	tv = running_source(&o, &g);
+	make_addr("unix", ln.addr, sizeof(ln.addr));
+	ln.lfd = mig_listen(ln.addr, err, sizeof(err));
+	ck_assert_msg(ln.lfd >= 0, "%s", err);
+	d.rv.g = &dg;
+	d.src = &g;
+	/* every page read while post-copy runs (the bulk, at 1 MiB/s, is far behind): the first fault's answer is flipped */
+	d.read_all = true;
+	d.read_page = UINT64_MAX;
+	d.rv.o = (struct mig_recv_opts){ .timeout_ms = 60000, .accept = lanes_accept, .accept_ctx = &ln,
+					 .postcopy = true };
+	so.downtime_ms = 0;
+	so.postcopy = true;
+	so.postcopy_after = 1;
+	so.max_bandwidth = 1;
+	so.connect = flip_connect;
+	so.connect_ctx = &ln;
+	fd = mig_connect(ln.addr, 10000, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	d.rv.fd = mig_accept(ln.lfd, err, sizeof(err));
+	ck_assert_msg(d.rv.fd >= 0, "%s", err);
+	ck_assert_int_eq(pthread_create(&th, NULL, pc_dest_run, &d), 0);
+	ret = mig_send(&g, fd, &so, &r, err, sizeof(err));
+	pthread_join(th, NULL);
+	/* the destination failed: the source hears no ALL_IN and keeps what it has */
+	ck_assert_msg(ret < 0, "the source completed a post-copy whose copy was damaged");
+	ck_assert_msg(d.rv.ret == 0 && d.rv.res.pc, "destination: %d (%s)", d.rv.ret, d.rv.err);
+	ck_assert_msg(d.wait_ret == -EIO || d.wait_ret == -EPROTO, "post-copy: %d (%s)", d.wait_ret, d.why);
+	ck_assert_msg(d.st.failed && __atomic_load_n(&pauses, __ATOMIC_RELAXED) >= 1,
+		      "failed %d, the guest paused %u times", d.st.failed, pauses);
+	/* no page holds anything but the source's copy or zeroes: the damaged copy was never placed */
+	for (i = 0; i < g.nr_regions; i++) {
+		uint64_t k;
+
+		for (k = 0; k < g.regions[i].size / PAGE; k++) {
+			const uint8_t *p = (uint8_t *)dg.regions[i].hva + k * PAGE;
+
+			ck_assert_msg(!memcmp(p, (uint8_t *)g.regions[i].hva + k * PAGE, PAGE) || !memcmp(p, zero, PAGE),
+				      "region %u page %" PRIu64 " holds neither the source's copy nor zeroes", i, k);
+		}
+	}
+	ck_assert_uint_gt(d.differ, 0); /* the reader met the failure: zeroes where the source has data */
+	printf("post-copy, a damaged copy: %s; the guest paused, the reader got zeroes\n", d.why);
+	mig_pc_free(d.rv.res.pc);
+	for (i = 0; i < ln.n; i++)
+		relay_stop(&ln.relay[i]);
+	close(fd);
+	close(d.rv.fd);
+	close(ln.lfd);
+	drop_addr(ln.addr);
+	mig_guest_release(&dg);
+	mig_testvm_free(dtv);
+	mig_guest_release(&g);
+	mig_testvm_free(tv);
+}
+END_TEST
+
+/* A destination that did not agree to post-copy refuses the session by name; the guest runs on at the source. */
+START_TEST(postcopy_refused_unasked)
+{
+	struct mig_testvm_opts o = { .mib = 8, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 2 };
+	struct mig_send_opts so = send_opts;
+	struct lanes_net ln = { 0 };
+	struct receiving rv = { 0 };
+	struct mig_guest g, dg;
+	struct testvm *tv, *dtv;
+	struct mig_result r;
+	char err[512];
+	pthread_t th;
+	int fd, ret;
+
+	ck_assert_msg(mig_testvm_new(&o, false, &dtv, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dtv, &dg));
+	tv = running_source(&o, &g);
+	make_addr("unix", ln.addr, sizeof(ln.addr));
+	ln.lfd = mig_listen(ln.addr, err, sizeof(err));
+	rv.g = &dg;
+	rv.o = (struct mig_recv_opts){ .timeout_ms = 10000, .accept = lanes_accept, .accept_ctx = &ln };
+	so.postcopy = true;
+	so.connect = lanes_connect;
+	so.connect_ctx = &ln;
+	fd = mig_connect(ln.addr, 10000, err, sizeof(err));
+	rv.fd = mig_accept(ln.lfd, err, sizeof(err));
+	ck_assert_int_eq(pthread_create(&th, NULL, receiving_run, &rv), 0);
+	ret = mig_send(&g, fd, &so, &r, err, sizeof(err));
+	pthread_join(th, NULL);
+	ck_assert_msg(ret < 0 && r.outcome == MIG_OUTCOME_HERE && rv.ret < 0, "source %d (%s), destination %d (%s)", ret,
+		      err, rv.ret, rv.err);
+	ck_assert_msg(strstr(rv.err, "post-copy") && strstr(err, "post-copy"), "source: %s; destination: %s", err,
+		      rv.err);
+	ck_assert_ok(mig_testvm_check_running(tv, 200, err, sizeof(err)));
+	close(fd);
+	close(rv.fd);
+	close(ln.lfd);
+	drop_addr(ln.addr);
+	mig_guest_release(&dg);
+	mig_testvm_free(dtv);
+	mig_guest_release(&g);
+	mig_testvm_free(tv);
+}
+END_TEST
+
 /* A session's connection 1 through a man in the middle who flips a byte of its sealed record 3. */
 struct mitm_net {
 	const char *addr;
@@ -2083,6 +2380,14 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, connections_digest_exact, 0, (int)(sizeof(lanes_cases) / sizeof(lanes_cases[0])));
 	tcase_add_test(tc, authentication_refused);
+	suite_add_tcase(s, tc);
+	/* CK_RUN_CASE=postcopy runs these alone (a test of its own, threads: TSan too) */
+	tc = tcase_create("postcopy");
+	tcase_set_tags(tc, "postcopy");
+	tcase_set_timeout(tc, 300);
+	tcase_add_loop_test(tc, postcopy_exact, 0, (int)(sizeof(pc_cases) / sizeof(pc_cases[0])));
+	tcase_add_test(tc, postcopy_damaged_page_never_placed);
+	tcase_add_test(tc, postcopy_refused_unasked);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -117,19 +117,20 @@ struct args {
 };
 
 /* Long options without a short one. */
-enum { OPT_REGIONS = 0x100, OPT_LAZY, OPT_EVERY };
+enum { OPT_REGIONS = 0x100, OPT_LAZY, OPT_EVERY, OPT_POSTCOPY, OPT_POSTCOPY_AFTER };
 
 static void usage(void)
 {
 	fprintf(stderr, "usage: kvmdirty-migrate listen ADDR [-m MIB] [-v VCPUS] [--regions N] [--run-ms MS] [-T|--peer-timeout MS]\n"
 			"                                [--deadline S] [--once] [--lazy]\n"
-			"                                [--psk FILE] [--encrypt] [--name NAME] [--control PATH]\n"
+			"                                [--psk FILE] [--encrypt] [--name NAME] [--control PATH] [--postcopy]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [--regions N] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
 			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
 			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
 			"                              [--stats FILE] [--baseline MS] [--run-ms MS] [--psk FILE] [--encrypt]\n"
 			"                              [--peer-name NAME] [--connections N] [--control PATH] [--max-bandwidth MIB_PER_S]\n"
+			"                              [--postcopy [--postcopy-after PASSES]]\n"
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
 			"       kvmdirty-migrate rate [guest options] [--interval MS] [--count N] [--json]\n"
 			"                             [--during-migration [send options]]   (the test guest's dirty rate)\n"
@@ -341,6 +342,16 @@ static int set_bandwidth(struct args *a, const char *arg)
 	return NUMBER("--max-bandwidth", arg, 0, KVMDIRTY_MIG_MAX_MIBPS, &a->send.max_mibps);
 }
 
+static int set_postcopy_after(struct args *a, const char *arg)
+{
+	uint64_t v;
+
+	if (NUMBER("--postcopy-after", arg, 1, 100000, &v))
+		return -1;
+	a->send.postcopy_after = (unsigned int)v;
+	return 0;
+}
+
 static int set_connections(struct args *a, const char *arg)
 {
 	uint64_t v;
@@ -445,6 +456,9 @@ static int set_flag(struct args *a, int key)
 	case OPT_LAZY:
 		a->guest.lazy = true;
 		break;
+	case OPT_POSTCOPY:
+		a->send.postcopy = a->recv.postcopy = true;
+		break;
 	case 'E':
 		a->send.encrypt = a->recv.encrypt = true;
 		break;
@@ -506,6 +520,8 @@ static const struct opt {
 	{ "json", no_argument, 'G', NULL },
 	{ "during-migration", no_argument, 'U', NULL },
 	{ "every", required_argument, OPT_EVERY, set_every },
+	{ "postcopy", no_argument, OPT_POSTCOPY, NULL },
+	{ "postcopy-after", required_argument, OPT_POSTCOPY_AFTER, set_postcopy_after },
 	{ "help", no_argument, 'h', NULL },
 };
 
@@ -676,6 +692,40 @@ static int take_stream(const struct args *a, int lfd, struct kvmdirty_mig_guest 
 }
 
 /*
+ * Post-copy: the guest runs here at once, the pages it lacks brought in as
+ * it touches them; until every one is in.  0, or -1 said (the guest was
+ * paused for good on a failure; a lost connection is waited out).
+ */
+static int postcopy_run(struct testvm *tv, struct kvmdirty_mig_guest *g)
+{
+	struct kvmdirty_mig_postcopy_stats st;
+	char err[512];
+	int ret;
+
+	printf("destination: stream complete, the pages still at the source come as the guest touches them; "
+	       "resuming the guest\n");
+	fflush(stdout);
+	ret = testvm_spawn(tv);
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: destination: starting vCPUs: %s\n", strerror(-ret));
+		return -1;
+	}
+	while ((ret = kvmdirty_mig_postcopy_wait(g, 1000, &st, err, sizeof(err))) == -ETIMEDOUT)
+		if (st.paused)
+			fprintf(stderr, "kvmdirty-migrate: destination: post-copy paused, %" PRIu64 " pages still at the "
+				"source: %s\n", st.missing, st.why);
+	if (ret < 0) {
+		fprintf(stderr, "kvmdirty-migrate: destination: post-copy failed, the guest is paused for good: %s\n", err);
+		return -1;
+	}
+	printf("destination: post-copy complete: %" PRIu64 " pages in %.1f ms, faults=%" PRIu64 " zero_faults=%" PRIu64
+	       " requested=%" PRIu64 " fault_p50_us=%.1f fault_p99_us=%.1f fault_max_us=%.1f\n",
+	       st.left, st.complete_ms, st.faults, st.zero_faults, st.requested, st.fault_p50_us, st.fault_p99_us,
+	       st.fault_max_us);
+	return 0;
+}
+
+/*
  * Build the guest, take a stream, resume, let it run, check it.  With lfd
  * -1, listen once the guest's memory is in place: a source that connects
  * finds the destination ready.
@@ -707,15 +757,27 @@ static int destination(const struct args *a, int lfd)
 	}
 	ret = take_stream(a, lfd, g, &res);
 	close(lfd);
-	kvmdirty_mig_guest_free(g);
 	if (ret < 0) {
+		kvmdirty_mig_guest_free(g);
 		mig_testvm_free(tv);
 		return 1;
 	}
+	if (res.postcopy) {
+		ret = postcopy_run(tv, g);
+		kvmdirty_mig_guest_free(g);
+		if (ret < 0) {
+			mig_testvm_free(tv);
+			return 1;
+		}
+		ret = mig_testvm_check_running(tv, a->run_ms, err, sizeof(err));
+		goto checked;
+	}
+	kvmdirty_mig_guest_free(g);
 	printf("destination: stream complete, every page arrived%s; resuming the guest\n",
 	       res.hashed ? " and matched its hash" : " (no hashes sent)");
 	fflush(stdout);
 	ret = mig_testvm_resume_check(tv, a->run_ms, err, sizeof(err));
+checked:
 	if (ret < 0)
 		fprintf(stderr, "kvmdirty-migrate: destination: %s\n", err);
 	else
@@ -813,6 +875,12 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.untouched_pages, r.passes, r.total_ms, r.downtime_ms,
 			       r.converged ? "converged" : "not converged (pass or time limit)",
 			       o.no_verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified");
+		if (ret >= 0 && r.postcopy)
+			printf("source: post-copy (%s): %" PRIu64 " pages left at the switch, %" PRIu64 " requests answered, %"
+			       PRIu64 " pages sent behind them, in %.1f ms; postcopy_faults=%" PRIu64 " fault_p50_us=%.1f "
+			       "fault_p99_us=%.1f switch_pause_ms=%.1f\n",
+			       r.postcopy_why, r.postcopy_pages, r.postcopy_requests, r.postcopy_bulk, r.postcopy_ms,
+			       r.postcopy_faults, r.fault_p50_us, r.fault_p99_us, r.switch_pause_ms);
 		if (ret > 0)
 			fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 	}

@@ -17,6 +17,7 @@
 #include <kvmdirty-migrate.h>
 
 #include "daemon.h"
+#include "dest-postcopy.h"
 #include "dest.h"
 #include "gate.h"
 #include "guest.h"
@@ -54,6 +55,9 @@ struct kvmdirty_mig_guest {
 	void *user_ctx;
 	struct kvmdirty_vm *vm;
 	int vcpu_fd[MIG_MAX_VCPUS];
+	/* a post-copy under way into this guest (kvmdirty_mig_recv()), or NULL; under pc_lock */
+	struct mig_pc *pc;
+	pthread_mutex_t pc_lock;
 };
 
 struct kvmdirty_mig_snap {
@@ -252,6 +256,7 @@ EXPORT int kvmdirty_mig_guest_new(struct kvmdirty_vm *vm, struct kvmdirty_tracke
 		mg->user = *ops;
 	mg->user_ctx = ctx;
 	mg->vm = vm;
+	pthread_mutex_init(&mg->pc_lock, NULL);
 	mg->ops = (struct mig_guest_ops){ .vcpu_save = g_vcpu_save, .vcpu_load = g_vcpu_load,
 					  .vm_save = g_vm_save, .vm_load = g_vm_load };
 	if (mg->user.devices_save) {
@@ -295,6 +300,8 @@ EXPORT void kvmdirty_mig_guest_free(struct kvmdirty_mig_guest *guest)
 {
 	if (!guest)
 		return;
+	mig_pc_free(guest->pc);
+	pthread_mutex_destroy(&guest->pc_lock);
 	mig_guest_release(&guest->g);
 	free(guest);
 }
@@ -437,6 +444,20 @@ EXPORT int kvmdirty_mig_control_cancel(struct kvmdirty_mig_control *ctl, char *e
 	return ret;
 }
 
+EXPORT int kvmdirty_mig_control_postcopy_start(struct kvmdirty_mig_control *ctl, char *err, size_t len)
+{
+	char why[256] = "";
+	int ret;
+
+	if (!ctl) {
+		say(err, len, "kvmdirty_mig_control_postcopy_start: the control is NULL");
+		return -EINVAL;
+	}
+	ret = mig_status_postcopy_start(&ctl->d.st, why, sizeof(why));
+	say(err, len, "%s", why);
+	return ret;
+}
+
 EXPORT void kvmdirty_mig_control_free(struct kvmdirty_mig_control *ctl)
 {
 	if (!ctl)
@@ -539,7 +560,9 @@ static void send_opts_of(const struct kvmdirty_mig_send_opts *u, const struct mi
 				     .progress = u->progress,
 				     .baseline_ms = u->baseline_ms,
 				     .connect = connect_again,
-				     .connect_ctx = c };
+				     .connect_ctx = c,
+				     .postcopy = u->postcopy,
+				     .postcopy_after = u->postcopy_after };
 	c->timeout_ms = o->peer_timeout_ms;
 	if (u->control) {
 		o->status = &u->control->d.st;
@@ -565,7 +588,17 @@ static void send_result(const struct mig_result *r, struct kvmdirty_mig_send_res
 						  .cancelled = r->cancelled,
 						  .resolved = r->resolved,
 						  .throttled = r->throttled,
-						  .reason = r->reason ? r->reason : "failed" };
+						  .reason = r->reason ? r->reason : "failed",
+						  .postcopy = r->postcopy,
+						  .postcopy_why = r->postcopy_why,
+						  .postcopy_pages = r->postcopy_pages,
+						  .postcopy_requests = r->postcopy_requests,
+						  .postcopy_bulk = r->postcopy_bulk,
+						  .switch_pause_ms = r->switch_pause_ms,
+						  .postcopy_ms = r->postcopy_ms,
+						  .postcopy_faults = r->postcopy_faults,
+						  .fault_p50_us = r->fault_p50_us,
+						  .fault_p99_us = r->fault_p99_us };
 }
 
 EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
@@ -692,6 +725,20 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 	o.name = u->name;
 	o.log = u->log;
 	o.log_ctx = u->log_ctx;
+	o.postcopy = u->postcopy;
+	if (u->postcopy && !guest->ops.pause) {
+		say(err, len, "kvmdirty_mig_recv: post-copy needs the guest's pause (ops.pause)");
+		if (u->control)
+			control_release(u->control);
+		if (u->psk_file)
+			mig_psk_clear(&psk);
+		return -EINVAL;
+	}
+	/* a post-copy before this one, complete (or the guest would not be taken again): done with */
+	pthread_mutex_lock(&guest->pc_lock);
+	mig_pc_free(guest->pc);
+	guest->pc = NULL;
+	pthread_mutex_unlock(&guest->pc_lock);
 	if (u->control) {
 		o.status = &u->control->d.st;
 		o.unknown = mig_daemon_unknown;
@@ -729,11 +776,53 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 	if (u->psk_file)
 		mig_psk_clear(&psk);
 	say(err, len, "%s", why);
+	if (r.pc) {
+		pthread_mutex_lock(&guest->pc_lock);
+		guest->pc = r.pc;
+		pthread_mutex_unlock(&guest->pc_lock);
+	}
 	if (res)
 		*res = (struct kvmdirty_mig_recv_result){ .outcome = outcome(r.outcome, false),
+							  .postcopy = r.pc != NULL,
 							  .hashed = r.hashed,
 							  .pages = r.pages,
 							  .records = r.records };
+	return ret;
+}
+
+EXPORT int kvmdirty_mig_postcopy_wait(struct kvmdirty_mig_guest *guest, int timeout_ms,
+				      struct kvmdirty_mig_postcopy_stats *st, char *err, size_t len)
+{
+	struct mig_pc_stats s;
+	char why[300] = "";
+	int ret;
+
+	if (st)
+		memset(st, 0, sizeof(*st));
+	if (!guest) {
+		say(err, len, "kvmdirty_mig_postcopy_wait: the guest is NULL");
+		return -EINVAL;
+	}
+	pthread_mutex_lock(&guest->pc_lock);
+	if (!guest->pc) {
+		pthread_mutex_unlock(&guest->pc_lock);
+		say(err, len, "kvmdirty_mig_postcopy_wait: no post-copy into this guest");
+		return -ENOENT;
+	}
+	pthread_mutex_unlock(&guest->pc_lock);
+	/* the post-copy stays until the guest is freed or takes another stream: neither may come meanwhile */
+	ret = mig_pc_wait(guest->pc, timeout_ms, why, sizeof(why));
+	if (st) {
+		mig_pc_get_stats(guest->pc, &s);
+		*st = (struct kvmdirty_mig_postcopy_stats){ .complete = s.complete, .failed = s.failed, .paused = s.paused,
+							    .left = s.left, .missing = s.missing, .faults = s.faults,
+							    .zero_faults = s.zero_faults, .requested = s.requested,
+							    .placed = s.placed, .complete_ms = s.complete_ms,
+							    .fault_p50_us = s.fault_p50_us, .fault_p99_us = s.fault_p99_us,
+							    .fault_max_us = s.fault_max_us };
+		snprintf(st->why, sizeof(st->why), "%s", s.why);
+	}
+	say(err, len, "%s", why);
 	return ret;
 }
 

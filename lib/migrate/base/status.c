@@ -38,6 +38,9 @@ void mig_status_reset(struct mig_status *s)
 	s->resolved = false;
 	s->why[0] = 0;
 	s->wake_fd = -1;
+	s->postcopy_on = false;
+	s->pc_missing = s->pc_faults = 0;
+	s->pc_p50_us = s->pc_p99_us = 0;
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -181,10 +184,58 @@ static int query_locked(const struct mig_status *s, char *buf, size_t len)
 			      s->cancelled ? "done" : s->cancel ? "asked" : "none", s->params.downtime_ms,
 			      s->params.max_bandwidth, s->params.max_passes, s->params.timeout_ms,
 			      s->params.throttle ? "true" : "false");
+	if (s->postcopy_on && (size_t)n < len)
+		n += snprintf(buf + n, len - (size_t)n,
+			      ",\"postcopy\":{\"missing_pages\":%" PRIu64 ",\"faults\":%" PRIu64
+			      ",\"fault_p50_us\":%.1f,\"fault_p99_us\":%.1f}",
+			      s->pc_missing, s->pc_faults, s->pc_p50_us, s->pc_p99_us);
 	if ((size_t)n + 1 >= len)
 		return -ENOSPC;
 	strcpy(buf + n, "}");
 	return 0;
+}
+
+int mig_status_postcopy_start(struct mig_status *s, char *err, size_t len)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (s->dest)
+		ret = mig_errf(err, len, -EOPNOTSUPP, "postcopy-start is the source's: this is the destination");
+	else if (!s->running || decided(s->outcome) || s->outcome == MIG_OUTCOME_UNKNOWN)
+		ret = mig_errf(err, len, -ENOENT, "no migration to switch: none runs (%s)", s->state);
+	else if (!s->postcopy_able)
+		ret = mig_errf(err, len, -EOPNOTSUPP, "this migration was begun without post-copy (send --postcopy)");
+	else if (s->postcopy_on || strcmp(s->state, "precopy") != 0)
+		ret = mig_errf(err, len, -EALREADY, "the migration is past pre-copy (%s)", s->state);
+	else
+		__atomic_store_n(&s->postcopy_asked, true, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&s->lock);
+	return ret;
+}
+
+void mig_status_postcopy_able(struct mig_status *s, bool able)
+{
+	pthread_mutex_lock(&s->lock);
+	s->postcopy_able = able;
+	pthread_mutex_unlock(&s->lock);
+}
+
+bool mig_status_postcopy_asked(struct mig_status *s)
+{
+	return __atomic_load_n(&s->postcopy_asked, __ATOMIC_RELAXED);
+}
+
+void mig_status_postcopy_progress(struct mig_status *s, uint64_t missing, uint64_t faults, double p50_us,
+				  double p99_us)
+{
+	pthread_mutex_lock(&s->lock);
+	s->postcopy_on = true;
+	s->pc_missing = missing;
+	s->pc_faults = faults;
+	s->pc_p50_us = p50_us;
+	s->pc_p99_us = p99_us;
+	pthread_mutex_unlock(&s->lock);
 }
 
 int mig_status_query(struct mig_status *s, char *buf, size_t len)
@@ -254,6 +305,10 @@ static void afresh_locked(struct mig_status *s)
 	__atomic_store_n(&s->cancel, false, __ATOMIC_RELAXED);
 	s->committed = s->cancelled = false;
 	s->pass = s->bytes_sent = s->remaining_bytes = 0;
+	__atomic_store_n(&s->postcopy_asked, false, __ATOMIC_RELAXED);
+	s->postcopy_able = s->postcopy_on = false;
+	s->pc_missing = s->pc_faults = 0;
+	s->pc_p50_us = s->pc_p99_us = 0;
 }
 
 int mig_status_prepare(struct mig_status *s)

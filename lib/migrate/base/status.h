@@ -85,6 +85,13 @@ struct mig_status {
 	unsigned int params_set;
 	bool cancel, committed, cancelled;
 	bool running; /* mig_send() is under way */
+	/*
+	 * post-copy: the migration may switch to it (source), a switch asked
+	 * for (postcopy-start), and, once it runs, its figures for query
+	 */
+	bool postcopy_able, postcopy_asked, postcopy_on;
+	uint64_t pc_missing, pc_faults;
+	double pc_p50_us, pc_p99_us;
 	/* what a cancel shuts down, and how, to end a wait of the engine's on the peer (until the commit point) */
 	int cancel_fd[MIG_STATUS_CANCEL_FDS];
 	unsigned int n_cancel_fd;
@@ -201,6 +208,19 @@ void mig_status_cancel_fds(struct mig_status *s, const int *fds, unsigned int n,
 /* The engine: whether a cancel was asked for (and, once it acts on it, mark it done). */
 bool mig_status_cancel_asked(struct mig_status *s);
 void mig_status_mark_cancelled(struct mig_status *s);
+/*
+ * Post-copy (the source's): switch to it at the engine's next sample.
+ * 0; -EOPNOTSUPP for a destination or a migration begun without
+ * post-copy (send --postcopy); -ENOENT when no migration runs; -EALREADY
+ * once it switched (or stop-and-copy began).  err: one line.
+ */
+int mig_status_postcopy_start(struct mig_status *s, char *err, size_t len);
+/* The engine: the migration may switch (set at its start), whether a switch was asked, that it switched. */
+void mig_status_postcopy_able(struct mig_status *s, bool able);
+bool mig_status_postcopy_asked(struct mig_status *s);
+/* The engine: post-copy's figures for query (either side): pages still only at the source, faults, waits. */
+void mig_status_postcopy_progress(struct mig_status *s, uint64_t missing, uint64_t faults, double p50_us,
+				  double p99_us);
 /* The engine, READY in hand: true, and no cancel is taken from now; false when a cancel came first. */
 bool mig_status_commit_point(struct mig_status *s);
 

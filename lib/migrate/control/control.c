@@ -389,7 +389,8 @@ static void cmd_set(struct mig_control *s, struct client *c, const struct reques
 		reply_empty(c, r);
 }
 
-static void cmd_cancel(struct mig_control *s, struct client *c, const struct request *r)
+static void cmd_cancel_or(struct mig_control *s, struct client *c, const struct request *r,
+			  int (*op)(void *ctx, const char **class, char *err, size_t len))
 {
 	char err[MIG_CONTROL_ERR_SIZE] = "";
 	const char *class = NULL;
@@ -397,12 +398,22 @@ static void cmd_cancel(struct mig_control *s, struct client *c, const struct req
 
 	if (!no_arguments(c, r))
 		return;
-	ret = s->ops->cancel(s->ctx, &class, err, sizeof(err));
+	ret = op(s->ctx, &class, err, sizeof(err));
 	err[sizeof(err) - 1] = 0;
 	if (ret < 0)
 		reply_error(c, r, class ? class : generic, "%s", err[0] ? err : strerror(-ret));
 	else
 		reply_empty(c, r);
+}
+
+static void cmd_cancel(struct mig_control *s, struct client *c, const struct request *r)
+{
+	cmd_cancel_or(s, c, r, s->ops->cancel);
+}
+
+static void cmd_postcopy_start(struct mig_control *s, struct client *c, const struct request *r)
+{
+	cmd_cancel_or(s, c, r, s->ops->postcopy_start);
 }
 
 /* Events from the next one on; a second subscribe is answered and changes nothing. */
@@ -428,6 +439,7 @@ static const struct command {
 	{ "resolve", cmd_resolve, 0 },
 	{ "set", cmd_set, offsetof(struct mig_control_ops, set) },
 	{ "cancel", cmd_cancel, offsetof(struct mig_control_ops, cancel) },
+	{ "postcopy-start", cmd_postcopy_start, offsetof(struct mig_control_ops, postcopy_start) },
 	{ "subscribe", cmd_subscribe, offsetof(struct mig_control_ops, event) },
 };
 

@@ -59,6 +59,8 @@ struct mig_control_ops {
 	 * class in *class (NULL: GenericError).  NULL: not a command.
 	 */
 	int (*cancel)(void *ctx, const char **class, char *err, size_t len);
+	/* postcopy-start: as cancel (0, or -errno, err and *class).  NULL: not a command. */
+	int (*postcopy_start)(void *ctx, const char **class, char *err, size_t len);
 	/*
 	 * Events (subscribe): event_fd() once, at open: an fd that is readable
 	 * while there are events not yet taken (the server reads it down; it

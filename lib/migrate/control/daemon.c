@@ -117,6 +117,20 @@ static int cancel(void *ctx, const char **class, char *err, size_t len)
 	return ret;
 }
 
+static int postcopy_start(void *ctx, const char **class, char *err, size_t len)
+{
+	struct mig_daemon *d = ctx;
+	int ret = mig_status_postcopy_start(&d->st, err, len);
+
+	if (ret == -EALREADY)
+		*class = "PastPrecopy";
+	else if (ret == -ENOENT)
+		*class = "NotActive";
+	if (ret == 0)
+		say(d, "post-copy asked through the control socket");
+	return ret;
+}
+
 static int event_fd(void *ctx)
 {
 	struct mig_daemon *d = ctx;
@@ -139,7 +153,7 @@ static size_t event(void *ctx, uint64_t *seq, char *buf, size_t len, uint64_t *l
 }
 
 static const struct mig_control_ops ops = { .query = query, .resolve = resolve, .set = set, .cancel = cancel,
-					    .event_fd = event_fd, .event_head = event_head, .event = event };
+					    .postcopy_start = postcopy_start, .event_fd = event_fd, .event_head = event_head, .event = event };
 
 static int open_control(struct mig_daemon *d, const char *path, const char *what)
 {

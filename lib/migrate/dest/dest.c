@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "dest-postcopy.h"
 #include "dest.h"
 #include "errf.h"
 #include "handoff.h"
@@ -45,6 +46,8 @@ struct dest {
 	struct mig_region *own;
 	uint64_t **missing; /* pages that have not arrived */
 	uint64_t **bad;	    /* pages whose latest copy did not match its hash */
+	uint64_t **left;    /* post-copy: pages whose latest copy stays at the source (LEFT); NULL without */
+	uint64_t left_pages; /* connection 0's count of LEFT pages, all connections' once joined */
 	struct mig_vcpu_state *vs;
 	struct mig_vm_state vm; /* connection 0's */
 	void *dev;		/* ... and the devices' state, dev_len bytes */
@@ -247,6 +250,8 @@ static int recv_data(struct dest *d, const struct mig_record *rec)
 		}
 	}
 	kvmdirty_bitmap_clear(d->missing[rec->index], rec->first, rec->first + rec->count);
+	if (d->left)
+		kvmdirty_bitmap_clear(d->left[rec->index], rec->first, rec->first + rec->count);
 	d->res->pages += rec->count;
 	return 0;
 }
@@ -278,7 +283,23 @@ static void recv_zero(struct dest *d, const struct mig_record *rec)
 		job_push(d, j);
 	}
 	kvmdirty_bitmap_clear(d->missing[rec->index], rec->first, rec->first + rec->count);
+	if (d->left)
+		kvmdirty_bitmap_clear(d->left[rec->index], rec->first, rec->first + rec->count);
 	d->res->pages += rec->count;
+}
+
+/*
+ * LEFT: the pages' latest copies come after the handoff; what an earlier
+ * pass brought is stale (emptied before the guest runs) and no longer
+ * checked (a hash still queued for them is waited out first).
+ */
+static void recv_left(struct dest *d, const struct mig_record *rec)
+{
+	verifier_fence(d, rec->index, rec->first, rec->count);
+	kvmdirty_bitmap_clear(d->bad[rec->index], rec->first, rec->first + rec->count);
+	kvmdirty_bitmap_clear(d->missing[rec->index], rec->first, rec->first + rec->count);
+	kvmdirty_bitmap_set(d->left[rec->index], rec->first, rec->first + rec->count);
+	d->left_pages += rec->count;
 }
 
 static int recv_vcpu(struct dest *d, const struct mig_record *rec)
@@ -416,6 +437,8 @@ static int receive_lane(struct dest *d)
 			break;
 		if (rec.kind == MIG_DATA)
 			ret = recv_data(d, &rec);
+		else if (rec.kind == MIG_LEFT)
+			recv_left(d, &rec);
 		else
 			recv_zero(d, &rec);
 		if (ret < 0)
@@ -423,7 +446,8 @@ static int receive_lane(struct dest *d)
 	}
 	if (ret == 0) {
 		d->res->records = d->dec.nrec - 1;
-		ret = check_end(d);
+		/* post-copy: the lane carries the pages left at the source after the handoff */
+		ret = d->dec.flags & MIG_F_POSTCOPY ? 0 : check_end(d);
 	}
 	return ret;
 }
@@ -449,7 +473,8 @@ static int start_lanes(struct dest *d0)
 
 		d->dec = (struct mig_decoder){ .regions = d0->own, .nr_regions = d0->dec.nr_regions,
 					       .nr_vcpus = d0->dec.nr_vcpus, .flags = d0->dec.flags, .sum = MIG_SUM_INIT,
-					       .lane = i, .lanes = sh->n };
+					       .lane = i, .lanes = sh->n, .postcopy_ok = d0->dec.postcopy_ok };
+		d->left = d0->left;
 		if (pthread_create(&d->thread, NULL, lane_thread, d))
 			return fail(d0, -EAGAIN, "this destination: cannot start a thread for connection %u", i);
 		sh->started = i + 1;
@@ -518,6 +543,27 @@ static int check_complete(struct dest *d)
 	return 0;
 }
 
+/* Post-copy's maps of the pages left at the source, one a region, shared by every connection. */
+static int left_maps(struct dest *d)
+{
+	unsigned int i;
+
+	d->left = calloc(d->g->nr_regions ? d->g->nr_regions : 1, sizeof(*d->left));
+	for (i = 0; d->left && i < d->g->nr_regions; i++)
+		if (!(d->left[i] = calloc(KVMDIRTY_BITMAP_WORDS(d->g->regions[i].size / PAGE), sizeof(uint64_t))))
+			return fail(d, -ENOMEM, "this destination: out of memory");
+	return d->left ? 0 : fail(d, -ENOMEM, "this destination: out of memory");
+}
+
+static void left_free(uint64_t **left, unsigned int n)
+{
+	unsigned int i;
+
+	for (i = 0; left && i < n; i++)
+		free(left[i]);
+	free(left);
+}
+
 static int receive_table(struct dest *d)
 {
 	struct mig_region *theirs = calloc(d->g->nr_regions ? d->g->nr_regions : 1, sizeof(*theirs));
@@ -541,6 +587,8 @@ static int receive(struct dest *d)
 	ret = get(d, &h, sizeof(h), "the header");
 	if (ret == 0)
 		ret = mig_decode_header(&d->dec, &h, d->err, d->len);
+	if (ret == 0 && (h.flags & MIG_F_POSTCOPY))
+		ret = left_maps(d);
 	if (ret == 0 && (h.flags & MIG_F_PAGE_HASH) && !d->inline_hash && mig_worker_start(&d->w, verifier, d) < 0)
 		ret = fail(d, -EAGAIN, "this destination: cannot start the verifier thread");
 	if (ret == 0)
@@ -561,6 +609,8 @@ static int receive(struct dest *d)
 			ret = recv_data(d, &rec);
 		else if (rec.kind == MIG_ZERO)
 			recv_zero(d, &rec);
+		else if (rec.kind == MIG_LEFT)
+			recv_left(d, &rec);
 		else if (rec.kind == MIG_VCPU)
 			ret = recv_vcpu(d, &rec);
 		else if (rec.kind == MIG_VM)
@@ -680,15 +730,21 @@ static void dest_free(struct dest *d, unsigned int n, struct lanes *sh)
 	free(d->own);
 	free(d->missing);
 	free(d->bad);
+	left_free(d->left, d->g->nr_regions);
 	free(d->vs);
 	free(d->dev);
 	free(d->dev_live);
 	free(d);
 }
 
+/*
+ * postcopy: the session took post-copy (LEFT records are taken); where the
+ * stream left pages at the source, *ret_left gets their maps (the
+ * caller's to free, left_free()), else NULL.
+ */
 static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, unsigned int n, bool inline_hash,
 		      struct mig_vcpu_state *fresh, int handoff_fd, struct mig_chan *handoff_ch,
-		      void (*cancel)(void *ctx), void *cancel_ctx,
+		      void (*cancel)(void *ctx), void *cancel_ctx, bool postcopy, uint64_t ***ret_left,
 		      struct mig_recv_result *res, char *err, size_t len)
 {
 	struct dest *d = calloc(1, sizeof(*d));
@@ -718,6 +774,7 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 	if (ret < 0)
 		goto out;
 	mig_decoder_init(&d->dec, d->own, g->nr_regions, g->nr_vcpus);
+	d->dec.postcopy_ok = postcopy;
 	ret = save_fresh(d);
 	if (ret == 0 && n > 1)
 		ret = lanes_new(d, rd, n, &sh);
@@ -731,11 +788,18 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 		res->pages += sh.d[i]->res->pages;
 		res->records += sh.d[i]->res->records;
 	}
+	for (i = 1; i < sh.n; i++)
+		d->left_pages += sh.d[i]->left_pages;
 	if (sh.failed) {
 		snprintf(err, len, "%s", sh.err);
 		ret = sh.ret;
 	}
 	mig_worker_stop(&d->w);
+	/* pages left at the source: the caller's, for post-copy */
+	if (ret == 0 && d->left && d->left_pages && ret_left) {
+		*ret_left = d->left;
+		d->left = NULL;
+	}
 out:
 	dest_free(d, n, &sh);
 	return ret;
@@ -749,7 +813,7 @@ int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, bool
 
 	if (!fresh)
 		return mig_errf(err, len, -ENOMEM, "this destination: out of memory");
-	ret = recv_lanes(g, rd, 1, inline_hash, fresh, -1, NULL, NULL, NULL, res, err, len);
+	ret = recv_lanes(g, rd, 1, inline_hash, fresh, -1, NULL, NULL, NULL, false, NULL, res, err, len);
 	free(fresh);
 	return ret;
 }
@@ -783,14 +847,34 @@ static void end_writing(struct mig_session *s)
 	}
 }
 
+/* Post-copy's memory made ready at COMMIT, before the ACK (handoff.h: on_commit). */
+struct commit_ctx {
+	const struct mig_guest *g;
+	uint64_t **left;
+	struct mig_pc *pc;
+};
+
+static int pc_on_commit(void *ctx, char *why, size_t len)
+{
+	struct commit_ctx *c = ctx;
+	char e[200];
+	int ret = mig_pc_prepare(c->g, c->left, &c->pc, e, sizeof(e));
+
+	if (ret < 0)
+		snprintf(why, len, "post-copy cannot run here: %s; the guest was dropped", e);
+	return ret;
+}
+
 /* Connection 0 once the stream is in: READY, then COMMIT or ABORT (handoff.h). */
 static int handoff(const struct mig_guest *g, const struct mig_recv_opts *o, struct mig_session *s,
-		   const struct mig_vcpu_state *fresh, struct mig_recv_result *res, char *err, size_t len)
+		   const struct mig_vcpu_state *fresh, struct commit_ctx *pcc, struct mig_recv_result *res, char *err,
+		   size_t len)
 {
 	struct mig_status own;
 	struct mig_handoff h = { .ch = s->chan[0], .fd = s->fd[0], .timeout_ms = mig_guest_wait_ms(g, o->timeout_ms),
 				 .st = o->status ? o->status : &own,
-				 .unknown = o->unknown, .ctx = o->unknown_ctx, .wait = o->status != NULL };
+				 .unknown = o->unknown, .ctx = o->unknown_ctx, .wait = o->status != NULL,
+				 .on_commit = pcc->left ? pc_on_commit : NULL, .commit_ctx = pcc };
 	char why[256];
 	int ret;
 
@@ -799,8 +883,14 @@ static int handoff(const struct mig_guest *g, const struct mig_recv_opts *o, str
 	res->outcome = mig_handoff_dest(&h, err, len);
 	if (!o->status)
 		mig_status_destroy(&own);
+	/* run here by a resolve before COMMIT came: post-copy's memory made ready now */
+	if (res->outcome == MIG_OUTCOME_HERE && pcc->left && !pcc->pc &&
+	    mig_pc_prepare(g, pcc->left, &pcc->pc, err, len) < 0)
+		return -ENOTRECOVERABLE;
 	if (res->outcome == MIG_OUTCOME_HERE)
 		return 0;
+	mig_pc_free(pcc->pc);
+	pcc->pc = NULL;
 	if (res->outcome == MIG_OUTCOME_UNKNOWN)
 		return -EINPROGRESS;
 	/* dropped: the vCPUs as before the stream, for the next one */
@@ -828,7 +918,7 @@ void mig_recv_session_opts(const struct mig_recv_opts *o, struct mig_session_opt
 {
 	*so = (struct mig_session_opts){ .psk = o->psk, .encrypt = o->encrypt, .timeout_ms = o->timeout_ms,
 					 .deadline_ms = o->deadline_ms, .log = o->log, .log_ctx = o->log_ctx,
-					 .name = o->name };
+					 .name = o->name, .postcopy = o->postcopy };
 }
 
 int mig_recv_session(const struct mig_guest *g, struct mig_session *s, const struct mig_recv_opts *o,
@@ -836,6 +926,8 @@ int mig_recv_session(const struct mig_guest *g, struct mig_session *s, const str
 {
 	struct mig_reader rd[MIG_MAX_CONNS];
 	struct mig_vcpu_state *fresh;
+	struct commit_ctx pcc = { .g = g };
+	bool postcopy = s->flags & MIG_S_POSTCOPY;
 	unsigned int i;
 	int ret;
 
@@ -854,21 +946,29 @@ int mig_recv_session(const struct mig_guest *g, struct mig_session *s, const str
 		mig_conn_set_timeout(s->conn[i], mig_guest_wait_ms(g, o->timeout_ms));
 		rd[i] = mig_chan_reader(s->chan[i]);
 	}
-	ret = recv_lanes(g, rd, s->conns, o->inline_hash, fresh, s->fd[0], s->chan[0], cancel_session, s, res, err,
-			 len);
+	/* post-copy's fault channel, the last connection, carries nothing of the stream */
+	ret = recv_lanes(g, rd, s->conns - (postcopy ? 1 : 0), o->inline_hash, fresh, s->fd[0], s->chan[0],
+			 cancel_session, s, postcopy, &pcc.left, res, err, len);
 	res->outcome = MIG_OUTCOME_THERE;
 	if (ret < 0) {
 		/* the answer has its own wait (-T): a stream refused for its deadline still hears why */
 		mig_conn_set_deadline(s->conn[0], 0);
 		mig_handoff_refuse(s->chan[0], ret, err); /* best effort: the peer may be gone */
 	} else {
-		ret = handoff(g, o, s, fresh, res, err, len);
+		ret = handoff(g, o, s, fresh, &pcc, res, err, len);
+	}
+	/* post-copy: the guest runs here, its pages left at the source come over the session, which it takes */
+	if (ret == 0 && pcc.pc) {
+		ret = mig_pc_start(pcc.pc, s, o->status, err, len);
+		res->pc = pcc.pc;
+		pcc.pc = NULL;
 	}
 out:
 	if (o->status)
 		dest_event(o->status, res, ret, err);
 	end_writing(s);
 	mig_session_free(s);
+	left_free(pcc.left, g->nr_regions);
 	free(fresh);
 	return ret;
 }

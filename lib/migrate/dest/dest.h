@@ -23,6 +23,13 @@ struct mig_recv_result {
 	uint64_t pages;	  /* pages received, DATA and ZERO, re-sent ones counted again */
 	/* mig_recv(): HERE (run the guest), THERE (dropped), UNKNOWN (paused; without a status only) */
 	enum mig_outcome outcome;
+	/*
+	 * Post-copy under way (dest-postcopy.h): the guest runs with pages
+	 * still at the source, which this brings in; the caller's to wait on
+	 * and to free (mig_pc_free()) after the guest stops for good.  NULL:
+	 * every page is here.
+	 */
+	struct mig_pc *pc;
 };
 
 /*
@@ -82,6 +89,8 @@ struct mig_recv_opts {
 	/* once, when the outcome becomes unknown: one line saying why (or NULL) */
 	void (*unknown)(void *ctx, const char *line);
 	void *unknown_ctx;
+	/* post-copy is taken (a source that may leave pages behind): the guest must have a pause */
+	bool postcopy;
 };
 
 /*
@@ -105,6 +114,8 @@ int mig_recv(const struct mig_guest *g, int fd, const struct mig_recv_opts *o, s
 
 /* The session options mig_recv() uses (for a gate, gate.h, in front of mig_recv_session()). */
 void mig_recv_session_opts(const struct mig_recv_opts *o, struct mig_session_opts *so);
+
+struct mig_pc;
 
 /*
  * mig_recv() over a session already taken (mig_gate_take(),

@@ -204,7 +204,17 @@ static enum mig_outcome dest_decide(const struct mig_handoff *h, struct mig_ack 
 	char why[160];
 
 	if (msg_valid(m) && m->kind == MIG_MSG_COMMIT) {
+		int ret;
+
 		mig_status_event(h->st, "commit", "\"side\":\"destination\"");
+		if (h->on_commit && mig_status_outcome(h->st) == MIG_OUTCOME_UNKNOWN &&
+		    (ret = h->on_commit(h->commit_ctx, why, sizeof(why))) < 0) {
+			o = mig_status_decide(h->st, MIG_OUTCOME_THERE, why);
+			if (o == MIG_OUTCOME_THERE) {
+				msg_send(h, MIG_MSG_ACK, ret, why);
+				return o;
+			}
+		}
 		o = mig_status_decide(h->st, MIG_OUTCOME_HERE, "committed: the guest runs here");
 	}
 	else if (msg_valid(m) && m->kind == MIG_MSG_ABORT)

@@ -52,6 +52,14 @@ struct mig_handoff {
 	 * the guest, paused, to the caller.
 	 */
 	bool wait;
+	/*
+	 * Destination (or NULL): called when COMMIT arrives, before the
+	 * outcome is decided and ACK sent; where it fails (-errno, why) the
+	 * guest is dropped and the ACK says so (its status): the source keeps
+	 * its guest (post-copy's memory could not be made ready).
+	 */
+	int (*on_commit)(void *ctx, char *why, size_t len);
+	void *commit_ctx;
 };
 
 struct mig_handoff_times {

@@ -248,7 +248,7 @@ static int recv_all(struct mig_conn *c, void *buf, size_t n, const char *what, c
 
 bool mig_session_needed(const struct mig_session_opts *o)
 {
-	return o->psk || o->conns > 1;
+	return o->psk || o->conns > 1 || o->postcopy;
 }
 
 void mig_session_free(struct mig_session *s)
@@ -483,7 +483,10 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 
 	session_init(s);
 	s->conns = o->conns ? o->conns : 1;
-	s->flags = (o->psk ? MIG_S_PSK : 0) | (o->psk && o->encrypt ? MIG_S_ENCRYPT : 0);
+	s->flags = (o->psk ? MIG_S_PSK : 0) | (o->psk && o->encrypt ? MIG_S_ENCRYPT : 0) |
+		   (o->postcopy ? MIG_S_POSTCOPY : 0);
+	if (o->postcopy && s->conns < 2)
+		return mig_errf(err, len, -EINVAL, "post-copy needs a fault channel besides the stream's connections");
 	if (s->conns > MIG_MAX_CONNS || (s->conns > 1 && !connect))
 		return mig_errf(err, len, -EINVAL, "%u connections: at most %d, and more than one needs a way to connect",
 				s->conns, MIG_MAX_CONNS);
@@ -503,6 +506,7 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 	end = mig_clock_ms() + 2 * handshake_ms(o);
 	mig_conn_set_deadline(s->conn[0], 2 * handshake_ms(o));
 	ret = source_hello(s, 0, o, session, secret, name, err, len);
+	memcpy(s->id, session, sizeof(s->id));
 	/* the key is not needed again: the session's keys exist, and joins prove the session's secret */
 	if (o->wipe_psk && o->psk)
 		mig_psk_clear((struct mig_psk *)o->psk);
@@ -584,6 +588,12 @@ static int check_hello(const struct mig_hello *h, const struct mig_session_opts 
 		return mig_errf(err, len, -EPROTO, "hello.flags: encryption without a key");
 	if (!h->conns || h->conns > MIG_MAX_CONNS)
 		return mig_errf(err, len, -EPROTO, "hello.conns: %u, must be 1..%d", h->conns, MIG_MAX_CONNS);
+	if ((h->flags & MIG_S_POSTCOPY) && !o->postcopy)
+		return mig_errf(err, len, -EPROTO, "hello.flags: post-copy, which this destination does not take "
+				"(listen --postcopy)");
+	if ((h->flags & MIG_S_POSTCOPY) && h->conns < 2)
+		return mig_errf(err, len, -EPROTO, "hello.conns: %u, post-copy needs a fault channel besides the stream's",
+				h->conns);
 	if (h->flags & MIG_S_JOIN) {
 		if (!(how & MIG_GREET_JOINS))
 			return mig_errf(err, len, -EACCES, "authentication: connection %u joins a session that is not open",
@@ -960,6 +970,7 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	}
 	*ret_s = first.s;
 	ret_s->conns = first.hello.conns ? first.hello.conns : 1;
+	memcpy(ret_s->id, first.session, sizeof(ret_s->id));
 	OPENSSL_cleanse(&first, sizeof(first));
 	return 0;
 fail:

@@ -70,7 +70,15 @@
 #define MIG_S_ENCRYPT (1u << 1) /* ... and encrypted */
 #define MIG_S_JOIN (1u << 2)	/* this connection joins session[] */
 #define MIG_S_REFUSED (1u << 3) /* destination: a struct mig_ack saying why follows */
-#define MIG_S_FLAGS (MIG_S_PSK | MIG_S_ENCRYPT | MIG_S_JOIN)
+/*
+ * The source may end the stream with pages left behind (post-copy,
+ * stream.h): the session's last connection is the fault channel, which
+ * carries nothing before the handoff and only requests and their answers
+ * after it; the stream's lanes are the connections before it (at least
+ * one).  A destination that did not agree to post-copy refuses it.
+ */
+#define MIG_S_POSTCOPY (1u << 4)
+#define MIG_S_FLAGS (MIG_S_PSK | MIG_S_ENCRYPT | MIG_S_JOIN | MIG_S_POSTCOPY)
 
 struct mig_hello {
 	char magic[8];	  /* MIG_SESSION_MAGIC, NUL-padded */
@@ -94,7 +102,9 @@ _Static_assert(sizeof(struct mig_hello) == 192, "stream layout");
 struct mig_session_opts {
 	const struct mig_psk *psk; /* NULL: no authentication */
 	bool encrypt;		   /* source: seal with encryption; destination: require it */
-	unsigned int conns;	   /* source: connections, 1 .. MIG_MAX_CONNS */
+	unsigned int conns;	   /* source: connections, 1 .. MIG_MAX_CONNS (the fault channel counted) */
+	/* source: post-copy may follow (MIG_S_POSTCOPY); destination: it is taken */
+	bool postcopy;
 	uint64_t timeout_ms;	   /* each wait for the peer */
 	uint64_t deadline_ms;	   /* destination: each connection's stream (0: none); a handshake is bounded by timeout_ms */
 	/* destination: a line for each connection refused on the way (or NULL) */
@@ -139,6 +149,7 @@ struct mig_session {
 	struct mig_chan *chan[MIG_MAX_CONNS];
 	int fd[MIG_MAX_CONNS];
 	bool own_fd[MIG_MAX_CONNS]; /* fd[i] was opened for the session: free closes it */
+	uint8_t id[32]; /* the session's id (the destination's, in the hellos; zero for a plain stream) */
 };
 
 /* Whether a source with these options opens a session (else: a plain stream on one connection). */

@@ -47,7 +47,8 @@ static char ring_reuse;
 #endif
 
 struct mig_conn {
-	struct io_uring ring;
+	/* reads and writes each have a ring: one thread may read while another writes (post-copy's fault channel) */
+	struct io_uring ring, wring;
 	int fd;
 	uint64_t sent;
 	uint64_t timeout_ms;
@@ -141,6 +142,12 @@ int mig_conn_new(int fd, uint64_t timeout_ms, struct mig_conn **ret_conn)
 		free(c);
 		return ret;
 	}
+	ret = io_uring_queue_init(8, &c->wring, 0);
+	if (ret < 0) {
+		io_uring_queue_exit(&c->ring);
+		free(c);
+		return ret;
+	}
 	RING_MADE();
 	*ret_conn = c;
 	return 0;
@@ -152,6 +159,7 @@ void mig_conn_free(struct mig_conn *c)
 		return;
 	RING_GONE();
 	io_uring_queue_exit(&c->ring);
+	io_uring_queue_exit(&c->wring);
 	free(c);
 }
 
@@ -250,9 +258,9 @@ int mig_conn_writev(struct mig_conn *c, struct iovec *iov, int n)
 
 		if (ret < 0)
 			return ret;
-		sqe = io_uring_get_sqe(&c->ring);
+		sqe = io_uring_get_sqe(&c->wring);
 		io_uring_prep_sendmsg(sqe, c->fd, &msg, MSG_NOSIGNAL);
-		ret = run(&c->ring, sqe, ns);
+		ret = run(&c->wring, sqe, ns);
 		if (ret < 0)
 			return ret;
 		if (!ret)

@@ -20,12 +20,13 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 
 #include "clock.h"
 #include "errf.h"
+#include "hist.h"
 #include "lazy.h"
 #include "snapshot.h"
+#include "uffd.h"
 
 /*
  * Threads reading faults: one.  A second, polling the same userfaultfd,
@@ -158,24 +159,9 @@ static inline void bit_set(uint64_t *map, uint64_t i)
 	__atomic_fetch_or(&map[i / 64], 1ull << (i % 64), __ATOMIC_RELEASE);
 }
 
-static unsigned int bucket(uint64_t ns)
-{
-	uint64_t x = ns ? ns - 1 : 0; /* bucket i holds what is at most its upper bound */
-
-	if (x < 100000)
-		return (unsigned int)(x / 100);
-	if (x < 10000000)
-		return 1000 + (unsigned int)((x - 100000) / 10000);
-	return MIG_LAZY_HIST;
-}
-
 double mig_lazy_bucket_us(unsigned int i)
 {
-	if (i < 1000)
-		return (i + 1) * 0.1;
-	if (i < MIG_LAZY_HIST)
-		return 100.0 + (i - 999) * 10.0;
-	return 1e12;
+	return mig_hist_bound_us(i);
 }
 
 /* The first failure wins: its reason kept, the filler told to pause the guest. */
@@ -395,7 +381,7 @@ static void record(struct mig_lazy *lz, uint64_t t_read, bool zero)
 	pthread_mutex_lock(&lz->lock);
 	lz->st.faults++;
 	lz->st.zero_faults += zero;
-	lz->st.hist[bucket(ns)]++;
+	lz->st.hist[mig_hist_bucket(ns)]++;
 	if (ns / 1e3 > lz->st.fault_max_us)
 		lz->st.fault_max_us = ns / 1e3;
 	pthread_mutex_unlock(&lz->lock);
@@ -900,29 +886,6 @@ static int cmp_hva(const void *a, const void *b, void *arg)
 	return x < y ? -1 : x > y;
 }
 
-static int uffd_open(char *err, size_t len)
-{
-	struct uffdio_api api = { .api = UFFD_API };
-	int fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
-
-	if (fd < 0) {
-		int e = errno;
-
-		if (e == EPERM)
-			return mig_errf(err, len, -e, "userfaultfd: %s (a caller without CAP_SYS_PTRACE where "
-				       "vm.unprivileged_userfaultfd is 0, or a seccomp filter)", strerror(e));
-		return mig_errf(err, len, -e, "userfaultfd: %s (no userfaultfd in this kernel, or a seccomp filter)",
-				strerror(e));
-	}
-	if (ioctl(fd, UFFDIO_API, &api) < 0) {
-		int e = errno;
-
-		close(fd);
-		return mig_errf(err, len, -e, "userfaultfd: UFFDIO_API: %s", strerror(e));
-	}
-	return fd;
-}
-
 void mig_lazy_free(struct mig_lazy *lz)
 {
 	unsigned int i;
@@ -1026,7 +989,7 @@ int mig_lazy_start(const struct mig_guest *g, struct snap_file **files, unsigned
 	busy_add(lz);
 	if (lz->o.ws_read)
 		ws_load(lz, lz->o.ws_read);
-	ret = uffd_open(err, len);
+	ret = mig_uffd_open(err, len);
 	if (ret < 0)
 		goto fail;
 	lz->uffd = ret;
@@ -1038,24 +1001,10 @@ int mig_lazy_start(const struct mig_guest *g, struct snap_file **files, unsigned
 	/* registered first, each region checked to take both copies and zero pages: nothing is emptied before */
 	for (r = 0; r < lz->nr_regions; r++) {
 		struct lregion *lr = &lz->r[r];
-		struct uffdio_register reg = { .range = { .start = (uint64_t)(uintptr_t)lr->hva, .len = lr->size },
-					       .mode = UFFDIO_REGISTER_MODE_MISSING };
-		uint64_t need = 1ull << _UFFDIO_COPY | 1ull << _UFFDIO_ZEROPAGE;
 
-		if (ioctl(lz->uffd, UFFDIO_REGISTER, &reg) < 0) {
-			ret = mig_errf(err, len, -errno,
-				       "region %u (gpa 0x%" PRIx64 "): userfaultfd takes no missing pages there: %s "
-				       "(private anonymous or shared memory only)",
-				       r, g->regions[r].gpa, strerror(errno));
+		ret = mig_uffd_register(lz->uffd, lr->hva, lr->size, r, g->regions[r].gpa, err, len);
+		if (ret < 0)
 			goto fail;
-		}
-		if ((reg.ioctls & need) != need) {
-			ret = mig_errf(err, len, -EOPNOTSUPP,
-				       "region %u (gpa 0x%" PRIx64 "): userfaultfd cannot place 4 KiB and zero pages "
-				       "there (huge pages?): private anonymous or shared memory only",
-				       r, g->regions[r].gpa);
-			goto fail;
-		}
 	}
 	for (r = 0; r < lz->nr_regions; r++) {
 		struct lregion *lr = &lz->r[r];
@@ -1128,24 +1077,8 @@ int mig_lazy_wait(struct mig_lazy *lz, int64_t timeout_ms, char *err, size_t len
 
 void mig_lazy_get_stats(struct mig_lazy *lz, struct mig_lazy_stats *st)
 {
-	uint64_t total = 0, seen = 0, p50 = 0, p99 = 0;
-	unsigned int i;
-
 	pthread_mutex_lock(&lz->lock);
 	*st = lz->st;
 	pthread_mutex_unlock(&lz->lock);
-	for (i = 0; i <= MIG_LAZY_HIST; i++)
-		total += st->hist[i];
-	p50 = (total + 1) / 2;
-	p99 = total - total / 100;
-	st->fault_p50_us = st->fault_p99_us = 0;
-	for (i = 0; i <= MIG_LAZY_HIST && total; i++) {
-		seen += st->hist[i];
-		if (!st->fault_p50_us && seen >= p50)
-			st->fault_p50_us = mig_lazy_bucket_us(i) < st->fault_max_us ? mig_lazy_bucket_us(i) : st->fault_max_us;
-		if (seen >= p99) {
-			st->fault_p99_us = mig_lazy_bucket_us(i) < st->fault_max_us ? mig_lazy_bucket_us(i) : st->fault_max_us;
-			break;
-		}
-	}
+	mig_hist_pcts(st->hist, st->fault_max_us, &st->fault_p50_us, &st->fault_p99_us);
 }

@@ -40,6 +40,7 @@
 #include <stdint.h>
 
 #include "guest.h"
+#include "hist.h"
 #include "snapfile.h"
 
 enum mig_lazy_event {
@@ -62,7 +63,7 @@ struct mig_lazy_opts {
 	void *ctx;
 };
 
-#define MIG_LAZY_HIST 2000 /* 100 ns buckets to 100 us, then 10 us buckets to 10 ms */
+#define MIG_LAZY_HIST MIG_HIST /* hist.h: 100 ns buckets to 100 us, then 10 us buckets to 10 ms */
 
 struct mig_lazy_stats {
 	double first_ms;    /* mig_lazy_start(): its start to its return (the vCPUs may run) */

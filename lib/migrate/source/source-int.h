@@ -161,6 +161,14 @@ struct source {
 	pthread_mutex_t pace_lock;
 	double pace_at;
 	uint64_t pace_bytes;
+	/* post-copy (source-postcopy.c): the session has a fault channel; the switch is due; LEFT sent */
+	bool postcopy;
+	bool go_postcopy;
+	uint64_t prev_remaining; /* the rest after the pass before, for post-copy's rule */
+	bool left_mode; /* stop-and-copy of a post-copy: pages still dirty go as LEFT */
+	uint64_t **left; /* [nr_regions]: pages the destination lacks, cleared as they go (under the post-copy lock) */
+	uint64_t left_pages;
+	struct spc *pc; /* the post-copy phase's state */
 	/* how far mig_send() got, for its teardown */
 	bool started;	/* tracking is on */
 	bool paused;	/* the vCPUs were paused for stop-and-copy */
@@ -196,6 +204,12 @@ double src_link(const struct source *s);
 
 /* source-stop.c */
 int src_stop_and_copy(struct source *s, struct mig_result *res, char *err, size_t len);
+
+/* source-postcopy.c */
+int src_left_alloc(struct source *s, char *err, size_t len);
+void src_left_free(struct source *s);
+/* After the ACK: faults answered and the rest sent until ALL_IN.  0, or -errno with err. */
+int src_postcopy(struct source *s, struct mig_result *res, char *err, size_t len);
 
 /* source-verify.c */
 int src_alloc_hashes(struct source *s);

@@ -43,7 +43,8 @@ void src_throttle_init(struct source *s)
 		;
 	mig_throttle_init(&s->th, s->ring, s->nv, 0);
 	s->can_throttle = s->nv && (s->ring || g->ops->set_run_share);
-	s->throttling = s->par.throttle && s->can_throttle;
+	/* post-copy takes the throttle's place: a guest that outruns the link is moved, not slowed */
+	s->throttling = s->par.throttle && s->can_throttle && !s->postcopy;
 	for (i = 0; i < s->nv; i++) {
 		struct kvmdirty_vcpu_stats st;
 
@@ -160,6 +161,9 @@ int src_tick(struct source *s)
 	double t = mig_clock_msf(), dt = t - s->tick_ms;
 	int ret = src_cancel_check(s);
 
+	/* a switch to post-copy asked for: the pass under way ends at once (src_drain()) */
+	if (ret == 0 && s->postcopy && s->pass && mig_status_postcopy_asked(s->st))
+		s->go_postcopy = true;
 	if (ret < 0 || dt < SAMPLE_MS)
 		return ret;
 	src_take_params(s);
@@ -204,7 +208,8 @@ int src_drain(struct source *s, uint64_t max_pages)
 
 	uint64_t hand = hand_out(s);
 
-	while ((!max_pages || left) &&
+	/* in pre-copy a switch to post-copy ends the pass: what is still pending goes as LEFT */
+	while ((!max_pages || left) && !(s->go_postcopy && !s->left_mode) &&
 	       (n = kvmdirty_consumer_next(s->cons, rg, 64, max_pages && left < hand ? left : hand)) > 0) {
 		for (i = 0; i < n; i++) {
 			s->in_hand += rg[i].npages;
@@ -353,6 +358,17 @@ static int estimate(struct source *s, const struct pass_mark *m, struct mig_resu
 	return 0;
 }
 
+/* Pre-copy ends without converging: with post-copy, the switch to it (why), else it is abandoned. */
+static bool postcopy_instead(struct source *s, struct mig_result *res, const char *why)
+{
+	if (s->postcopy) {
+		s->go_postcopy = true;
+		res->postcopy_why = why;
+		res->reason = "postcopy";
+	}
+	return true;
+}
+
 /* Whether pre-copy is over: converged, or a limit reached; res->reason says which. */
 static bool precopy_done(struct source *s, struct mig_result *res)
 {
@@ -360,6 +376,13 @@ static bool precopy_done(struct source *s, struct mig_result *res)
 
 	/* the parameters as they stand now: a set during the pass judges this pass */
 	src_take_params(s);
+	if (s->postcopy && mig_status_postcopy_asked(s->st))
+		s->go_postcopy = true;
+	if (s->go_postcopy) {
+		res->postcopy_why = "asked";
+		res->reason = "postcopy";
+		return true;
+	}
 	/*
 	 * Within nine tenths of the limit: the rest is kept for what
 	 * cannot be measured before it happens (pausing the vCPUs,
@@ -374,13 +397,19 @@ static bool precopy_done(struct source *s, struct mig_result *res)
 		return true;
 	if (res->passes >= o->max_passes) {
 		res->reason = "pass_limit";
-		return true;
+		return postcopy_instead(s, res, "pass_limit");
 	}
 	/* from the start of tracking, as total_ms: a baseline measured before is not pre-copy */
 	if (now_rel(s) - s->before_ms >= (double)o->timeout_ms) {
 		res->reason = "time_limit";
-		return true;
+		return postcopy_instead(s, res, "time_limit");
 	}
+	if (s->postcopy && s->o->postcopy_after && res->passes >= s->o->postcopy_after)
+		return postcopy_instead(s, res, "postcopy_after");
+	/* the rule: a pass after the second that left more than half of what the one before it left */
+	if (s->postcopy && res->passes > 2 && res->remaining_pages * 2 > s->prev_remaining)
+		return postcopy_instead(s, res, "rule");
+	s->prev_remaining = res->remaining_pages;
 	return false;
 }
 
@@ -407,7 +436,7 @@ int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len)
 	} while (!precopy_done(s, res));
 	if (s->cancelled)
 		return src_cancelled(s, err, len);
-	if (!res->converged && !s->o->force_switchover) {
+	if (!res->converged && !s->o->force_switchover && !s->go_postcopy) {
 		char why[256];
 
 		/* the downtime promised cannot be kept: the guest stays here, running */
@@ -449,7 +478,7 @@ void src_take_params(struct source *s)
 			if (was)
 				mig_status_event(s->st, "throttle_released", "\"why\":\"set throttle false\"");
 		} else if (p.throttle) {
-			s->throttling = s->can_throttle;
+			s->throttling = s->can_throttle && !s->postcopy;
 		}
 	}
 	s->par = p;

@@ -113,7 +113,8 @@ int src_lanes_new(struct source *s, char *err, size_t len)
 {
 	unsigned int i;
 
-	s->nlanes = s->sess.conns;
+	/* post-copy's fault channel, the session's last connection, is no lane */
+	s->nlanes = s->sess.conns - (s->postcopy ? 1 : 0);
 	s->lanes_send = s->nlanes > 1;
 	s->lane = calloc(s->nlanes, sizeof(*s->lane));
 	if (!s->lane)
@@ -282,11 +283,23 @@ static bool page_is_zero(const uint8_t *p)
 	return !memcmp(p, zero, PAGE);
 }
 
-/* One run on its lane; over several connections, cut at chunk boundaries (stream.h). */
-static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t count, const uint8_t *hva, bool zero)
+/*
+ * One run on its lane; over several connections, cut at chunk boundaries
+ * (stream.h).  kind: MIG_DATA (hva), MIG_ZERO, or MIG_LEFT (the switch to
+ * post-copy: the pages stay here, noted in s->left, their hashes taken
+ * when they go).
+ */
+static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t count, const uint8_t *hva, uint32_t kind)
 {
-	s->pages += count;
+	bool zero = kind == MIG_ZERO;
+
 	s->in_hand -= count < s->in_hand ? count : s->in_hand;
+	if (kind == MIG_LEFT) {
+		kvmdirty_bitmap_set(s->left[idx], first, first + count);
+		s->left_pages += count;
+	} else {
+		s->pages += count;
+	}
 	if (zero)
 		s->zero_pages += count;
 	while (count) {
@@ -299,7 +312,9 @@ static int send_run(struct source *s, uint32_t idx, uint64_t first, uint64_t cou
 		if (n > count)
 			n = count;
 		run.count = n;
-		if (zero)
+		if (kind == MIG_LEFT)
+			ret = src_put(l, mig_encode_left(&l->enc, idx, first, n), NULL, 0, NULL);
+		else if (zero)
 			ret = src_put(l, mig_encode_zero(&l->enc, idx, first, n), NULL, 0, &run);
 		else
 			ret = src_put(l, mig_encode_data(&l->enc, idx, first, n), hva, n * PAGE, &run);
@@ -324,7 +339,7 @@ static int send_read(struct source *s, uint32_t idx, uint64_t page, uint64_t n, 
 
 		for (j = i + 1; j < n && (zero || j - i < MIG_RUN_PAGES) && page_is_zero(p + j * PAGE) == zero; j++)
 			;
-		ret = send_run(s, idx, page + i, j - i, p + i * PAGE, zero);
+		ret = send_run(s, idx, page + i, j - i, p + i * PAGE, zero ? MIG_ZERO : MIG_DATA);
 		if (ret < 0)
 			return ret;
 		i = j;
@@ -416,10 +431,13 @@ static int send_walked(void *ctx, uint64_t first, uint64_t count, bool untouched
 {
 	struct send_walk *w = ctx;
 
+	/* the switch to post-copy: what the guest touched stays here, unread (it is read when it goes) */
+	if (!untouched && w->s->left_mode)
+		return send_run(w->s, w->idx, w->rg->page + first, count, NULL, MIG_LEFT);
 	if (!untouched)
 		return send_read(w->s, w->idx, w->rg->page + first, count, (const uint8_t *)w->rg->hva + first * PAGE);
 	w->s->untouched_pages += count;
-	return send_run(w->s, w->idx, w->rg->page + first, count, NULL, true);
+	return send_run(w->s, w->idx, w->rg->page + first, count, NULL, MIG_ZERO);
 }
 
 /*

@@ -98,13 +98,15 @@ static int handoff(struct source *s, struct mig_result *res, char *err, size_t l
 	unsigned int i;
 	int ret = 0;
 
-	for (i = 1; ret >= 0 && i < s->nlanes; i++)
+	/* post-copy: the lanes carry the pages left here after the ACK */
+	for (i = 1; ret >= 0 && !s->left_mode && i < s->nlanes; i++)
 		ret = mig_chan_close_write(s->lane[i].ch);
 	if (ret < 0)
 		return src_net_fail(s, ret, STOP_SENDING, err, len);
 	res->outcome = mig_handoff_source(&h, &t, err, len);
 	/* the source's last word on connection 0 was said: its direction ends there (sealed: its last record) */
-	mig_chan_close_write(s->lane[0].ch);
+	if (!s->left_mode || res->outcome != MIG_OUTCOME_THERE)
+		mig_chan_close_write(s->lane[0].ch);
 	res->ready_ms = t.ready_ms;
 	res->handoff_ms = t.commit_ms;
 	res->resolved = s->st->resolved;

@@ -42,6 +42,14 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 	s->begun = true;
 	mig_status_sink(s->st, o->event, o->event_ctx, o->event_to_fd ? o->event_fd : -1);
 	src_take_params(s);
+	if (o->postcopy && !o->verify)
+		return mig_errf(err, len, -EINVAL, "post-copy needs page hashes (verify): a page is checked before it is "
+				"placed");
+	if (o->postcopy && (o->connections > MIG_MAX_CONNS - 1 || !g->ops->pause))
+		return mig_errf(err, len, -EINVAL, "post-copy: at most %d connections beside its fault channel, and the "
+				"guest's pause", MIG_MAX_CONNS - 1);
+	s->postcopy = o->postcopy;
+	mig_status_postcopy_able(s->st, o->postcopy);
 	if (!g->tracker || g->nr_regions > MIG_MAX_REGIONS || g->nr_vcpus > MIG_MAX_VCPUS)
 		return mig_errf(err, len, -EINVAL,
 				"the source guest has no tracker, or more than %u regions or %u vCPUs", MIG_MAX_REGIONS,
@@ -53,8 +61,10 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 static int session(struct source *s, int fd, char *err, size_t len)
 {
 	const struct mig_send_opts *o = s->o;
-	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt, .conns = o->connections,
-				       .timeout_ms = o->peer_timeout_ms, .name = o->peer_name, .wipe_psk = o->wipe_psk };
+	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt,
+				       .conns = (o->connections ? o->connections : 1) + (o->postcopy ? 1 : 0),
+				       .timeout_ms = o->peer_timeout_ms, .name = o->peer_name, .wipe_psk = o->wipe_psk,
+				       .postcopy = o->postcopy };
 	int ret;
 
 	/* a cancel ends the handshake's waits at once (registered first: one asked before is seen below) */
@@ -109,7 +119,8 @@ static int header(struct source *s, char *err, size_t len)
 		return mig_errf(err, len, -ENOMEM, "out of memory for the region table");
 	for (i = 0; i < g->nr_regions; i++)
 		desc[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
-	mig_encode_header(&s->lane[0].enc, &h, desc, g->nr_regions, g->nr_vcpus, s->o->verify ? MIG_F_PAGE_HASH : 0);
+	mig_encode_header(&s->lane[0].enc, &h, desc, g->nr_regions, g->nr_vcpus,
+			  (s->o->verify ? MIG_F_PAGE_HASH : 0) | (s->postcopy ? MIG_F_POSTCOPY : 0));
 	ret = mig_chan_writev(s->lane[0].ch, iov, 2);
 	free(desc);
 	/* err says why; the result stays the write's, whatever a refusing destination said */
@@ -179,6 +190,13 @@ static int switchover(struct source *s, struct mig_result *res, char *err, size_
 			 "\"passes\":%" PRIu64 ",\"remaining_bytes\":%" PRIu64 ",\"est_downtime_ms\":%.1f,\"converged\":%s",
 			 res->passes, res->remaining_pages * PAGE, res->est_downtime_ms, res->converged ? "true" : "false");
 	src_during(s, res);
+	/* post-copy: what is still dirty at the pause stays here (LEFT), to go after the ACK */
+	if (s->go_postcopy) {
+		ret = src_left_alloc(s, err, len);
+		if (ret < 0)
+			return ret;
+		s->left_mode = true;
+	}
 	g->ops->pause(g->ctx);
 	s->paused = true;
 	s->pass = 0;
@@ -187,6 +205,12 @@ static int switchover(struct source *s, struct mig_result *res, char *err, size_
 		res->downtime_ms = mig_clock_msf() - t0;
 		res->downtime_hashed = src_hashed(s) - hashed0;
 		res->downtime_pages = s->pages - pages0;
+	}
+	if (ret == 0 && s->left_mode) {
+		res->postcopy = true;
+		res->switch_pause_ms = res->downtime_ms;
+		res->postcopy_pages = s->left_pages;
+		ret = src_postcopy(s, res, err, len);
 	}
 	return ret;
 }
@@ -272,6 +296,7 @@ static void source_free(struct source *s)
 	free(s->progress0);
 	free(s->progress_at);
 	src_free_hashes(s);
+	src_left_free(s);
 	free(s);
 }
 

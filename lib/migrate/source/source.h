@@ -98,6 +98,21 @@ struct mig_send_opts {
 	/* once, when the outcome becomes unknown: one line saying why (or NULL) */
 	void (*unknown)(void *ctx, const char *line);
 	void *unknown_ctx;
+	/*
+	 * Post-copy (stream.h; needs verify): the session gets a fault channel
+	 * besides its connections, and pre-copy switches to post-copy instead
+	 * of throttling (the throttle stays off) when it will not converge:
+	 * a pass after the second that leaves more than half of what the one
+	 * before left, the pass or time limit, or postcopy_after passes (0:
+	 * no such limit), or when the status asks (mig_status_postcopy_start()).
+	 * A pre-copy that converges ends as ever.  At the switch the vCPUs
+	 * pause, the pages still dirty go as LEFT, then the state, END and the
+	 * handoff; after the ACK the guest runs at the destination while the
+	 * source answers its faults first and sends the rest (source-postcopy.c)
+	 * until ALL_IN.
+	 */
+	bool postcopy;
+	unsigned int postcopy_after;
 };
 
 struct mig_result {
@@ -131,6 +146,18 @@ struct mig_result {
 	double handoff_ms; /* READY's arrival to the ACK's: what the commit adds to the downtime */
 	/* how long each vCPU was held by its dirty limit or kept out by its run share */
 	double vcpu_held_ms[MIG_MAX_VCPUS];
+	/* post-copy: it ran; why it began ("rule", "pass_limit", "time_limit", "postcopy_after", "asked") */
+	bool postcopy;
+	const char *postcopy_why;
+	uint64_t postcopy_pages;    /* pages left at the switch */
+	uint64_t postcopy_requests; /* REQ records answered */
+	uint64_t postcopy_answered; /* ... pages sent for them */
+	uint64_t postcopy_bulk;	    /* pages sent on the lanes */
+	double switch_pause_ms;	    /* vCPUs paused at the switch to the ACK: the guest's pause */
+	double postcopy_ms;	    /* the ACK to ALL_IN */
+	/* the destination's figures (ALL_IN): faults that asked for a page, their waits' median and 99th percentile */
+	uint64_t postcopy_faults;
+	double fault_p50_us, fault_p99_us;
 };
 
 /*

@@ -211,7 +211,8 @@ static uint64_t covered_len(const struct mig_record *rec)
 const char *mig_kind_name(uint32_t kind)
 {
 	static const char *const n[] = { "?",	"DATA", "ZERO", "PASS",	  "VCPU",
-					 "DIGEST", "END",  "VM",   "DEVICES", "DEVICES_LIVE" };
+					 "DIGEST", "END",  "VM",   "DEVICES", "DEVICES_LIVE", "LEFT", "REQ", "ALL_IN",
+					 "PC_FAILED" };
 
 	return kind < sizeof(n) / sizeof(n[0]) ? n[kind] : "?";
 }
@@ -273,6 +274,11 @@ struct mig_record mig_encode_devices_live(struct mig_encoder *e, const void *sta
 	return encode(e, MIG_DEVICES_LIVE, 0, 0, len, state);
 }
 
+struct mig_record mig_encode_left(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count)
+{
+	return encode(e, MIG_LEFT, region, first, count, NULL);
+}
+
 struct mig_record mig_encode_end(struct mig_encoder *e)
 {
 	return (struct mig_record){ MIG_END, 0, e->sum, 0 };
@@ -329,8 +335,14 @@ int mig_decode_header(struct mig_decoder *d, const struct mig_header *h, char *e
 	if (h->nr_vcpus != d->nr_vcpus)
 		return refuse(err, len, "header.nr_vcpus: %" PRIu32 ", this destination has %" PRIu32, h->nr_vcpus,
 			      d->nr_vcpus);
-	if (h->flags & ~MIG_F_PAGE_HASH)
-		return refuse(err, len, "header.flags: unknown bits 0x%" PRIx32, h->flags & ~MIG_F_PAGE_HASH);
+	if (h->flags & ~(MIG_F_PAGE_HASH | MIG_F_POSTCOPY))
+		return refuse(err, len, "header.flags: unknown bits 0x%" PRIx32,
+			      h->flags & ~(MIG_F_PAGE_HASH | MIG_F_POSTCOPY));
+	if ((h->flags & MIG_F_POSTCOPY) && !d->postcopy_ok)
+		return refuse(err, len, "header.flags: post-copy, which this session did not agree to");
+	if ((h->flags & MIG_F_POSTCOPY) && !(h->flags & MIG_F_PAGE_HASH))
+		return refuse(err, len, "header.flags: post-copy without page hashes (a page is checked before it is "
+			      "placed)");
 	if (h->reserved)
 		return refuse(err, len, "header.reserved: 0x%" PRIx32 ", must be 0", h->reserved);
 	d->flags = h->flags;
@@ -396,6 +408,35 @@ int mig_decode_data(struct mig_decoder *d, const struct mig_record *rec, char *e
 int mig_decode_zero(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
 	return check_run(d, rec, UINT64_MAX, err, len);
+}
+
+int mig_decode_left(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
+{
+	if (!(d->flags & MIG_F_POSTCOPY))
+		return refuse_field(d, rec, "kind", err, len, "LEFT in a stream without post-copy (header.flags)");
+	return check_run(d, rec, UINT64_MAX, err, len);
+}
+
+int mig_pc_check(const struct mig_region *regions, uint32_t nr, const struct mig_record *rec, uint64_t nrec,
+		 bool to_dest, char *err, size_t len)
+{
+	const char *k = mig_kind_name(rec->kind);
+	uint64_t np;
+
+	if ((rec->kind == MIG_ALL_IN || rec->kind == MIG_PC_FAILED) && !to_dest)
+		return 0; /* its figures (errno) are the destination's word, printed, never acted on */
+	if (rec->kind != (to_dest ? MIG_DATA : MIG_REQ))
+		return refuse(err, len, "post-copy record %" PRIu64 ".kind: %" PRIu32 " (%s), %s", nrec, rec->kind, k,
+			      to_dest ? "the source sends DATA only" : "the destination sends REQ and ALL_IN only");
+	if (rec->index >= nr)
+		return refuse(err, len, "post-copy record %" PRIu64 " (%s).index: region %" PRIu32 ", the guest has %" PRIu32,
+			      nrec, k, rec->index, nr);
+	np = regions[rec->index].size / MIG_PAGE_SIZE;
+	if (!rec->count || rec->count > MIG_RUN_PAGES || rec->first >= np || rec->count > np - rec->first)
+		return refuse(err, len, "post-copy record %" PRIu64 " (%s): pages [%" PRIu64 ", +%" PRIu64 ") of region %"
+			      PRIu32 " (%" PRIu64 " pages; 1..%u a record)", nrec, k, rec->first, rec->count, rec->index,
+			      np, MIG_RUN_PAGES);
+	return 0;
 }
 
 /* PASS and VCPU: connection 0's alone. */
@@ -557,6 +598,8 @@ int mig_decode_record(struct mig_decoder *d, const struct mig_record *rec, char 
 		return mig_decode_devices(d, rec, err, len);
 	case MIG_DEVICES_LIVE:
 		return mig_decode_devices_live(d, rec, err, len);
+	case MIG_LEFT:
+		return mig_decode_left(d, rec, err, len);
 	case 5:
 		return refuse(err, len, "record %" PRIu64 ".kind: 5 (DIGEST) belongs to stream version 1", d->nrec);
 	default:

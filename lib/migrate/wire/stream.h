@@ -32,6 +32,11 @@
  *               before the first VCPU record; loaded before DEVICES's.  The
  *               two together MIG_DEVICES_MAX bytes at most.  A destination
  *               older than it refuses the stream by its kind.
+ *     LEFT      index = region, first = page, count = pages; no payload:
+ *               pages whose latest copy stays at the source, to come
+ *               after the handoff (post-copy, below).  Only in a stream
+ *               whose header has MIG_F_POSTCOPY, by the chunk rule of
+ *               DATA; a later DATA or ZERO of a page replaces it
  *     END       index = count = 0; first = FNV-1a 64 of every byte before
  *               it except DATA payloads (which the page hashes check)
  *   handoff     struct mig_ack messages, on connection 0 (sealed like the
@@ -44,6 +49,27 @@
  *     destination -> source   ACK: status 0, done as asked; status < 0, the
  *                             guest was dropped (message: why: a resolve
  *                             came first, or the message was neither)
+ *   post-copy  after an ACK of status 0 to COMMIT, in a stream with LEFT
+ *             pages (MIG_F_POSTCOPY, a session with MIG_S_POSTCOPY): the
+ *             guest runs at the destination, its LEFT pages missing
+ *             (userfaultfd); records as above, no checksum (the page
+ *             hashes and the sealed channel guard them):
+ *     destination -> source, fault channel   REQ (index = region, first
+ *               = page, count = 1 .. MIG_RUN_PAGES): pages a fault needs
+ *               now; ALL_IN: every LEFT page is in place, the source may
+ *               drop its guest; index = faults that asked for a page,
+ *               first and count = their median and 99th percentile wait
+ *               in ns, the destination's figures for the source's summary;
+ *               PC_FAILED (index = 0, first = the errno, count = 0): a
+ *               page failed its hash or a record was out of form, the
+ *               guest there was paused for good; nothing follows
+ *     source -> destination, fault channel   DATA: the pages a REQ asked
+ *               for, hashes first, as in the stream
+ *     source -> destination, each lane       DATA: the other LEFT pages,
+ *               in the lane's chunks (the chunk rule), nearest to recent
+ *               faults first; each page at most once a connection
+ *   A page is placed only if it was LEFT, is still missing and matches
+ *   its hash; another copy of a page placed already is passed over.
  *   The source sends nothing after END until READY arrives.  Who may run
  *   the guest after each message is kvmdirty-migrate(1)'s state table; in
  *   short, the source resumes by itself at any failure before READY and
@@ -125,6 +151,8 @@ struct mig_header {
 };
 
 #define MIG_F_PAGE_HASH (1u << 0) /* DATA records carry a hash per page */
+/* the stream may leave pages at the source (LEFT), to come after the handoff; needs MIG_F_PAGE_HASH */
+#define MIG_F_POSTCOPY (1u << 1)
 
 struct mig_region {
 	uint64_t gpa;
@@ -141,6 +169,11 @@ enum mig_kind {
 	MIG_VM = 7,
 	MIG_DEVICES = 8,
 	MIG_DEVICES_LIVE = 9,
+	MIG_LEFT = 10,
+	/* post-copy, after the handoff */
+	MIG_REQ = 11,
+	MIG_ALL_IN = 12,
+	MIG_PC_FAILED = 13,
 };
 
 #define MIG_DEVICES_MAX (256ull << 20) /* device state a stream or snapshot carries at most, both parts together */
@@ -309,6 +342,7 @@ struct mig_record mig_encode_vcpu(struct mig_encoder *e, uint32_t vcpu, const st
 struct mig_record mig_encode_vm(struct mig_encoder *e, const struct mig_vm_state *st);
 struct mig_record mig_encode_devices(struct mig_encoder *e, const void *state, uint64_t len);
 struct mig_record mig_encode_devices_live(struct mig_encoder *e, const void *state, uint64_t len);
+struct mig_record mig_encode_left(struct mig_encoder *e, uint32_t region, uint64_t first, uint64_t count);
 struct mig_record mig_encode_end(struct mig_encoder *e);
 
 /*
@@ -331,6 +365,7 @@ struct mig_decoder {
 	uint64_t devices_live_bytes; /* DEVICES_LIVE's count: DEVICES may bring MIG_DEVICES_MAX less it */
 	bool stopped; /* a VCPU record came: the guest was paused */
 	uint32_t lane, lanes; /* which connection of how many this stream is on (0 of 1 unless set) */
+	bool postcopy_ok;     /* MIG_F_POSTCOPY is taken (the session agreed to it) */
 };
 
 void mig_decoder_init(struct mig_decoder *d, const struct mig_region *regions, uint32_t nr_regions,
@@ -346,7 +381,16 @@ int mig_decode_vcpu(struct mig_decoder *d, const struct mig_record *rec, char *e
 int mig_decode_vm(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_devices(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_devices_live(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_left(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+/*
+ * A post-copy record (after the handoff) against regions[0 .. nr):
+ * to_dest, DATA (1 .. MIG_RUN_PAGES pages inside a region); otherwise
+ * REQ (the same bounds) or ALL_IN (its figures unchecked).  0, or -EPROTO with
+ * "post-copy record N (KIND).field: why" in err.
+ */
+int mig_pc_check(const struct mig_region *regions, uint32_t nr, const struct mig_record *rec, uint64_t nrec,
+		 bool to_dest, char *err, size_t len);
 /* A VCPU record's payload, after its record was decoded. */
 int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len);
 /* A DEVICES or DEVICES_LIVE record's payload, after its record was decoded: summed. */

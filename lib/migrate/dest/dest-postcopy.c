@@ -1,0 +1,735 @@
+// SPDX-License-Identifier: MIT
+/*
+ * Post-copy at the destination (dest-postcopy.h): faults into requests on
+ * the fault channel, pages from every connection checked and placed.
+ *
+ * Who places a page: whichever receiving thread's UFFDIO_COPY comes first
+ * (an answer and the bulk copy of one page may both arrive); the other
+ * one's fails with EEXIST and is passed over.  A page's "left" bit is
+ * cleared, under the lock, after its copy or its EEXIST, never before, so
+ * that "no page left" means every LEFT page is in memory.
+ */
+#define _GNU_SOURCE /* qsort_r */
+#include <errno.h>
+#include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <linux/userfaultfd.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+
+#include "clock.h"
+#include "dest-postcopy.h"
+#include "errf.h"
+#include "stream.h"
+#include "uffd.h"
+
+#define PAGE ((uint64_t)MIG_PAGE_SIZE)
+#define PC_AROUND 16 /* pages a fault asks for: its own and the LEFT ones after it, not yet asked for */
+#define PC_MSGS 16   /* faults read at a time */
+#define PC_PEND 1024 /* faults awaiting their page, timed (more are served, not timed) */
+
+struct pc_region {
+	uint8_t *hva;
+	uint64_t size, npages, gpa;
+	uint64_t *was;	/* LEFT at the switch (never changes) */
+	uint64_t *left; /* ... and not yet placed (under lock) */
+	uint64_t *req;	/* ... asked for (under lock) */
+};
+
+struct pend {
+	uint32_t r;
+	uint64_t p, t_ns;
+};
+
+struct rx {
+	struct mig_pc *pc;
+	unsigned int i;
+	pthread_t thread;
+	bool started;
+};
+
+struct mig_pc {
+	const struct mig_guest *g;
+	struct pc_region *r;
+	struct mig_region *regs; /* the same, as the stream has them (mig_pc_check()) */
+	uint32_t nr;
+	uint32_t *by_hva; /* region indexes in address order */
+	int uffd, stop_fd;
+	struct mig_session *s;
+	struct mig_chan *fch; /* the fault channel: the session's last connection */
+	struct mig_status *st;
+	struct mig_status own_st; /* st where the caller gave none */
+	bool own_st_used;
+	pthread_t fault_thread;
+	bool fault_started;
+	struct rx rx[MIG_MAX_CONNS];
+	pthread_mutex_t lock;  /* everything below, the bitmaps' left and req */
+	pthread_mutex_t wlock; /* writes on the fault channel */
+	pthread_cond_t cond;
+	uint64_t missing;
+	bool complete, failed, paused, stopping, registered;
+	bool pause_done; /* failed and the guest paused: a fault is served zeroes from now */
+	int ret;
+	struct mig_pc_stats stt;
+	struct pend pend[PC_PEND];
+	unsigned int npend;
+	double t0;
+};
+
+static bool bit(const uint64_t *m, uint64_t i)
+{
+	return m[i / 64] >> (i % 64) & 1;
+}
+
+static void bit_set(uint64_t *m, uint64_t i)
+{
+	m[i / 64] |= 1ull << (i % 64);
+}
+
+static void bit_clear(uint64_t *m, uint64_t i)
+{
+	m[i / 64] &= ~(1ull << (i % 64));
+}
+
+static uint32_t region_of(const struct mig_pc *pc, uint64_t a)
+{
+	uint32_t lo = 0, hi = pc->nr;
+
+	while (lo < hi) {
+		uint32_t mid = lo + (hi - lo) / 2;
+		const struct pc_region *r = &pc->r[pc->by_hva[mid]];
+		uint64_t base = (uint64_t)(uintptr_t)r->hva;
+
+		if (a < base)
+			hi = mid;
+		else if (a >= base + r->size)
+			lo = mid + 1;
+		else
+			return pc->by_hva[mid];
+	}
+	return UINT32_MAX;
+}
+
+static int send_rec(struct mig_pc *pc, struct mig_record rec);
+
+/*
+ * Failed, the guest paused for good: a thread waiting on a page asked for
+ * (a VMM thread reading guest memory) gets zeroes, not a wait for ever;
+ * later faults too (on_fault()).  Never the copy that failed.
+ */
+static void zero_waiters(struct mig_pc *pc)
+{
+	uint32_t r;
+	uint64_t p;
+
+	for (r = 0; r < pc->nr; r++) {
+		struct pc_region *rg = &pc->r[r];
+
+		for (p = 0; p < rg->npages; p++) {
+			bool want;
+
+			pthread_mutex_lock(&pc->lock);
+			want = bit(rg->req, p) && bit(rg->left, p);
+			pthread_mutex_unlock(&pc->lock);
+			if (want)
+				mig_uffd_place(pc->uffd, rg->hva + p * PAGE, NULL, PAGE);
+		}
+	}
+}
+
+/* The first failure wins: the guest paused (from this thread), every waiter told. */
+static void pc_fail(struct mig_pc *pc, int ret, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void pc_fail(struct mig_pc *pc, int ret, const char *fmt, ...)
+{
+	char esc[2 * MIG_EVENT_LINE / 3];
+	va_list ap;
+
+	pthread_mutex_lock(&pc->lock);
+	if (pc->failed || pc->complete || pc->stopping) {
+		pthread_mutex_unlock(&pc->lock);
+		return;
+	}
+	pc->failed = true;
+	pc->ret = ret;
+	va_start(ap, fmt);
+	vsnprintf(pc->stt.why, sizeof(pc->stt.why), fmt, ap);
+	va_end(ap);
+	pthread_mutex_unlock(&pc->lock);
+	/* every vCPU out of KVM_RUN (one waiting on a page leaves on the kick) before anyone is told */
+	pc->g->ops->pause(pc->g->ctx);
+	pthread_mutex_lock(&pc->lock);
+	pc->pause_done = true;
+	pthread_cond_broadcast(&pc->cond);
+	pthread_mutex_unlock(&pc->lock);
+	mig_event_str(esc, sizeof(esc), pc->stt.why);
+	mig_status_event(pc->st, "postcopy-failed", "\"side\":\"destination\",\"error\":\"%s\"", esc);
+	mig_status_set_state(pc->st, "failed");
+	zero_waiters(pc);
+	/* the source is told (best effort): the guest is lost, its copy there is older than the state that ran here */
+	if (send_rec(pc, (struct mig_record){ .kind = MIG_PC_FAILED, .first = (uint64_t)(int64_t)ret }) == 0) {
+		pthread_mutex_lock(&pc->wlock);
+		mig_chan_close_write(pc->fch);
+		pthread_mutex_unlock(&pc->wlock);
+	}
+}
+
+/* A connection ended or failed before every page was in: post-copy waits, the pages in stay. */
+static void link_down(struct mig_pc *pc, unsigned int i, int ret)
+{
+	char why[200], esc[300];
+
+	if (ret >= 0)
+		snprintf(why, sizeof(why), "connection %u ended with pages still at the source", i);
+	else {
+		char what[120];
+
+		mig_chan_strerror(pc->s->chan[i], ret, what, sizeof(what));
+		snprintf(why, sizeof(why), "connection %u: %s", i, what);
+	}
+	pthread_mutex_lock(&pc->lock);
+	if (pc->complete || pc->failed || pc->stopping || pc->paused) {
+		pthread_mutex_unlock(&pc->lock);
+		return;
+	}
+	pc->paused = true;
+	snprintf(pc->stt.why, sizeof(pc->stt.why), "%s", why);
+	pthread_cond_broadcast(&pc->cond);
+	pthread_mutex_unlock(&pc->lock);
+	mig_event_str(esc, sizeof(esc), why);
+	mig_status_event(pc->st, "postcopy-paused",
+			 "\"side\":\"destination\",\"missing_pages\":%" PRIu64 ",\"why\":\"%s\"", pc->stt.missing, esc);
+	mig_status_set_state(pc->st, "postcopy-paused");
+}
+
+/* A record on the fault channel, once post-copy has it (a fault before the ACK waits for it). */
+static int send_rec(struct mig_pc *pc, struct mig_record rec)
+{
+	struct iovec iov = { &rec, sizeof(rec) };
+	int ret;
+
+	pthread_mutex_lock(&pc->lock);
+	while (!pc->fch && !pc->stopping)
+		pthread_cond_wait(&pc->cond, &pc->lock);
+	pthread_mutex_unlock(&pc->lock);
+	if (!pc->fch)
+		return -ECANCELED;
+	pthread_mutex_lock(&pc->wlock);
+	ret = mig_chan_writev(pc->fch, &iov, 1);
+	pthread_mutex_unlock(&pc->wlock);
+	return ret;
+}
+
+/* Every LEFT page is in: ALL_IN, the regions unregistered (called once, outside the lock). */
+static void all_in(struct mig_pc *pc)
+{
+	uint32_t r;
+	int ret;
+
+	for (r = 0; r < pc->nr; r++)
+		mig_uffd_unregister(pc->uffd, pc->r[r].hva, pc->r[r].size);
+	{
+		struct mig_pc_stats st;
+
+		mig_pc_get_stats(pc, &st);
+		ret = send_rec(pc, (struct mig_record){ .kind = MIG_ALL_IN,
+							.index = st.faults > UINT32_MAX ? UINT32_MAX : (uint32_t)st.faults,
+							.first = (uint64_t)(st.fault_p50_us * 1e3),
+							.count = (uint64_t)(st.fault_p99_us * 1e3) });
+	}
+	pthread_mutex_lock(&pc->wlock);
+	if (ret == 0)
+		mig_chan_close_write(pc->fch);
+	pthread_mutex_unlock(&pc->wlock);
+	mig_status_event(pc->st, "postcopy-completed",
+			 "\"side\":\"destination\",\"pages\":%" PRIu64 ",\"faults\":%" PRIu64 ",\"ms\":%.1f",
+			 pc->stt.left, pc->stt.faults, pc->stt.complete_ms);
+	mig_status_set_state(pc->st, "completed");
+}
+
+/* Pages [p, p + n) of region r are in memory (placed here or found there): each counted once. */
+static void mark(struct mig_pc *pc, uint32_t r, uint64_t p, uint64_t n)
+{
+	struct pc_region *rg = &pc->r[r];
+	uint64_t now = mig_clock_ns(), k;
+	bool done = false;
+	unsigned int j;
+
+	pthread_mutex_lock(&pc->lock);
+	for (k = p; k < p + n; k++) {
+		if (!bit(rg->left, k)) {
+			pc->stt.dups++;
+			continue;
+		}
+		bit_clear(rg->left, k);
+		pc->missing--;
+		pc->stt.placed++;
+		for (j = 0; j < pc->npend;) {
+			if (pc->pend[j].r == r && pc->pend[j].p == k) {
+				uint64_t ns = now - pc->pend[j].t_ns;
+				double us = (double)ns / 1e3;
+
+				pc->stt.hist[mig_hist_bucket(ns)]++;
+				if (us > pc->stt.fault_max_us)
+					pc->stt.fault_max_us = us;
+				pc->pend[j] = pc->pend[--pc->npend];
+			} else {
+				j++;
+			}
+		}
+	}
+	pc->stt.missing = pc->missing;
+	if (!pc->missing && !pc->complete && !pc->failed) {
+		pc->complete = done = true;
+		pc->stt.complete = true;
+		pc->stt.complete_ms = mig_clock_msf() - pc->t0;
+	}
+	pthread_mutex_unlock(&pc->lock);
+	if (done) {
+		all_in(pc);
+		pthread_mutex_lock(&pc->lock);
+		pthread_cond_broadcast(&pc->cond);
+		pthread_mutex_unlock(&pc->lock);
+	}
+}
+
+/* Whether post-copy is over for a receiving thread (complete, failed, stopping): what still comes is dropped. */
+static bool over(struct mig_pc *pc)
+{
+	bool o;
+
+	pthread_mutex_lock(&pc->lock);
+	o = pc->complete || pc->failed || pc->stopping;
+	pthread_mutex_unlock(&pc->lock);
+	return o;
+}
+
+/* The checked copies buf of pages [p, p + n) of region r, placed where still missing. */
+static int place(struct mig_pc *pc, uint32_t r, uint64_t p, uint64_t n, const uint8_t *buf)
+{
+	struct pc_region *rg = &pc->r[r];
+	uint64_t k = 0;
+
+	while (k < n) {
+		int64_t res = mig_uffd_place(pc->uffd, rg->hva + (p + k) * PAGE, buf + k * PAGE, (n - k) * PAGE);
+
+		if (res > 0) {
+			mark(pc, r, p + k, (uint64_t)res / PAGE);
+			k += (uint64_t)res / PAGE;
+		} else if (res == -EEXIST) {
+			mark(pc, r, p + k, 1);
+			k++;
+		} else {
+			if (over(pc))
+				return 0; /* unregistered: complete (or stopping) meanwhile */
+			pc_fail(pc, (int)res, "placing region %u page %" PRIu64 " (UFFDIO_COPY): %s", r, p + k,
+				strerror((int)-res));
+			return (int)res;
+		}
+	}
+	return 0;
+}
+
+/* Read exactly len bytes of connection i: 0, or what ended it (link_down() told). */
+static int rx_get(struct mig_pc *pc, unsigned int i, void *buf, size_t len, bool at_record)
+{
+	int ret = mig_chan_read(pc->s->chan[i], buf, len);
+
+	if (ret == (int)len)
+		return 0;
+	/* a lane's clean end between records: the source sent it all (or post-copy is over) */
+	if (ret == 0 && at_record && i + 1 < pc->s->conns)
+		return 1;
+	if (!over(pc))
+		link_down(pc, i, ret > 0 ? 0 : ret);
+	return -EPIPE;
+}
+
+static void *rx_main(void *arg)
+{
+	struct rx *x = arg;
+	struct mig_pc *pc = x->pc;
+	uint8_t *buf = malloc((size_t)MIG_RUN_PAGES * PAGE);
+	uint64_t hashes[MIG_RUN_PAGES], nrec = 0, k;
+	struct mig_record rec;
+	char err[256];
+
+	if (!buf) {
+		pc_fail(pc, -ENOMEM, "post-copy: out of memory for connection %u's pages", x->i);
+		return NULL;
+	}
+	for (;; nrec++) {
+		struct pc_region *rg;
+
+		if (rx_get(pc, x->i, &rec, sizeof(rec), true))
+			break;
+		if (mig_pc_check(pc->regs, pc->nr, &rec, nrec, true, err, sizeof(err)) < 0) {
+			pc_fail(pc, -EPROTO, "connection %u: %s", x->i, err);
+			break;
+		}
+		rg = &pc->r[rec.index];
+		if (rx_get(pc, x->i, hashes, rec.count * sizeof(uint64_t), false) ||
+		    rx_get(pc, x->i, buf, rec.count * PAGE, false))
+			break;
+		for (k = 0; k < rec.count && bit(rg->was, rec.first + k); k++)
+			;
+		if (k < rec.count) {
+			pc_fail(pc, -EPROTO, "connection %u: post-copy record %" PRIu64 " (DATA): region %" PRIu32 " page %" PRIu64
+				" was not left at the source", x->i, nrec, rec.index, rec.first + k);
+			break;
+		}
+		for (k = 0; k < rec.count && mig_page_hash(buf + k * PAGE) == hashes[k]; k++)
+			;
+		if (k < rec.count) {
+			pc_fail(pc, -EIO, "connection %u: region %" PRIu32 " page %" PRIu64 " (gpa 0x%" PRIx64 "): its copy does "
+				"not match its hash; not placed, the guest paused", x->i, rec.index, rec.first + k,
+				rg->gpa + (rec.first + k) * PAGE);
+			break;
+		}
+		if (over(pc))
+			continue; /* complete: what still comes is a copy of a page placed, passed over */
+		if (place(pc, rec.index, rec.first, rec.count, buf) < 0)
+			break;
+	}
+	free(buf);
+	return NULL;
+}
+
+/* A fault at address a: ask for its page (and the LEFT ones after it), or place a zero page, or wake. */
+static void on_fault(struct mig_pc *pc, uint64_t a, uint64_t t_ns)
+{
+	uint32_t r = region_of(pc, a);
+	struct pc_region *rg;
+	uint64_t p, n = 0;
+	bool zero = false, failed;
+	int ret;
+
+	if (r == UINT32_MAX)
+		return;
+	rg = &pc->r[r];
+	p = (a - (uint64_t)(uintptr_t)rg->hva) / PAGE;
+	pthread_mutex_lock(&pc->lock);
+	failed = pc->pause_done;
+	if (!failed && !bit(rg->was, p)) {
+		zero = true; /* the stream left it zero and it was never written here */
+		pc->stt.zero_faults++;
+	} else if (!failed && bit(rg->left, p)) {
+		pc->stt.faults++;
+		if (pc->npend < PC_PEND)
+			pc->pend[pc->npend++] = (struct pend){ r, p, t_ns };
+		if (!bit(rg->req, p)) {
+			for (n = 0; n < PC_AROUND && p + n < rg->npages && bit(rg->left, p + n) && !bit(rg->req, p + n);
+			     n++)
+				bit_set(rg->req, p + n);
+			pc->stt.requested += n;
+		}
+	}
+	pthread_mutex_unlock(&pc->lock);
+	if (failed) {
+		/* the guest is paused for good: a VMM thread reading the page is not held for ever */
+		mig_uffd_place(pc->uffd, rg->hva + p * PAGE, NULL, PAGE);
+		return;
+	}
+	if (zero) {
+		mig_uffd_place(pc->uffd, rg->hva + p * PAGE, NULL, PAGE);
+		return;
+	}
+	if (!n) {
+		/* asked for already, or placed since the fault was queued: its copy wakes it */
+		if (!bit(rg->was, p))
+			return;
+		pthread_mutex_lock(&pc->lock);
+		if (!bit(rg->left, p))
+			mig_uffd_wake(pc->uffd, rg->hva + p * PAGE, PAGE);
+		pthread_mutex_unlock(&pc->lock);
+		return;
+	}
+	ret = send_rec(pc, (struct mig_record){ .kind = MIG_REQ, .index = r, .first = p, .count = n });
+	if (ret < 0 && !over(pc)) {
+		/* asked again after a recovery: the request did not go */
+		pthread_mutex_lock(&pc->lock);
+		while (n--)
+			bit_clear(rg->req, p + n);
+		pthread_mutex_unlock(&pc->lock);
+		link_down(pc, pc->s->conns - 1, ret);
+	}
+}
+
+static void *fault_main(void *arg)
+{
+	struct mig_pc *pc = arg;
+	struct pollfd pfd[2] = { { .fd = pc->uffd, .events = POLLIN }, { .fd = pc->stop_fd, .events = POLLIN } };
+	struct uffd_msg msgs[PC_MSGS];
+
+	for (;;) {
+		ssize_t n;
+		int i;
+
+		if (poll(pfd, 2, -1) < 0)
+			continue; /* EINTR */
+		if (pfd[1].revents)
+			break;
+		n = read(pc->uffd, msgs, sizeof(msgs));
+		if (n <= 0)
+			continue; /* EAGAIN: another read took it */
+		for (i = 0; i < (int)(n / (ssize_t)sizeof(msgs[0])); i++)
+			if (msgs[i].event == UFFD_EVENT_PAGEFAULT)
+				on_fault(pc, msgs[i].arg.pagefault.address & ~(PAGE - 1), mig_clock_ns());
+	}
+	return NULL;
+}
+
+static int cmp_hva(const void *a, const void *b, void *arg)
+{
+	const struct pc_region *r = arg;
+	uintptr_t x = (uintptr_t)r[*(const uint32_t *)a].hva, y = (uintptr_t)r[*(const uint32_t *)b].hva;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Empty [p, p + n) of a region: the copy of an earlier pass goes, the page faults. */
+static int discard_run(uint64_t first, uint64_t count, void *opaque)
+{
+	const struct pc_region *rg = opaque;
+	uint8_t *a = rg->hva + first * PAGE;
+
+	/* shared memory keeps its pages in the file: punched out; private memory: dropped */
+	if (madvise(a, count * PAGE, MADV_REMOVE) < 0 && madvise(a, count * PAGE, MADV_DONTNEED) < 0)
+		return -errno;
+	return 0;
+}
+
+int mig_pc_prepare(const struct mig_guest *g, uint64_t *const *left, struct mig_pc **ret, char *err, size_t len)
+{
+	struct mig_pc *pc = calloc(1, sizeof(*pc));
+	pthread_condattr_t ca;
+	uint32_t r;
+	int rc;
+
+	*ret = NULL;
+	if (!pc)
+		return mig_errf(err, len, -ENOMEM, "post-copy: out of memory");
+	pc->g = g;
+	pc->uffd = pc->stop_fd = -1;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_mutex_init(&pc->lock, NULL);
+	pthread_mutex_init(&pc->wlock, NULL);
+	pthread_cond_init(&pc->cond, &ca);
+	pthread_condattr_destroy(&ca);
+	pc->nr = g->nr_regions;
+	pc->r = calloc(pc->nr ? pc->nr : 1, sizeof(*pc->r));
+	pc->regs = calloc(pc->nr ? pc->nr : 1, sizeof(*pc->regs));
+	pc->by_hva = calloc(pc->nr ? pc->nr : 1, sizeof(*pc->by_hva));
+	if (!g->ops->pause) {
+		rc = mig_errf(err, len, -EINVAL, "post-copy needs the guest's pause (it stops the guest on a bad page)");
+		goto fail;
+	}
+	if (!pc->r || !pc->regs || !pc->by_hva) {
+		rc = mig_errf(err, len, -ENOMEM, "post-copy: out of memory");
+		goto fail;
+	}
+	for (r = 0; r < pc->nr; r++) {
+		struct pc_region *rg = &pc->r[r];
+		size_t words = KVMDIRTY_BITMAP_WORDS(g->regions[r].size / PAGE);
+
+		rg->hva = g->regions[r].hva;
+		rg->size = g->regions[r].size;
+		rg->gpa = g->regions[r].gpa;
+		rg->npages = rg->size / PAGE;
+		pc->regs[r] = (struct mig_region){ rg->gpa, rg->size };
+		rg->was = malloc(words * 8);
+		rg->left = malloc(words * 8);
+		rg->req = calloc(words, 8);
+		if (!rg->was || !rg->left || !rg->req) {
+			rc = mig_errf(err, len, -ENOMEM, "post-copy: out of memory");
+			goto fail;
+		}
+		memcpy(rg->was, left[r], words * 8);
+		memcpy(rg->left, left[r], words * 8);
+		pc->missing += kvmdirty_bitmap_count(rg->left, 0, rg->npages);
+		pc->by_hva[r] = r;
+	}
+	qsort_r(pc->by_hva, pc->nr, sizeof(*pc->by_hva), cmp_hva, pc->r);
+	pc->stt.left = pc->stt.missing = pc->missing;
+	rc = mig_uffd_open(err, len);
+	if (rc < 0)
+		goto fail;
+	pc->uffd = rc;
+	pc->stop_fd = eventfd(0, EFD_CLOEXEC);
+	if (pc->stop_fd < 0) {
+		rc = mig_errf(err, len, -errno, "eventfd: %s", strerror(errno));
+		goto fail;
+	}
+	/* every region registered first (a page the stream left zero may be missing too), then the LEFT ones emptied */
+	for (r = 0; r < pc->nr; r++) {
+		rc = mig_uffd_register(pc->uffd, pc->r[r].hva, pc->r[r].size, r, pc->r[r].gpa, err, len);
+		if (rc < 0)
+			goto fail;
+	}
+	pc->registered = true;
+	for (r = 0; r < pc->nr; r++) {
+		rc = kvmdirty_bitmap_for_each_run(pc->r[r].was, 0, pc->r[r].npages, discard_run, &pc->r[r]);
+		if (rc < 0) {
+			rc = mig_errf(err, len, rc, "region %u (gpa 0x%" PRIx64 "): emptying the pages left at the source: %s", r,
+				      pc->r[r].gpa, strerror(-rc));
+			goto fail;
+		}
+	}
+	/* faults are served from now (a device's access before the vCPUs run included); requests wait for the channel */
+	rc = pthread_create(&pc->fault_thread, NULL, fault_main, pc);
+	if (rc) {
+		rc = mig_errf(err, len, -rc, "post-copy: the fault thread: %s", strerror(rc));
+		goto fail;
+	}
+	pc->fault_started = true;
+	*ret = pc;
+	return 0;
+fail:
+	mig_pc_free(pc);
+	return rc;
+}
+
+int mig_pc_start(struct mig_pc *pc, struct mig_session *s, struct mig_status *st, char *err, size_t len)
+{
+	unsigned int i;
+	int rc;
+
+	struct mig_session *own = malloc(sizeof(*own));
+
+	if (!own) {
+		mig_session_free(s);
+		return mig_errf(err, len, -ENOMEM, "post-copy: out of memory");
+	}
+	*own = *s;
+	memset(s, 0, sizeof(*s));
+	if (!st) {
+		mig_status_init(&pc->own_st, true);
+		pc->own_st_used = true;
+		st = &pc->own_st;
+	}
+	pc->st = st;
+	pc->t0 = mig_clock_msf();
+	/* the source may take its time: no wait for it gives up (a cut ends a read, and post-copy pauses) */
+	for (i = 0; i < own->conns; i++) {
+		mig_conn_set_deadline(own->conn[i], 0);
+		mig_conn_set_timeout(own->conn[i], 0);
+	}
+	mig_status_set_state(st, "postcopy");
+	mig_status_event(st, "postcopy-started", "\"side\":\"destination\",\"missing_pages\":%" PRIu64, pc->missing);
+	/* the fault thread may send its requests now */
+	pthread_mutex_lock(&pc->lock);
+	pc->s = own;
+	pc->fch = own->chan[own->conns - 1];
+	pthread_cond_broadcast(&pc->cond);
+	pthread_mutex_unlock(&pc->lock);
+	for (i = 0; i < pc->s->conns; i++) {
+		pc->rx[i] = (struct rx){ .pc = pc, .i = i };
+		rc = pthread_create(&pc->rx[i].thread, NULL, rx_main, &pc->rx[i]);
+		if (rc) {
+			pc_fail(pc, -rc, "post-copy: a thread for connection %u: %s", i, strerror(rc));
+			return mig_errf(err, len, -rc, "post-copy: a thread for connection %u: %s", i, strerror(rc));
+		}
+		pc->rx[i].started = true;
+	}
+	/* nothing was left: complete at once */
+	if (!pc->stt.left)
+		mark(pc, 0, 0, 0);
+	return 0;
+}
+
+int mig_pc_wait(struct mig_pc *pc, int64_t timeout_ms, char *err, size_t len)
+{
+	struct timespec until;
+	int ret = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	if (timeout_ms > 0) {
+		until.tv_sec += timeout_ms / 1000;
+		until.tv_nsec += (timeout_ms % 1000) * 1000000;
+		if (until.tv_nsec >= 1000000000) {
+			until.tv_sec++;
+			until.tv_nsec -= 1000000000;
+		}
+	}
+	pthread_mutex_lock(&pc->lock);
+	while (!pc->complete && !pc->pause_done && ret == 0) {
+		if (timeout_ms < 0)
+			pthread_cond_wait(&pc->cond, &pc->lock);
+		else if (!timeout_ms || pthread_cond_timedwait(&pc->cond, &pc->lock, &until) == ETIMEDOUT)
+			ret = -ETIMEDOUT;
+	}
+	if (pc->complete)
+		ret = 0;
+	else if (pc->pause_done)
+		ret = mig_errf(err, len, pc->ret, "%s", pc->stt.why);
+	else
+		mig_errf(err, len, ret, "post-copy %s: %" PRIu64 " pages still at the source%s%s",
+			 pc->paused ? "paused" : "under way", pc->missing, pc->paused ? ": " : "",
+			 pc->paused ? pc->stt.why : "");
+	pthread_mutex_unlock(&pc->lock);
+	return ret;
+}
+
+void mig_pc_get_stats(struct mig_pc *pc, struct mig_pc_stats *st)
+{
+	pthread_mutex_lock(&pc->lock);
+	*st = pc->stt;
+	st->failed = pc->failed;
+	st->paused = pc->paused;
+	pthread_mutex_unlock(&pc->lock);
+	mig_hist_pcts(st->hist, st->fault_max_us, &st->fault_p50_us, &st->fault_p99_us);
+}
+
+void mig_pc_free(struct mig_pc *pc)
+{
+	uint64_t one = 1;
+	unsigned int i;
+	uint32_t r;
+
+	if (!pc)
+		return;
+	pthread_mutex_lock(&pc->lock);
+	pc->stopping = true;
+	pthread_cond_broadcast(&pc->cond);
+	pthread_mutex_unlock(&pc->lock);
+	if (pc->stop_fd >= 0 && write(pc->stop_fd, &one, sizeof(one)) < 0)
+		abort(); /* an eventfd takes a write below its limit */
+	for (i = 0; pc->s && i < pc->s->conns; i++)
+		shutdown(pc->s->fd[i], SHUT_RDWR);
+	for (i = 0; i < MIG_MAX_CONNS; i++)
+		if (pc->rx[i].started)
+			pthread_join(pc->rx[i].thread, NULL);
+	if (pc->fault_started)
+		pthread_join(pc->fault_thread, NULL);
+	for (r = 0; pc->registered && !pc->complete && r < pc->nr; r++)
+		mig_uffd_unregister(pc->uffd, pc->r[r].hva, pc->r[r].size);
+	if (pc->uffd >= 0)
+		close(pc->uffd);
+	if (pc->stop_fd >= 0)
+		close(pc->stop_fd);
+	if (pc->s) {
+		mig_session_free(pc->s);
+		free(pc->s);
+	}
+	for (r = 0; pc->r && r < pc->nr; r++) {
+		free(pc->r[r].was);
+		free(pc->r[r].left);
+		free(pc->r[r].req);
+	}
+	free(pc->r);
+	free(pc->regs);
+	free(pc->by_hva);
+	pthread_mutex_destroy(&pc->lock);
+	pthread_mutex_destroy(&pc->wlock);
+	pthread_cond_destroy(&pc->cond);
+	if (pc->own_st_used)
+		mig_status_destroy(&pc->own_st);
+	free(pc);
+}
