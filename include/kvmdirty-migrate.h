@@ -375,6 +375,16 @@ struct kvmdirty_mig_send_opts {
 	 */
 	bool postcopy;
 	unsigned int postcopy_after;
+	/*
+	 * Post-copy paused (a connection lost): both ends keep their state;
+	 * the source dials the address again, a new session with the same
+	 * key, once a second for this long (0: until it works), then only
+	 * when its control's recover asks (kvmdirty-migrate-control(7)); the
+	 * destination takes the recovery on its listening socket.  The call
+	 * does not return while pages are only here (unless the destination
+	 * failed): the guest's memory is kept.
+	 */
+	uint64_t postcopy_recover_ms;
 };
 
 struct kvmdirty_mig_send_result {
@@ -403,6 +413,7 @@ struct kvmdirty_mig_send_result {
 	/* the destination's figures: faults that asked for a page, and their waits (median, 99th percentile) */
 	uint64_t postcopy_faults;
 	double fault_p50_us, fault_p99_us;
+	uint64_t postcopy_recoveries; /* sessions made again after a lost connection */
 };
 
 /*

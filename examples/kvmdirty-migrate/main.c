@@ -312,6 +312,8 @@ static int set_deadline(struct args *a, const char *arg)
 	if (NUMBER("--deadline", arg, 0, 864000, &v))
 		return -1;
 	a->recv.deadline_ms = v * 1000;
+	/* send: how long a post-copy paused by a lost connection dials again by itself */
+	a->send.postcopy_recover_ms = v * 1000;
 	return 0;
 }
 
@@ -859,7 +861,11 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 		fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 	} else {
 		ret = kvmdirty_mig_send(g, a->addr, &o, &r, err, sizeof(err));
-		if (ret < 0 && r.cancelled) {
+		if (ret < 0 && r.postcopy && r.outcome == KVMDIRTY_MIG_THERE) {
+			/* the guest ran at the destination: it cannot run here again */
+			fprintf(stderr, "kvmdirty-migrate: post-copy failed, the guest ran at the destination and cannot run "
+				"here: %s\n", err);
+		} else if (ret < 0 && r.cancelled) {
 			fprintf(stderr, "kvmdirty-migrate: migration cancelled, the guest runs on here: %s\n", err);
 			guest_runs_on(a, tv, "cancelled");
 		} else if (ret < 0 && !r.passes && !r.bytes && strstr(err, "connecting to '")) {
@@ -877,10 +883,10 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 			       o.no_verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified");
 		if (ret >= 0 && r.postcopy)
 			printf("source: post-copy (%s): %" PRIu64 " pages left at the switch, %" PRIu64 " requests answered, %"
-			       PRIu64 " pages sent behind them, in %.1f ms; postcopy_faults=%" PRIu64 " fault_p50_us=%.1f "
-			       "fault_p99_us=%.1f switch_pause_ms=%.1f\n",
+			       PRIu64 " pages sent behind them, in %.1f ms, %" PRIu64 " recoveries; postcopy_faults=%" PRIu64
+			       " fault_p50_us=%.1f fault_p99_us=%.1f switch_pause_ms=%.1f\n",
 			       r.postcopy_why, r.postcopy_pages, r.postcopy_requests, r.postcopy_bulk, r.postcopy_ms,
-			       r.postcopy_faults, r.fault_p50_us, r.fault_p99_us, r.switch_pause_ms);
+			       r.postcopy_recoveries, r.postcopy_faults, r.fault_p50_us, r.fault_p99_us, r.switch_pause_ms);
 		if (ret > 0)
 			fprintf(stderr, "kvmdirty-migrate: source: %s\n", err);
 	}

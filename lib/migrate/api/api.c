@@ -8,6 +8,7 @@
  * engine does not: it fills in options and translates results.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -562,7 +563,8 @@ static void send_opts_of(const struct kvmdirty_mig_send_opts *u, const struct mi
 				     .connect = connect_again,
 				     .connect_ctx = c,
 				     .postcopy = u->postcopy,
-				     .postcopy_after = u->postcopy_after };
+				     .postcopy_after = u->postcopy_after,
+				     .recover_ms = u->postcopy_recover_ms };
 	c->timeout_ms = o->peer_timeout_ms;
 	if (u->control) {
 		o->status = &u->control->d.st;
@@ -598,7 +600,8 @@ static void send_result(const struct mig_result *r, struct kvmdirty_mig_send_res
 						  .postcopy_ms = r->postcopy_ms,
 						  .postcopy_faults = r->postcopy_faults,
 						  .fault_p50_us = r->fault_p50_us,
-						  .fault_p99_us = r->fault_p99_us };
+						  .fault_p99_us = r->fault_p99_us,
+						  .postcopy_recoveries = r->postcopy_recoveries };
 }
 
 EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
@@ -773,14 +776,23 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 		mig_status_decide(&u->control->d.st, MIG_OUTCOME_THERE, "no stream taken: the guest does not run here");
 	if (u->control)
 		control_release(u->control);
-	if (u->psk_file)
-		mig_psk_clear(&psk);
 	say(err, len, "%s", why);
 	if (r.pc) {
+		/* a lost connection is recovered through the same listening socket (a copy of it) */
+		int lfd = fcntl(listen_fd, F_DUPFD_CLOEXEC, 0);
+
+		if (lfd < 0 || mig_pc_listen(r.pc, lfd, &so, u->psk_file ? &psk : NULL) < 0) {
+			if (lfd >= 0)
+				close(lfd);
+			if (u->log)
+				u->log(u->log_ctx, "post-copy: no recovery listener (a lost connection cannot be recovered)");
+		}
 		pthread_mutex_lock(&guest->pc_lock);
 		guest->pc = r.pc;
 		pthread_mutex_unlock(&guest->pc_lock);
 	}
+	if (u->psk_file)
+		mig_psk_clear(&psk);
 	if (res)
 		*res = (struct kvmdirty_mig_recv_result){ .outcome = outcome(r.outcome, false),
 							  .postcopy = r.pc != NULL,

@@ -38,7 +38,8 @@ void mig_status_reset(struct mig_status *s)
 	s->resolved = false;
 	s->why[0] = 0;
 	s->wake_fd = -1;
-	s->postcopy_on = false;
+	s->postcopy_on = s->pc_paused = s->recover_asked = false;
+	s->recover_addr[0] = 0;
 	s->pc_missing = s->pc_faults = 0;
 	s->pc_p50_us = s->pc_p99_us = 0;
 	pthread_mutex_unlock(&s->lock);
@@ -214,6 +215,65 @@ int mig_status_postcopy_start(struct mig_status *s, char *err, size_t len)
 	return ret;
 }
 
+void mig_status_postcopy_paused(struct mig_status *s, bool paused)
+{
+	pthread_mutex_lock(&s->lock);
+	s->pc_paused = paused;
+	if (!paused)
+		s->recover_asked = false;
+	pthread_mutex_unlock(&s->lock);
+}
+
+int mig_status_recover(struct mig_status *s, const char *addr, char *err, size_t len)
+{
+	int ret = 0;
+
+	pthread_mutex_lock(&s->lock);
+	if (!s->pc_paused)
+		ret = mig_errf(err, len, -ENOENT, "nothing to recover: post-copy is not paused (%s)", s->state);
+	else if (addr && strlen(addr) >= sizeof(s->recover_addr))
+		ret = mig_errf(err, len, -ENAMETOOLONG, "the address is longer than %zu bytes",
+			       sizeof(s->recover_addr) - 1);
+	else {
+		if (addr)
+			snprintf(s->recover_addr, sizeof(s->recover_addr), "%s", addr);
+		s->recover_asked = true;
+		pthread_cond_broadcast(&s->cond);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return ret;
+}
+
+bool mig_status_recover_take(struct mig_status *s, char *addr, size_t len)
+{
+	bool asked;
+
+	pthread_mutex_lock(&s->lock);
+	asked = s->recover_asked;
+	s->recover_asked = false;
+	if (addr && len)
+		snprintf(addr, len, "%s", asked ? s->recover_addr : "");
+	pthread_mutex_unlock(&s->lock);
+	return asked;
+}
+
+bool mig_status_recover_pending(struct mig_status *s)
+{
+	bool asked;
+
+	pthread_mutex_lock(&s->lock);
+	asked = s->recover_asked;
+	pthread_mutex_unlock(&s->lock);
+	return asked;
+}
+
+void mig_status_recover_addr(struct mig_status *s, char *addr, size_t len)
+{
+	pthread_mutex_lock(&s->lock);
+	snprintf(addr, len, "%s", s->recover_addr);
+	pthread_mutex_unlock(&s->lock);
+}
+
 void mig_status_postcopy_able(struct mig_status *s, bool able)
 {
 	pthread_mutex_lock(&s->lock);
@@ -307,6 +367,8 @@ static void afresh_locked(struct mig_status *s)
 	s->pass = s->bytes_sent = s->remaining_bytes = 0;
 	__atomic_store_n(&s->postcopy_asked, false, __ATOMIC_RELAXED);
 	s->postcopy_able = s->postcopy_on = false;
+	s->pc_paused = s->recover_asked = false;
+	s->recover_addr[0] = 0;
 	s->pc_missing = s->pc_faults = 0;
 	s->pc_p50_us = s->pc_p99_us = 0;
 }

@@ -92,6 +92,9 @@ struct mig_status {
 	bool postcopy_able, postcopy_asked, postcopy_on;
 	uint64_t pc_missing, pc_faults;
 	double pc_p50_us, pc_p99_us;
+	/* post-copy paused: a recover asked for (and where: "" the address the migration had) */
+	bool pc_paused, recover_asked;
+	char recover_addr[256];
 	/* what a cancel shuts down, and how, to end a wait of the engine's on the peer (until the commit point) */
 	int cancel_fd[MIG_STATUS_CANCEL_FDS];
 	unsigned int n_cancel_fd;
@@ -221,6 +224,21 @@ bool mig_status_postcopy_asked(struct mig_status *s);
 /* The engine: post-copy's figures for query (either side): pages still only at the source, faults, waits. */
 void mig_status_postcopy_progress(struct mig_status *s, uint64_t missing, uint64_t faults, double p50_us,
 				  double p99_us);
+/*
+ * Post-copy paused (either side): the engine says so (paused true) and
+ * that it recovered (false).  A recover asked for (the control socket's
+ * recover): try again now, at addr where given (NULL: the address the
+ * migration had; the destination: listen there); 0, -ENOENT when
+ * post-copy is not paused, -ENAMETOOLONG.  The engine takes it
+ * (mig_status_recover_take(): whether one was asked, and its address).
+ */
+void mig_status_postcopy_paused(struct mig_status *s, bool paused);
+int mig_status_recover(struct mig_status *s, const char *addr, char *err, size_t len);
+bool mig_status_recover_take(struct mig_status *s, char *addr, size_t len);
+/* Whether a recover was asked for and not yet taken. */
+bool mig_status_recover_pending(struct mig_status *s);
+/* The address the last recover gave ("" none), for the source's dial: into addr. */
+void mig_status_recover_addr(struct mig_status *s, char *addr, size_t len);
 /* The engine, READY in hand: true, and no cancel is taken from now; false when a cancel came first. */
 bool mig_status_commit_point(struct mig_status *s);
 

@@ -416,6 +416,30 @@ static void cmd_postcopy_start(struct mig_control *s, struct client *c, const st
 	cmd_cancel_or(s, c, r, s->ops->postcopy_start);
 }
 
+/* recover, with an optional "addr" (a string without NULs): post-copy paused tries again, there */
+static void cmd_recover(struct mig_control *s, struct client *c, const struct request *r)
+{
+	static const char *const args[] = { "addr", NULL };
+	char err[MIG_CONTROL_ERR_SIZE] = "";
+	const struct mig_json *addr;
+	const char *class = NULL;
+	int ret;
+
+	if (!members_ok(c, r, r->args, args, "Parameter"))
+		return;
+	addr = mig_json_get(r->args, "addr");
+	if (addr && (addr->type != MIG_JSON_STRING || strlen(addr->str.s) != addr->str.len || !addr->str.len)) {
+		reply_error(c, r, generic, "Invalid parameter type for 'addr', expected: string");
+		return;
+	}
+	ret = s->ops->recover(s->ctx, addr ? addr->str.s : NULL, &class, err, sizeof(err));
+	err[sizeof(err) - 1] = 0;
+	if (ret < 0)
+		reply_error(c, r, class ? class : generic, "%s", err[0] ? err : strerror(-ret));
+	else
+		reply_empty(c, r);
+}
+
 /* Events from the next one on; a second subscribe is answered and changes nothing. */
 static void cmd_subscribe(struct mig_control *s, struct client *c, const struct request *r)
 {
@@ -440,6 +464,7 @@ static const struct command {
 	{ "set", cmd_set, offsetof(struct mig_control_ops, set) },
 	{ "cancel", cmd_cancel, offsetof(struct mig_control_ops, cancel) },
 	{ "postcopy-start", cmd_postcopy_start, offsetof(struct mig_control_ops, postcopy_start) },
+	{ "recover", cmd_recover, offsetof(struct mig_control_ops, recover) },
 	{ "subscribe", cmd_subscribe, offsetof(struct mig_control_ops, event) },
 };
 

@@ -61,6 +61,8 @@ struct mig_control_ops {
 	int (*cancel)(void *ctx, const char **class, char *err, size_t len);
 	/* postcopy-start: as cancel (0, or -errno, err and *class).  NULL: not a command. */
 	int (*postcopy_start)(void *ctx, const char **class, char *err, size_t len);
+	/* recover (post-copy paused): addr NULL or the one given; as cancel.  NULL: not a command. */
+	int (*recover)(void *ctx, const char *addr, const char **class, char *err, size_t len);
 	/*
 	 * Events (subscribe): event_fd() once, at open: an fd that is readable
 	 * while there are events not yet taken (the server reads it down; it

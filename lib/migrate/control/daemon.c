@@ -8,6 +8,7 @@
 
 #include "daemon.h"
 #include "errf.h"
+#include "transport.h"
 
 static void say(struct mig_daemon *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void say(struct mig_daemon *d, const char *fmt, ...)
@@ -131,6 +132,22 @@ static int postcopy_start(void *ctx, const char **class, char *err, size_t len)
 	return ret;
 }
 
+static int recover(void *ctx, const char *addr, const char **class, char *err, size_t len)
+{
+	struct mig_daemon *d = ctx;
+	char why[200];
+	int ret = addr ? mig_addr_check(addr, why, sizeof(why)) : 0;
+
+	if (ret < 0)
+		return mig_errf(err, len, ret, "%s", why);
+	ret = mig_status_recover(&d->st, addr, err, len);
+	if (ret == -ENOENT)
+		*class = "NotActive";
+	if (ret == 0)
+		say(d, "post-copy: recover asked through the control socket");
+	return ret;
+}
+
 static int event_fd(void *ctx)
 {
 	struct mig_daemon *d = ctx;
@@ -153,7 +170,7 @@ static size_t event(void *ctx, uint64_t *seq, char *buf, size_t len, uint64_t *l
 }
 
 static const struct mig_control_ops ops = { .query = query, .resolve = resolve, .set = set, .cancel = cancel,
-					    .postcopy_start = postcopy_start, .event_fd = event_fd, .event_head = event_head, .event = event };
+					    .postcopy_start = postcopy_start, .recover = recover, .event_fd = event_fd, .event_head = event_head, .event = event };
 
 static int open_control(struct mig_daemon *d, const char *path, const char *what)
 {

@@ -27,6 +27,7 @@
 #include "clock.h"
 #include "dest-postcopy.h"
 #include "errf.h"
+#include "handoff.h"
 #include "stream.h"
 #include "uffd.h"
 
@@ -51,6 +52,8 @@ struct pend {
 struct rx {
 	struct mig_pc *pc;
 	unsigned int i;
+	struct mig_chan *ch; /* its connection's channel, of the session it was started on */
+	bool fault;	     /* ... the fault channel */
 	pthread_t thread;
 	bool started;
 };
@@ -64,6 +67,7 @@ struct mig_pc {
 	int uffd, stop_fd;
 	struct mig_session *s;
 	struct mig_chan *fch; /* the fault channel: the session's last connection */
+	unsigned int nconns;  /* the session's connections (every recovered one has as many) */
 	struct mig_status *st;
 	struct mig_status own_st; /* st where the caller gave none */
 	bool own_st_used;
@@ -75,12 +79,21 @@ struct mig_pc {
 	pthread_cond_t cond;
 	uint64_t missing;
 	bool complete, failed, paused, stopping, registered;
+	bool acked; /* complete, and the source closed the fault channel after ALL_IN: it knows */
 	bool pause_done; /* failed and the guest paused: a fault is served zeroes from now */
 	int ret;
 	struct mig_pc_stats stt;
 	struct pend pend[PC_PEND];
 	unsigned int npend;
 	double t0;
+	/* recovery: where a new session comes (-1: nowhere), how it is taken, the session it must name */
+	int lfd;
+	struct mig_session_opts so;
+	struct mig_psk psk;
+	uint8_t id[32];
+	pthread_t rec_thread;
+	bool rec_started;
+	uint64_t recoveries;
 };
 
 static bool bit(const uint64_t *m, uint64_t i)
@@ -117,7 +130,12 @@ static uint32_t region_of(const struct mig_pc *pc, uint64_t a)
 	return UINT32_MAX;
 }
 
-static int send_rec(struct mig_pc *pc, struct mig_record rec);
+static int send_rec_on(struct mig_pc *pc, struct mig_record rec, struct mig_chan **ret_ch);
+
+static int send_rec(struct mig_pc *pc, struct mig_record rec)
+{
+	return send_rec_on(pc, rec, NULL);
+}
 
 /*
  * Failed, the guest paused for good: a thread waiting on a page asked for
@@ -180,73 +198,101 @@ static void pc_fail(struct mig_pc *pc, int ret, const char *fmt, ...)
 	}
 }
 
-/* A connection ended or failed before every page was in: post-copy waits, the pages in stay. */
-static void link_down(struct mig_pc *pc, unsigned int i, int ret)
+/*
+ * A connection ended or failed before every page was in: post-copy waits
+ * (a vCPU that touches a missing page waits), the pages in stay, and the
+ * whole session is cut, so that the source hears it on every connection;
+ * a recovery makes a new one (recover_main()).
+ */
+static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, int ret)
 {
 	char why[200], esc[300];
+	unsigned int k;
 
 	if (ret >= 0)
 		snprintf(why, sizeof(why), "connection %u ended with pages still at the source", i);
 	else {
 		char what[120];
 
-		mig_chan_strerror(pc->s->chan[i], ret, what, sizeof(what));
+		mig_chan_strerror(ch, ret, what, sizeof(what));
 		snprintf(why, sizeof(why), "connection %u: %s", i, what);
 	}
 	pthread_mutex_lock(&pc->lock);
-	if (pc->complete || pc->failed || pc->stopping || pc->paused) {
+	if (pc->complete || pc->failed || pc->stopping || pc->paused || (ch && pc->s && ch != pc->s->chan[i])) {
+		/* over, paused already, or a connection of a session recovered since */
 		pthread_mutex_unlock(&pc->lock);
 		return;
 	}
 	pc->paused = true;
 	snprintf(pc->stt.why, sizeof(pc->stt.why), "%s", why);
+	for (k = 0; pc->s && k < pc->s->conns; k++)
+		shutdown(pc->s->fd[k], SHUT_RDWR);
 	pthread_cond_broadcast(&pc->cond);
 	pthread_mutex_unlock(&pc->lock);
+	mig_status_postcopy_paused(pc->st, true);
 	mig_event_str(esc, sizeof(esc), why);
 	mig_status_event(pc->st, "postcopy-paused",
 			 "\"side\":\"destination\",\"missing_pages\":%" PRIu64 ",\"why\":\"%s\"", pc->stt.missing, esc);
 	mig_status_set_state(pc->st, "postcopy-paused");
 }
 
-/* A record on the fault channel, once post-copy has it (a fault before the ACK waits for it). */
-static int send_rec(struct mig_pc *pc, struct mig_record rec)
+/*
+ * A record on the fault channel, once post-copy has it (a fault before
+ * the ACK waits for it, and one while paused for the recovered session's);
+ * *ret_ch (may be NULL): the channel it went on.
+ */
+static int send_rec_on(struct mig_pc *pc, struct mig_record rec, struct mig_chan **ret_ch)
 {
 	struct iovec iov = { &rec, sizeof(rec) };
+	struct mig_chan *ch;
 	int ret;
 
+	/* not before the channel exists, nor while post-copy is paused: the recovered session's then */
 	pthread_mutex_lock(&pc->lock);
-	while (!pc->fch && !pc->stopping)
+	while ((!pc->fch || pc->paused) && !pc->stopping && !pc->pause_done)
 		pthread_cond_wait(&pc->cond, &pc->lock);
+	ch = pc->stopping ? NULL : pc->fch;
 	pthread_mutex_unlock(&pc->lock);
-	if (!pc->fch)
+	if (ret_ch)
+		*ret_ch = ch;
+	if (!ch)
 		return -ECANCELED;
 	pthread_mutex_lock(&pc->wlock);
-	ret = mig_chan_writev(pc->fch, &iov, 1);
+	ret = mig_chan_writev(ch, &iov, 1);
 	pthread_mutex_unlock(&pc->wlock);
 	return ret;
 }
 
 /* Every LEFT page is in: ALL_IN, the regions unregistered (called once, outside the lock). */
+/* ALL_IN on ch, with the figures, and this end of the fault channel closed (the source acknowledges by closing its). */
+static void send_all_in(struct mig_pc *pc, struct mig_chan *ch)
+{
+	struct mig_pc_stats st;
+	struct mig_record rec;
+	struct iovec iov = { &rec, sizeof(rec) };
+
+	mig_pc_get_stats(pc, &st);
+	rec = (struct mig_record){ .kind = MIG_ALL_IN, .index = st.faults > UINT32_MAX ? UINT32_MAX : (uint32_t)st.faults,
+				   .first = (uint64_t)(st.fault_p50_us * 1e3), .count = (uint64_t)(st.fault_p99_us * 1e3) };
+	pthread_mutex_lock(&pc->wlock);
+	if (mig_chan_writev(ch, &iov, 1) == 0)
+		mig_chan_close_write(ch);
+	pthread_mutex_unlock(&pc->wlock);
+}
+
 static void all_in(struct mig_pc *pc)
 {
+	struct mig_chan *ch;
 	uint32_t r;
-	int ret;
 
 	for (r = 0; r < pc->nr; r++)
 		mig_uffd_unregister(pc->uffd, pc->r[r].hva, pc->r[r].size);
-	{
-		struct mig_pc_stats st;
-
-		mig_pc_get_stats(pc, &st);
-		ret = send_rec(pc, (struct mig_record){ .kind = MIG_ALL_IN,
-							.index = st.faults > UINT32_MAX ? UINT32_MAX : (uint32_t)st.faults,
-							.first = (uint64_t)(st.fault_p50_us * 1e3),
-							.count = (uint64_t)(st.fault_p99_us * 1e3) });
-	}
-	pthread_mutex_lock(&pc->wlock);
-	if (ret == 0)
-		mig_chan_close_write(pc->fch);
-	pthread_mutex_unlock(&pc->wlock);
+	/* paused: the recovered session carries ALL_IN (resume_with()) */
+	pthread_mutex_lock(&pc->lock);
+	ch = pc->paused ? NULL : pc->fch;
+	pthread_mutex_unlock(&pc->lock);
+	if (ch)
+		send_all_in(pc, ch);
 	mig_status_event(pc->st, "postcopy-completed",
 			 "\"side\":\"destination\",\"pages\":%" PRIu64 ",\"faults\":%" PRIu64 ",\"ms\":%.1f",
 			 pc->stt.left, pc->stt.faults, pc->stt.complete_ms);
@@ -336,18 +382,26 @@ static int place(struct mig_pc *pc, uint32_t r, uint64_t p, uint64_t n, const ui
 	return 0;
 }
 
-/* Read exactly len bytes of connection i: 0, or what ended it (link_down() told). */
-static int rx_get(struct mig_pc *pc, unsigned int i, void *buf, size_t len, bool at_record)
+/* Read exactly len bytes of x's connection: 0, or what ended it (link_down() told). */
+static int rx_get(struct rx *x, void *buf, size_t len, bool at_record)
 {
-	int ret = mig_chan_read(pc->s->chan[i], buf, len);
+	int ret = mig_chan_read(x->ch, buf, len);
 
 	if (ret == (int)len)
 		return 0;
 	/* a lane's clean end between records: the source sent it all (or post-copy is over) */
-	if (ret == 0 && at_record && i + 1 < pc->s->conns)
+	if (ret == 0 && at_record && !x->fault)
 		return 1;
-	if (!over(pc))
-		link_down(pc, i, ret > 0 ? 0 : ret);
+	/* the fault channel's, after ALL_IN: the source knows every page is in */
+	if (ret == 0 && at_record && x->fault && over(x->pc)) {
+		pthread_mutex_lock(&x->pc->lock);
+		x->pc->acked = true;
+		pthread_cond_broadcast(&x->pc->cond);
+		pthread_mutex_unlock(&x->pc->lock);
+		return 1;
+	}
+	if (!over(x->pc))
+		link_down(x->pc, x->ch, x->i, ret > 0 ? 0 : ret);
 	return -EPIPE;
 }
 
@@ -367,15 +421,14 @@ static void *rx_main(void *arg)
 	for (;; nrec++) {
 		struct pc_region *rg;
 
-		if (rx_get(pc, x->i, &rec, sizeof(rec), true))
+		if (rx_get(x, &rec, sizeof(rec), true))
 			break;
 		if (mig_pc_check(pc->regs, pc->nr, &rec, nrec, true, err, sizeof(err)) < 0) {
 			pc_fail(pc, -EPROTO, "connection %u: %s", x->i, err);
 			break;
 		}
 		rg = &pc->r[rec.index];
-		if (rx_get(pc, x->i, hashes, rec.count * sizeof(uint64_t), false) ||
-		    rx_get(pc, x->i, buf, rec.count * PAGE, false))
+		if (rx_get(x, hashes, rec.count * sizeof(uint64_t), false) || rx_get(x, buf, rec.count * PAGE, false))
 			break;
 		for (k = 0; k < rec.count && bit(rg->was, rec.first + k); k++)
 			;
@@ -408,6 +461,7 @@ static void on_fault(struct mig_pc *pc, uint64_t a, uint64_t t_ns)
 	struct pc_region *rg;
 	uint64_t p, n = 0;
 	bool zero = false, failed;
+	struct mig_chan *ch = NULL;
 	int ret;
 
 	if (r == UINT32_MAX)
@@ -450,14 +504,14 @@ static void on_fault(struct mig_pc *pc, uint64_t a, uint64_t t_ns)
 		pthread_mutex_unlock(&pc->lock);
 		return;
 	}
-	ret = send_rec(pc, (struct mig_record){ .kind = MIG_REQ, .index = r, .first = p, .count = n });
+	ret = send_rec_on(pc, (struct mig_record){ .kind = MIG_REQ, .index = r, .first = p, .count = n }, &ch);
 	if (ret < 0 && !over(pc)) {
-		/* asked again after a recovery: the request did not go */
+		/* not gone: asked again after the recovery (this fault is pending: a recovery asks for those) */
 		pthread_mutex_lock(&pc->lock);
 		while (n--)
 			bit_clear(rg->req, p + n);
 		pthread_mutex_unlock(&pc->lock);
-		link_down(pc, pc->s->conns - 1, ret);
+		link_down(pc, ch, pc->nconns - 1, ret);
 	}
 }
 
@@ -516,7 +570,7 @@ int mig_pc_prepare(const struct mig_guest *g, uint64_t *const *left, struct mig_
 	if (!pc)
 		return mig_errf(err, len, -ENOMEM, "post-copy: out of memory");
 	pc->g = g;
-	pc->uffd = pc->stop_fd = -1;
+	pc->uffd = pc->stop_fd = pc->lfd = -1;
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_mutex_init(&pc->lock, NULL);
@@ -596,6 +650,269 @@ fail:
 	return rc;
 }
 
+/* A receiving thread a connection of s (the session post-copy runs on now). */
+static int start_rx(struct mig_pc *pc, struct mig_session *s)
+{
+	unsigned int i;
+	int rc;
+
+	for (i = 0; i < s->conns; i++) {
+		pc->rx[i] = (struct rx){ .pc = pc, .i = i, .ch = s->chan[i], .fault = i + 1 == s->conns };
+		mig_conn_keepalive(s->conn[i]);
+		rc = pthread_create(&pc->rx[i].thread, NULL, rx_main, &pc->rx[i]);
+		if (rc) {
+			pc_fail(pc, -rc, "post-copy: a thread for connection %u: %s", i, strerror(rc));
+			return -rc;
+		}
+		pc->rx[i].started = true;
+	}
+	return 0;
+}
+
+static void join_rx(struct mig_pc *pc)
+{
+	unsigned int i;
+
+	for (i = 0; i < MIG_MAX_CONNS; i++)
+		if (pc->rx[i].started)
+			pthread_join(pc->rx[i].thread, NULL);
+	for (i = 0; i < MIG_MAX_CONNS; i++)
+		pc->rx[i].started = false;
+}
+
+/* Whether the recovery listener has nothing more to wait for: stopping, failed, or complete and acknowledged. */
+static bool rec_over(struct mig_pc *pc)
+{
+	bool o;
+
+	pthread_mutex_lock(&pc->lock);
+	o = pc->stopping || pc->pause_done || (pc->complete && pc->acked);
+	pthread_mutex_unlock(&pc->lock);
+	return o;
+}
+
+/* A connection on the recovery listener within timeout_ms (the stop ends the wait): an fd or -errno. */
+static int rec_accept(void *ctx, uint64_t timeout_ms, char *err, size_t len)
+{
+	struct mig_pc *pc = ctx;
+	double until = mig_clock_msf() + (double)timeout_ms;
+
+	for (;;) {
+		struct pollfd pfd[2] = { { .fd = pc->lfd, .events = POLLIN }, { .fd = pc->stop_fd, .events = POLLIN } };
+		double left = until - mig_clock_msf();
+		int n, fd;
+
+		if (left <= 0)
+			return mig_errf(err, len, -ETIMEDOUT, "no connection within %" PRIu64 " ms", timeout_ms);
+		n = poll(pfd, pc->lfd >= 0 ? 2 : 1, left > 200 ? 200 : (int)left + 1);
+		if (rec_over(pc))
+			return mig_errf(err, len, -ECANCELED, "post-copy is over");
+		if (n <= 0 || !(pfd[0].revents & POLLIN))
+			continue;
+		fd = accept4(pc->lfd, NULL, NULL, SOCK_CLOEXEC);
+		if (fd >= 0)
+			return fd;
+	}
+}
+
+/*
+ * A recovery's session, from the listener (or, once the status asked for
+ * it, from a new one at the address it gave): a session that is not one
+ * of this post-copy (its flags, its connections, the id it names) is
+ * refused and the next taken.  0 with *ret_s; -ECANCELED once there is
+ * nothing more to recover.
+ */
+static int take_recovery(struct mig_pc *pc, struct mig_session *ret_s)
+{
+	char why[256], addr[256];
+
+	for (;;) {
+		struct mig_record rec;
+		uint8_t id[32];
+		int fd, ret;
+
+		if (rec_over(pc))
+			return -ECANCELED;
+		if (mig_status_recover_take(pc->st, addr, sizeof(addr)) && addr[0]) {
+			int nfd = mig_listen(addr, why, sizeof(why));
+
+			if (nfd >= 0) {
+				if (pc->lfd >= 0)
+					close(pc->lfd);
+				pc->lfd = nfd;
+			}
+		}
+		fd = rec_accept(pc, 200, why, sizeof(why));
+		if (fd == -ECANCELED)
+			return fd;
+		if (fd < 0)
+			continue;
+		ret = mig_session_accept(fd, &pc->so, rec_accept, pc, ret_s, why, sizeof(why));
+		if (ret < 0) {
+			close(fd);
+			continue;
+		}
+		ret_s->own_fd[0] = true;
+		if (!(ret_s->flags & MIG_S_POSTCOPY) || ret_s->conns != pc->nconns) {
+			mig_handoff_refuse(ret_s->chan[0], -EBUSY, "a post-copy is under way here: only its recovery is taken");
+			mig_session_free(ret_s);
+			continue;
+		}
+		mig_conn_set_timeout(ret_s->conn[ret_s->conns - 1], pc->so.timeout_ms);
+		ret = mig_chan_read(ret_s->chan[ret_s->conns - 1], &rec, sizeof(rec));
+		if (ret == (int)sizeof(rec) && rec.kind == MIG_RECOVER && !rec.index && !rec.first &&
+		    rec.count == sizeof(id) &&
+		    mig_chan_read(ret_s->chan[ret_s->conns - 1], id, sizeof(id)) == (int)sizeof(id) &&
+		    !memcmp(id, pc->id, sizeof(id)))
+			return 0;
+		mig_handoff_refuse(ret_s->chan[0], -EPROTO, "not a recovery of the post-copy under way here");
+		mig_session_free(ret_s);
+	}
+}
+
+/* Runs of missing pages as LEFT records on ch, then END with their count. */
+static int send_missing(struct mig_pc *pc, struct mig_chan *ch)
+{
+	uint64_t total = 0;
+	uint32_t r;
+	int ret = 0;
+
+	for (r = 0; r < pc->nr && ret == 0; r++) {
+		struct pc_region *rg = &pc->r[r];
+		uint64_t p = 0;
+
+		while (ret == 0 && (p = kvmdirty_bitmap_next_set(rg->left, p, rg->npages)) < rg->npages) {
+			uint64_t e = p + 1;
+			struct mig_record rec;
+			struct iovec iov = { &rec, sizeof(rec) };
+
+			while (e < rg->npages && bit(rg->left, e))
+				e++;
+			rec = (struct mig_record){ .kind = MIG_LEFT, .index = r, .first = p, .count = e - p };
+			ret = mig_chan_writev(ch, &iov, 1);
+			total += e - p;
+			p = e;
+		}
+	}
+	if (ret == 0) {
+		struct mig_record end = { .kind = MIG_END, .first = total };
+		struct iovec iov = { &end, sizeof(end) };
+
+		ret = mig_chan_writev(ch, &iov, 1);
+	}
+	return ret;
+}
+
+/*
+ * Post-copy goes on over s2: the old session's threads ended (it was cut),
+ * the pages still missing told, the faults waiting asked for again, new
+ * threads on s2's connections.
+ */
+static void resume_with(struct mig_pc *pc, struct mig_session *s2)
+{
+	struct mig_session *own = malloc(sizeof(*own)), *old;
+	struct mig_chan *fch = s2->chan[s2->conns - 1];
+	unsigned int i, j;
+	bool complete;
+	int ret;
+
+	if (!own) {
+		mig_session_free(s2);
+		return;
+	}
+	*own = *s2;
+	join_rx(pc);
+	for (i = 0; i < own->conns; i++) {
+		mig_conn_set_deadline(own->conn[i], 0);
+		mig_conn_set_timeout(own->conn[i], 0);
+	}
+	/* the receiving threads are stopped and the fault thread waits (paused): the map holds still */
+	ret = send_missing(pc, fch);
+	pthread_mutex_lock(&pc->wlock);
+	pthread_mutex_lock(&pc->lock);
+	old = pc->s;
+	pc->s = own;
+	pc->fch = fch;
+	complete = pc->complete;
+	for (i = 0; i < pc->nr; i++)
+		memset(pc->r[i].req, 0, KVMDIRTY_BITMAP_WORDS(pc->r[i].npages) * sizeof(uint64_t));
+	pthread_mutex_unlock(&pc->lock);
+	pthread_mutex_unlock(&pc->wlock);
+	mig_session_free(old);
+	free(old);
+	if (ret < 0) {
+		/* the new session failed at once: paused still, the next recovery's */
+		for (i = 0; i < own->conns; i++)
+			shutdown(own->fd[i], SHUT_RDWR);
+		return;
+	}
+	start_rx(pc, own);
+	if (complete) {
+		/* every page was in already: the source had not heard it */
+		send_all_in(pc, fch);
+	}
+	pthread_mutex_lock(&pc->lock);
+	pc->paused = false;
+	pc->recoveries++;
+	pthread_cond_broadcast(&pc->cond);
+	/* the faults still waiting, asked for again (their requests may have been lost with the old session) */
+	for (j = 0; j < pc->npend; j++) {
+		struct pend pd = pc->pend[j];
+
+		if (!bit(pc->r[pd.r].left, pd.p) || bit(pc->r[pd.r].req, pd.p))
+			continue;
+		bit_set(pc->r[pd.r].req, pd.p);
+		pthread_mutex_unlock(&pc->lock);
+		send_rec(pc, (struct mig_record){ .kind = MIG_REQ, .index = pd.r, .first = pd.p, .count = 1 });
+		pthread_mutex_lock(&pc->lock);
+	}
+	pthread_mutex_unlock(&pc->lock);
+	mig_status_postcopy_paused(pc->st, false);
+	mig_status_set_state(pc->st, complete ? "completed" : "postcopy");
+	mig_status_event(pc->st, "postcopy-recovered",
+			 "\"side\":\"destination\",\"missing_pages\":%" PRIu64 ",\"recoveries\":%" PRIu64, pc->stt.missing,
+			 pc->recoveries);
+}
+
+/* Recoveries, for as long as post-copy may need one: paused, or complete and the source not yet told. */
+static void *recover_main(void *arg)
+{
+	struct mig_pc *pc = arg;
+
+	for (;;) {
+		struct mig_session s2;
+
+		pthread_mutex_lock(&pc->lock);
+		while (!pc->stopping && !pc->pause_done && !pc->paused && !(pc->complete && !pc->acked))
+			pthread_cond_wait(&pc->cond, &pc->lock);
+		pthread_mutex_unlock(&pc->lock);
+		if (take_recovery(pc, &s2) < 0)
+			break;
+		resume_with(pc, &s2);
+	}
+	return NULL;
+}
+
+int mig_pc_listen(struct mig_pc *pc, int lfd, const struct mig_session_opts *so, const struct mig_psk *psk)
+{
+	int rc;
+
+	pc->lfd = lfd;
+	pc->so = *so;
+	pc->so.log = NULL;
+	if (psk) {
+		pc->psk = *psk;
+		pc->so.psk = &pc->psk;
+	}
+	pc->so.postcopy = true;
+	pc->so.wipe_psk = false;
+	rc = pthread_create(&pc->rec_thread, NULL, recover_main, pc);
+	if (rc)
+		return -rc;
+	pc->rec_started = true;
+	return 0;
+}
+
 int mig_pc_start(struct mig_pc *pc, struct mig_session *s, struct mig_status *st, char *err, size_t len)
 {
 	unsigned int i;
@@ -626,18 +943,14 @@ int mig_pc_start(struct mig_pc *pc, struct mig_session *s, struct mig_status *st
 	/* the fault thread may send its requests now */
 	pthread_mutex_lock(&pc->lock);
 	pc->s = own;
+	pc->nconns = own->conns;
+	memcpy(pc->id, own->id, sizeof(pc->id));
 	pc->fch = own->chan[own->conns - 1];
 	pthread_cond_broadcast(&pc->cond);
 	pthread_mutex_unlock(&pc->lock);
-	for (i = 0; i < pc->s->conns; i++) {
-		pc->rx[i] = (struct rx){ .pc = pc, .i = i };
-		rc = pthread_create(&pc->rx[i].thread, NULL, rx_main, &pc->rx[i]);
-		if (rc) {
-			pc_fail(pc, -rc, "post-copy: a thread for connection %u: %s", i, strerror(rc));
-			return mig_errf(err, len, -rc, "post-copy: a thread for connection %u: %s", i, strerror(rc));
-		}
-		pc->rx[i].started = true;
-	}
+	rc = start_rx(pc, own);
+	if (rc < 0)
+		return mig_errf(err, len, rc, "post-copy: a thread for a connection: %s", strerror(-rc));
 	/* nothing was left: complete at once */
 	if (!pc->stt.left)
 		mark(pc, 0, 0, 0);
@@ -703,9 +1016,13 @@ void mig_pc_free(struct mig_pc *pc)
 		abort(); /* an eventfd takes a write below its limit */
 	for (i = 0; pc->s && i < pc->s->conns; i++)
 		shutdown(pc->s->fd[i], SHUT_RDWR);
-	for (i = 0; i < MIG_MAX_CONNS; i++)
-		if (pc->rx[i].started)
-			pthread_join(pc->rx[i].thread, NULL);
+	if (pc->rec_started)
+		pthread_join(pc->rec_thread, NULL);
+	pthread_mutex_lock(&pc->lock);
+	for (i = 0; pc->s && i < pc->s->conns; i++)
+		shutdown(pc->s->fd[i], SHUT_RDWR);
+	pthread_mutex_unlock(&pc->lock);
+	join_rx(pc);
 	if (pc->fault_started)
 		pthread_join(pc->fault_thread, NULL);
 	for (r = 0; pc->registered && !pc->complete && r < pc->nr; r++)
@@ -714,6 +1031,9 @@ void mig_pc_free(struct mig_pc *pc)
 		close(pc->uffd);
 	if (pc->stop_fd >= 0)
 		close(pc->stop_fd);
+	if (pc->lfd >= 0)
+		close(pc->lfd);
+	mig_psk_clear(&pc->psk);
 	if (pc->s) {
 		mig_session_free(pc->s);
 		free(pc->s);

@@ -30,6 +30,7 @@
 
 #include "guest.h"
 #include "hist.h"
+#include "keyfile.h"
 #include "session.h"
 #include "status.h"
 
@@ -64,6 +65,18 @@ int mig_pc_prepare(const struct mig_guest *g, uint64_t *const *left, struct mig_
  * st: events (postcopy_completed, postcopy_paused, postcopy_failed).
  */
 int mig_pc_start(struct mig_pc *pc, struct mig_session *s, struct mig_status *st, char *err, size_t len);
+
+/*
+ * Recovery (stream.h): a connection lost pauses post-copy; a new session
+ * of the same source is taken from lfd (the pc's from now, closed by
+ * mig_pc_free(); or, once the status's recover names an address, from a
+ * new listener there), with so's handshake (psk copied), refused unless
+ * it names the session post-copy began on, and post-copy goes on over it:
+ * the pages still missing told, the faults waiting asked for again.  Also
+ * after every page is in, until the source acknowledged ALL_IN (it may
+ * not have heard it).  0, or -errno (no thread).
+ */
+int mig_pc_listen(struct mig_pc *pc, int lfd, const struct mig_session_opts *so, const struct mig_psk *psk);
 
 /*
  * Wait up to timeout_ms (< 0: for ever) for post-copy to complete (0) or

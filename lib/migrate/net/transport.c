@@ -178,6 +178,17 @@ bool mig_conn_torn(const struct mig_conn *c)
 	return c->torn;
 }
 
+void mig_conn_keepalive(struct mig_conn *c)
+{
+	int on = 1, idle = 2, intvl = 1, cnt = 5;
+
+	/* a Unix socket refuses these: harmless */
+	setsockopt(c->fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof(on));
+	setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+	setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+	setsockopt(c->fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+}
+
 uint64_t mig_conn_sent(const struct mig_conn *c)
 {
 	/* a connection's own thread sends while the main thread measures the link */

@@ -47,6 +47,12 @@ int mig_conn_read(struct mig_conn *c, void *buf, size_t len);
 int mig_conn_read_ahead(struct mig_conn *c, void *buf, size_t len, size_t max);
 /* Send all of iov[0..n); iov is consumed.  0, -ETIMEDOUT or -errno. */
 int mig_conn_writev(struct mig_conn *c, struct iovec *iov, int n);
+/*
+ * A peer gone silent is found out within seconds (TCP keepalive: idle 2
+ * s, probes every second, 5 unanswered), where waits have no timeout
+ * (post-copy); a no-op on other sockets.
+ */
+void mig_conn_keepalive(struct mig_conn *c);
 /* Nothing more will be sent: the peer reads the end of the stream. */
 int mig_conn_close_write(struct mig_conn *c);
 

@@ -191,6 +191,8 @@ int src_send_range(struct source *s, const struct kvmdirty_range *rg);
 void src_untouched_open(struct source *s);
 void src_untouched_close(struct source *s);
 int src_net_fail(struct source *s, int ret, const char *what, char *err, size_t len);
+/* The session's options (a post-copy's recovery makes the session again with them). */
+void src_session_opts(const struct source *s, struct mig_session_opts *so);
 int src_pace(struct source *s, uint64_t bytes);
 
 /* source-precopy.c */

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "errf.h"
 #include "source-int.h"
@@ -46,6 +47,8 @@ struct spc {
 	unsigned int failed_lane;
 	uint64_t answered, requests, bulk;
 	struct spc_lane lane[MIG_MAX_CONNS];
+	uint8_t id[32];	 /* the session the migration began on: a recovery names it */
+	uint64_t **next; /* [nr_regions]: a recovery's map, built before it replaces s->left */
 };
 
 int src_left_alloc(struct source *s, char *err, size_t len)
@@ -203,7 +206,8 @@ static int answer(struct spc *pc, const struct mig_record *rec, uint64_t *hashes
 	return send_pages(pc, s->sess.chan[s->sess.conns - 1], hashes, rec->index, rec->first, rec->count);
 }
 
-static void spc_stop(struct spc *pc)
+/* The lanes' threads stopped (a lost connection: every one shut down first, so that a blocked send ends). */
+static void spc_stop(struct spc *pc, bool cut)
 {
 	struct source *s = pc->s;
 	unsigned int i;
@@ -211,49 +215,43 @@ static void spc_stop(struct spc *pc)
 	pthread_mutex_lock(&pc->lock);
 	pc->stop = true;
 	pthread_mutex_unlock(&pc->lock);
+	for (i = 0; cut && i < s->sess.conns; i++)
+		shutdown(s->sess.fd[i], SHUT_RDWR);
 	for (i = 0; i < s->nlanes; i++)
 		if (pc->lane[i].started)
 			pthread_join(pc->lane[i].thread, NULL);
+	for (i = 0; i < s->nlanes; i++)
+		pc->lane[i].started = false;
+	pthread_mutex_lock(&pc->lock);
+	pc->stop = false;
+	pc->err = 0;
+	pthread_mutex_unlock(&pc->lock);
 }
 
-int src_postcopy(struct source *s, struct mig_result *res, char *err, size_t len)
+static void spc_start(struct spc *pc)
 {
-	struct mig_chan *fch = s->sess.chan[s->sess.conns - 1];
-	struct mig_region *regs = calloc(s->g->nr_regions ? s->g->nr_regions : 1, sizeof(*regs));
-	uint64_t *hashes = malloc(MIG_RUN_PAGES * sizeof(uint64_t)), nrec = 0;
-	struct spc *pc = calloc(1, sizeof(*pc));
-	double t0 = mig_clock_msf();
 	unsigned int i;
-	int ret = 0;
 
-	if (!pc || !regs || !hashes) {
-		free(pc);
-		free(regs);
-		free(hashes);
-		return mig_errf(err, len, -ENOMEM, "post-copy: out of memory");
-	}
-	for (i = 0; i < s->g->nr_regions; i++)
-		regs[i] = (struct mig_region){ s->g->regions[i].gpa, s->g->regions[i].size };
-	pc->s = s;
-	pc->remaining = s->left_pages;
-	pthread_mutex_init(&pc->lock, NULL);
-	s->pc = pc;
-	mig_status_set_state(s->st, "postcopy");
-	mig_status_postcopy_progress(s->st, s->left_pages, 0, 0, 0);
-	mig_status_event(s->st, "postcopy-started",
-			 "\"side\":\"source\",\"missing_pages\":%" PRIu64 ",\"switch_pause_ms\":%.1f,\"why\":\"%s\"",
-			 s->left_pages, res->switch_pause_ms, res->postcopy_why ? res->postcopy_why : "asked");
-	/* no wait for the destination gives up: a cut ends a read (and pauses post-copy), silence is its right */
-	for (i = 0; i < s->sess.conns; i++) {
-		mig_conn_set_deadline(s->sess.conn[i], 0);
-		mig_conn_set_timeout(s->sess.conn[i], 0);
-	}
-	for (i = 0; i < s->nlanes; i++) {
+	for (i = 0; i < pc->s->nlanes; i++) {
 		pc->lane[i] = (struct spc_lane){ .pc = pc, .i = i };
 		if (pthread_create(&pc->lane[i].thread, NULL, lane_main, &pc->lane[i]) == 0)
 			pc->lane[i].started = true;
 	}
-	for (;; nrec++) {
+}
+
+/* What ended serve(): every page in, the destination failed, a record out of form, or a connection lost. */
+enum served { SERVED_ALL_IN, SERVED_FAILED, SERVED_LOST };
+
+/* The fault channel read and answered until ALL_IN, PC_FAILED, or a failure (err says which). */
+static enum served serve(struct spc *pc, struct mig_result *res, const struct mig_region *regs, uint64_t *hashes,
+			 int *ret_err, char *err, size_t len)
+{
+	struct source *s = pc->s;
+	struct mig_chan *fch = s->sess.chan[s->sess.conns - 1];
+	uint64_t nrec;
+	int ret;
+
+	for (nrec = 0;; nrec++) {
 		struct mig_record rec;
 		int n = mig_chan_read(fch, &rec, sizeof(rec));
 
@@ -264,60 +262,256 @@ int src_postcopy(struct source *s, struct mig_result *res, char *err, size_t len
 				snprintf(why, sizeof(why), "the fault channel ended before ALL_IN");
 			else
 				mig_chan_strerror(fch, n, why, sizeof(why));
-			ret = mig_errf(err, len, n < 0 ? n : -EPIPE, "post-copy paused: %s; %" PRIu64 " pages are still only "
-				       "here, the guest's memory is kept", why, pc->remaining);
-			break;
+			*ret_err = mig_errf(err, len, n < 0 ? n : -EPIPE, "post-copy paused: %s", why);
+			return SERVED_LOST;
 		}
 		ret = mig_pc_check(regs, s->g->nr_regions, &rec, nrec, false, err, len);
-		if (ret < 0)
-			break;
+		if (ret < 0) {
+			*ret_err = ret;
+			return SERVED_FAILED;
+		}
 		if (rec.kind == MIG_PC_FAILED) {
-			ret = mig_errf(err, len, -EREMOTEIO, "post-copy failed at the destination (%s): the guest there "
-				       "was paused for good, and this copy is older than the state that ran there",
-				       strerror((int)-(int64_t)rec.first));
-			break;
+			*ret_err = mig_errf(err, len, -EREMOTEIO, "post-copy failed at the destination (%s): the guest there "
+					    "was paused for good, and this copy is older than the state that ran there",
+					    strerror((int)-(int64_t)rec.first));
+			return SERVED_FAILED;
 		}
 		if (rec.kind == MIG_ALL_IN) {
 			res->postcopy_faults = rec.index;
 			res->fault_p50_us = (double)rec.first / 1e3;
 			res->fault_p99_us = (double)rec.count / 1e3;
-			break;
+			return SERVED_ALL_IN;
 		}
 		ret = answer(pc, &rec, hashes);
 		if (ret < 0) {
-			src_net_fail(s, ret, "post-copy: answering a fault", err, len);
+			char why[120];
+
+			mig_chan_strerror(fch, ret, why, sizeof(why));
+			*ret_err = mig_errf(err, len, ret, "post-copy paused: answering a fault: %s", why);
+			return SERVED_LOST;
+		}
+		pthread_mutex_lock(&pc->lock);
+		if (pc->err) {
+			/* a lane's connection failed: the session is made again, whole */
+			ret = pc->err;
+			pthread_mutex_unlock(&pc->lock);
+			*ret_err = mig_errf(err, len, ret, "post-copy paused: connection %u: %s", pc->failed_lane,
+					    strerror(-ret));
+			return SERVED_LOST;
+		}
+		if (!(nrec % 64))
+			mig_status_postcopy_progress(s->st, pc->remaining, pc->requests, 0, 0);
+		pthread_mutex_unlock(&pc->lock);
+	}
+}
+
+/*
+ * A new session in place of the lost one: dialled as the first (connect,
+ * every connection), RECOVER with the id of the session the migration
+ * began on, and the destination's answer, the pages it still lacks, made
+ * the map of what to send.  0 with s->sess the new session; -errno with
+ * err (the old one stays, cut).
+ */
+static int reconnect(struct spc *pc, const struct mig_region *regs, char *err, size_t len)
+{
+	struct source *s = pc->s;
+	const struct mig_send_opts *o = s->o;
+	struct mig_session_opts so;
+	struct mig_session s2;
+	struct mig_record rec = { .kind = MIG_RECOVER, .count = sizeof(pc->id) };
+	struct iovec iov[2] = { { &rec, sizeof(rec) }, { pc->id, sizeof(pc->id) } };
+	struct mig_chan *fch;
+	uint64_t total = 0, listed = 0, nrec;
+	unsigned int i;
+	int fd, ret;
+
+	fd = o->connect(o->connect_ctx, err, len);
+	if (fd < 0)
+		return fd;
+	src_session_opts(s, &so);
+	ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s2, err, len);
+	if (ret < 0) {
+		close(fd);
+		return ret;
+	}
+	s2.own_fd[0] = true;
+	fch = s2.chan[s2.conns - 1];
+	for (i = 0; i < s2.conns; i++)
+		mig_conn_set_timeout(s2.conn[i], o->peer_timeout_ms);
+	ret = mig_chan_writev(fch, iov, 2);
+	for (i = 0; i < s->g->nr_regions; i++)
+		memset(pc->next[i], 0, KVMDIRTY_BITMAP_WORDS(regs[i].size / PAGE) * sizeof(uint64_t));
+	/* the destination's word on what it lacks: LEFT runs, then END with their count */
+	for (nrec = 0; ret == 0; nrec++) {
+		uint64_t np;
+		int n = mig_chan_read(fch, &rec, sizeof(rec));
+
+		if (n != (int)sizeof(rec)) {
+			ret = mig_errf(err, len, n < 0 ? n : -EPIPE, "post-copy recovery: awaiting the pages the "
+				       "destination lacks: %s", n < 0 ? strerror(-n) : "the connection ended");
 			break;
 		}
-		if (!(nrec % 64)) {
-			pthread_mutex_lock(&pc->lock);
-			mig_status_postcopy_progress(s->st, pc->remaining, pc->requests, 0, 0);
-			pthread_mutex_unlock(&pc->lock);
+		if (rec.kind == MIG_END) {
+			if (rec.first != total)
+				ret = mig_errf(err, len, -EPROTO, "post-copy recovery: END says %" PRIu64 " pages, the runs "
+					       "before it %" PRIu64, rec.first, total);
+			break;
 		}
+		np = rec.index < s->g->nr_regions ? regs[rec.index].size / PAGE : 0;
+		if (rec.kind != MIG_LEFT || rec.index >= s->g->nr_regions || !rec.count || rec.first >= np ||
+		    rec.count > np - rec.first) {
+			ret = mig_errf(err, len, -EPROTO, "post-copy recovery: record %" PRIu64 " (%s): region %" PRIu32
+				       " pages [%" PRIu64 ", +%" PRIu64 "): not a run of the guest's", nrec,
+				       mig_kind_name(rec.kind), rec.index, rec.first, rec.count);
+			break;
+		}
+		kvmdirty_bitmap_set(pc->next[rec.index], rec.first, rec.first + rec.count);
+		total += rec.count;
 	}
-	spc_stop(pc);
+	if (ret < 0) {
+		mig_session_free(&s2);
+		return ret;
+	}
+	for (i = 0; i < s2.conns; i++)
+		mig_conn_set_timeout(s2.conn[i], 0);
+	/* the new session and map in place of the old: nothing the destination has is sent again */
+	pthread_mutex_lock(&pc->lock);
+	for (i = 0; i < s->g->nr_regions; i++) {
+		uint64_t *t = s->left[i];
+
+		s->left[i] = pc->next[i];
+		pc->next[i] = t;
+		listed += kvmdirty_bitmap_count(s->left[i], 0, regs[i].size / PAGE);
+	}
+	pc->remaining = listed;
+	pc->hint_seq++;
+	pthread_mutex_unlock(&pc->lock);
+	mig_session_free(&s->sess);
+	s->sess = s2;
+	for (i = 0; i < s->nlanes; i++)
+		s->lane[i].ch = s->sess.chan[i];
+	return 0;
+}
+
+/*
+ * Post-copy paused: a new session, dialled once a second for recover_ms
+ * (0: until it works), then whenever the status asks (recover); the guest's
+ * memory is kept all the while.  0 once recovered.
+ */
+static int recover(struct spc *pc, const struct mig_region *regs, char *err, size_t len)
+{
+	struct source *s = pc->s;
+	double t0 = mig_clock_msf();
+	char why[512] = "", last[512] = "";
+
+	for (;;) {
+		bool asked = mig_status_recover_take(s->st, NULL, 0);
+		int ret;
+
+		if (asked)
+			t0 = mig_clock_msf();
+		if (asked || !s->o->recover_ms || mig_clock_msf() - t0 < (double)s->o->recover_ms) {
+			ret = reconnect(pc, regs, why, sizeof(why));
+			if (ret == 0)
+				return 0;
+			if (strcmp(why, last)) {
+				char esc[2 * MIG_EVENT_LINE / 3];
+
+				mig_event_str(esc, sizeof(esc), why);
+				mig_status_event(s->st, "postcopy-recover-failed", "\"side\":\"source\",\"error\":\"%s\"", esc);
+				snprintf(last, sizeof(last), "%s", why);
+			}
+		}
+		/* a second between tries, a recover asked meanwhile taken at once */
+		for (int i = 0; i < 10 && !mig_status_recover_pending(s->st); i++)
+			usleep(100000);
+		snprintf(err, len, "%s", last);
+	}
+}
+
+int src_postcopy(struct source *s, struct mig_result *res, char *err, size_t len)
+{
+	struct mig_region *regs = calloc(s->g->nr_regions ? s->g->nr_regions : 1, sizeof(*regs));
+	uint64_t *hashes = malloc(MIG_RUN_PAGES * sizeof(uint64_t));
+	struct spc *pc = calloc(1, sizeof(*pc));
+	double t0 = mig_clock_msf();
+	enum served how;
+	unsigned int i;
+	int ret = 0;
+
+	if (pc)
+		pc->next = calloc(s->g->nr_regions ? s->g->nr_regions : 1, sizeof(*pc->next));
+	for (i = 0; pc && pc->next && i < s->g->nr_regions; i++)
+		pc->next[i] = calloc(KVMDIRTY_BITMAP_WORDS(s->g->regions[i].size / PAGE), sizeof(uint64_t));
+	if (!pc || !regs || !hashes || !pc->next || (s->g->nr_regions && !pc->next[s->g->nr_regions - 1])) {
+		ret = mig_errf(err, len, -ENOMEM, "post-copy: out of memory");
+		goto out;
+	}
+	for (i = 0; i < s->g->nr_regions; i++)
+		regs[i] = (struct mig_region){ s->g->regions[i].gpa, s->g->regions[i].size };
+	pc->s = s;
+	pc->remaining = s->left_pages;
+	memcpy(pc->id, s->sess.id, sizeof(pc->id));
+	pthread_mutex_init(&pc->lock, NULL);
+	s->pc = pc;
+	mig_status_set_state(s->st, "postcopy");
+	mig_status_postcopy_progress(s->st, s->left_pages, 0, 0, 0);
+	mig_status_event(s->st, "postcopy-started",
+			 "\"side\":\"source\",\"missing_pages\":%" PRIu64 ",\"switch_pause_ms\":%.1f,\"why\":\"%s\"",
+			 s->left_pages, res->switch_pause_ms, res->postcopy_why ? res->postcopy_why : "asked");
+	for (;;) {
+		/* no wait for the destination gives up: a cut ends a read (and pauses post-copy), silence is its right */
+		for (i = 0; i < s->sess.conns; i++) {
+			mig_conn_set_deadline(s->sess.conn[i], 0);
+			mig_conn_set_timeout(s->sess.conn[i], 0);
+			mig_conn_keepalive(s->sess.conn[i]);
+		}
+		spc_start(pc);
+		how = serve(pc, res, regs, hashes, &ret, err, len);
+		spc_stop(pc, how != SERVED_ALL_IN);
+		if (how != SERVED_LOST)
+			break;
+		{
+			char esc[2 * MIG_EVENT_LINE / 3];
+
+			mig_event_str(esc, sizeof(esc), err);
+			mig_status_set_state(s->st, "postcopy-paused");
+			mig_status_postcopy_paused(s->st, true);
+			mig_status_event(s->st, "postcopy-paused",
+					 "\"side\":\"source\",\"missing_pages\":%" PRIu64 ",\"why\":\"%s\"", pc->remaining, esc);
+		}
+		ret = recover(pc, regs, err, len);
+		if (ret < 0)
+			break;
+		res->postcopy_recoveries++;
+		mig_status_postcopy_paused(s->st, false);
+		mig_status_set_state(s->st, "postcopy");
+		mig_status_event(s->st, "postcopy-recovered",
+				 "\"side\":\"source\",\"missing_pages\":%" PRIu64 ",\"recoveries\":%" PRIu64, pc->remaining,
+				 res->postcopy_recoveries);
+	}
 	res->postcopy_ms = mig_clock_msf() - t0;
 	res->postcopy_requests = pc->requests;
 	res->postcopy_answered = pc->answered;
 	res->postcopy_bulk = pc->bulk;
-	if (ret == 0) {
+	if (how == SERVED_ALL_IN) {
+		ret = 0;
 		mig_status_postcopy_progress(s->st, 0, res->postcopy_faults, res->fault_p50_us, res->fault_p99_us);
-		mig_chan_close_write(fch);
+		mig_chan_close_write(s->sess.chan[s->sess.conns - 1]);
 	} else {
 		char esc[2 * MIG_EVENT_LINE / 3];
 
 		mig_event_str(esc, sizeof(esc), err);
-		bool failed = ret == -EREMOTEIO;
-
-		mig_status_set_state(s->st, failed ? "failed" : "postcopy-paused");
-		if (failed)
-			mig_status_event(s->st, "postcopy-failed", "\"side\":\"source\",\"error\":\"%s\"", esc);
-		else
-			mig_status_event(s->st, "postcopy-paused",
-					 "\"side\":\"source\",\"missing_pages\":%" PRIu64 ",\"why\":\"%s\"", pc->remaining,
-					 esc);
+		mig_status_set_state(s->st, "failed");
+		mig_status_event(s->st, "postcopy-failed", "\"side\":\"source\",\"error\":\"%s\"", esc);
 	}
 	s->pc = NULL;
 	pthread_mutex_destroy(&pc->lock);
+out:
+	for (i = 0; pc && pc->next && i < s->g->nr_regions; i++)
+		free(pc->next[i]);
+	if (pc)
+		free(pc->next);
 	free(pc);
 	free(regs);
 	free(hashes);

@@ -453,6 +453,17 @@ int src_send_range(struct source *s, const struct kvmdirty_range *rg)
 	return mig_walk_touched(s->pagemap, s->anon && s->anon[w.idx], rg->hva, rg->npages, s->pme, send_walked, &w);
 }
 
+void src_session_opts(const struct source *s, struct mig_session_opts *so)
+{
+	const struct mig_send_opts *o = s->o;
+
+	/* post-copy keeps the key until every page is in: a recovery proves it again */
+	*so = (struct mig_session_opts){ .psk = o->psk, .encrypt = o->encrypt,
+					 .conns = (o->connections ? o->connections : 1) + (o->postcopy ? 1 : 0),
+					 .timeout_ms = o->peer_timeout_ms, .name = o->peer_name,
+					 .wipe_psk = o->wipe_psk && !o->postcopy, .postcopy = o->postcopy };
+}
+
 /* A failure to send or to hear from the destination, in one line. */
 int src_net_fail(struct source *s, int ret, const char *what, char *err, size_t len)
 {

@@ -61,11 +61,10 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 static int session(struct source *s, int fd, char *err, size_t len)
 {
 	const struct mig_send_opts *o = s->o;
-	struct mig_session_opts so = { .psk = o->psk, .encrypt = o->encrypt,
-				       .conns = (o->connections ? o->connections : 1) + (o->postcopy ? 1 : 0),
-				       .timeout_ms = o->peer_timeout_ms, .name = o->peer_name, .wipe_psk = o->wipe_psk,
-				       .postcopy = o->postcopy };
+	struct mig_session_opts so;
 	int ret;
+
+	src_session_opts(s, &so);
 
 	/* a cancel ends the handshake's waits at once (registered first: one asked before is seen below) */
 	mig_status_cancel_fds(s->st, &fd, 1, SHUT_RDWR);
@@ -283,6 +282,9 @@ static void release(struct source *s, enum mig_outcome o)
 
 static void source_free(struct source *s)
 {
+	/* post-copy kept the key for a recovery: not needed any more */
+	if (s->o->postcopy && s->o->wipe_psk && s->o->psk)
+		mig_psk_clear((struct mig_psk *)s->o->psk);
 	if (s->begun)
 		mig_status_end(s->st);
 	mig_status_destroy(&s->own);

@@ -113,6 +113,15 @@ struct mig_send_opts {
 	 */
 	bool postcopy;
 	unsigned int postcopy_after;
+	/*
+	 * Post-copy paused (a connection lost): dial again (connect, for
+	 * every connection of a new session with the same key) once a second
+	 * for this long (0: until it works); past it, only when the status
+	 * asks (mig_status_recover()).  The guest's memory is kept meanwhile:
+	 * mig_send() does not return before every page is in (or the
+	 * destination failed).
+	 */
+	uint64_t recover_ms;
 };
 
 struct mig_result {
@@ -158,6 +167,7 @@ struct mig_result {
 	/* the destination's figures (ALL_IN): faults that asked for a page, their waits' median and 99th percentile */
 	uint64_t postcopy_faults;
 	double fault_p50_us, fault_p99_us;
+	uint64_t postcopy_recoveries; /* sessions made again after a lost connection */
 };
 
 /*

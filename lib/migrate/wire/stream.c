@@ -212,7 +212,7 @@ const char *mig_kind_name(uint32_t kind)
 {
 	static const char *const n[] = { "?",	"DATA", "ZERO", "PASS",	  "VCPU",
 					 "DIGEST", "END",  "VM",   "DEVICES", "DEVICES_LIVE", "LEFT", "REQ", "ALL_IN",
-					 "PC_FAILED" };
+					 "PC_FAILED", "RECOVER" };
 
 	return kind < sizeof(n) / sizeof(n[0]) ? n[kind] : "?";
 }

@@ -63,6 +63,13 @@
  *               PC_FAILED (index = 0, first = the errno, count = 0): a
  *               page failed its hash or a record was out of form, the
  *               guest there was paused for good; nothing follows
+ *   post-copy recovery  a connection lost pauses post-copy; the source
+ *             opens a new session (same key, same connections) and, on
+ *             its fault channel, sends RECOVER (index = first = 0, count =
+ *             32; payload: the id of the session that began the
+ *             migration); the destination answers with the pages it still
+ *             lacks, LEFT records, then END (first = their number), and
+ *             both go on over the new session
  *     source -> destination, fault channel   DATA: the pages a REQ asked
  *               for, hashes first, as in the stream
  *     source -> destination, each lane       DATA: the other LEFT pages,
@@ -174,6 +181,7 @@ enum mig_kind {
 	MIG_REQ = 11,
 	MIG_ALL_IN = 12,
 	MIG_PC_FAILED = 13,
+	MIG_RECOVER = 14,
 };
 
 #define MIG_DEVICES_MAX (256ull << 20) /* device state a stream or snapshot carries at most, both parts together */
