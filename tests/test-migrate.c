@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE /* memfd_create */
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <netinet/in.h>
@@ -1469,6 +1470,7 @@ struct relay {
 	bool gone; /* the destination closed: the writer's alone */
 	bool sealed;
 	enum mitm mitm;
+	bool drop_down; /* what the destination sends is swallowed (__atomic: set while it runs) */
 	unsigned int k;
 	unsigned int late_ms;
 	bool record; /* keep what the source sent in rec (the caller frees it) */
@@ -1634,11 +1636,21 @@ static void *relay_down(void *p)
 	uint8_t buf[4096];
 	ssize_t k;
 
-	while ((k = read(r->dst, buf, sizeof(buf))) > 0)
+	while ((k = read(r->dst, buf, sizeof(buf))) > 0) {
+		if (__atomic_load_n(&r->drop_down, __ATOMIC_ACQUIRE))
+			continue;
 		if (send(r->src, buf, (size_t)k, MSG_NOSIGNAL) != k)
 			break;
+	}
 	shutdown(r->src, SHUT_WR);
 	return NULL;
+}
+
+/* The relay killed: both its connections cut at once, as a link that goes down. */
+static void relay_kill(struct relay *r)
+{
+	shutdown(r->src, SHUT_RDWR);
+	shutdown(r->dst, SHUT_RDWR);
 }
 
 /* Relay to fd; the source's end of the relay. */
@@ -2109,6 +2121,178 @@ START_TEST(postcopy_damaged_page_never_placed)
 }
 END_TEST
 
+/*
+ * Recovery.  Where post-copy is cut: a lane's relay killed mid-bulk (the
+ * other lane late by 100 ms, as in every session here), the fault
+ * channel's killed mid-fault, and the fault channel's answers from the
+ * destination swallowed until every page is in, then killed (the source
+ * never heard ALL_IN).  Each time the source dials a new session
+ * (lanes_connect: relayed), the destination takes it on its listener,
+ * and post-copy goes on: every page read while it ran, and all of memory
+ * after, equals the paused source's; no page the destination had is
+ * counted placed twice.
+ */
+enum pc_cut { CUT_MID_BULK, CUT_MID_FAULT, CUT_AFTER_ALL_IN };
+
+struct pc_recovery_case {
+	enum pc_cut cut;
+	bool psk;
+};
+
+static const struct pc_recovery_case pc_recovery_cases[] = {
+	{ CUT_MID_BULK, false },
+	{ CUT_MID_FAULT, false },
+	{ CUT_AFTER_ALL_IN, false },
+	{ CUT_MID_FAULT, true },
+};
+
+struct chaos {
+	struct pc_dest *d;
+	struct lanes_net *ln;
+	enum pc_cut cut;
+	bool done, cut_made;
+	struct mig_session_opts so;
+	const struct mig_psk *psk;
+};
+
+static struct mig_pc *dest_pc(struct pc_dest *d)
+{
+	return __atomic_load_n(&d->rv.res.pc, __ATOMIC_ACQUIRE);
+}
+
+static void *chaos_run(void *p)
+{
+	struct chaos *c = p;
+	/* the first session: relay 0 is connection 1 (a lane), relay 1 connection 2 (the fault channel) */
+	struct relay *lane = &c->ln->relay[0], *fault = &c->ln->relay[1];
+	struct mig_pc_stats st;
+	struct mig_pc *pc;
+	int i;
+
+	for (i = 0; i < 60000 && !(pc = dest_pc(c->d)) && !__atomic_load_n(&c->done, __ATOMIC_ACQUIRE); i++)
+		usleep(1000);
+	if (!pc)
+		return NULL;
+	if (c->cut == CUT_AFTER_ALL_IN)
+		__atomic_store_n(&fault->drop_down, true, __ATOMIC_RELEASE);
+	for (i = 0; i < 60000 && !__atomic_load_n(&c->done, __ATOMIC_ACQUIRE); i++) {
+		mig_pc_get_stats(pc, &st);
+		if ((c->cut == CUT_MID_BULK && st.placed > st.left / 4) || (c->cut == CUT_MID_FAULT && st.faults > 20) ||
+		    (c->cut == CUT_AFTER_ALL_IN && st.complete)) {
+			relay_kill(c->cut == CUT_MID_BULK ? lane : fault);
+			__atomic_store_n(&c->cut_made, true, __ATOMIC_RELEASE);
+			break;
+		}
+		usleep(1000);
+	}
+	return NULL;
+}
+
+static void *pc_dest_listening(void *p)
+{
+	struct chaos *c = p;
+	struct pc_dest *d = c->d;
+	const struct mig_guest *g = d->rv.g;
+	struct mig_pc *pc;
+	unsigned int i;
+	uint64_t k;
+
+	d->rv.ret = mig_recv(g, d->rv.fd, &d->rv.o, &d->rv.res, d->rv.err, sizeof(d->rv.err));
+	pc = d->rv.res.pc;
+	if (d->rv.ret < 0 || !pc)
+		return NULL;
+	/* the recovery's listener: the test's listening socket, a copy */
+	ck_assert_int_eq(mig_pc_listen(pc, fcntl(c->ln->lfd, F_DUPFD_CLOEXEC, 0), &c->so, c->psk), 0);
+	__atomic_store_n(&d->rv.res.pc, pc, __ATOMIC_RELEASE);
+	for (i = 0; i < g->nr_regions; i++)
+		for (k = 0; k < g->regions[i].size / PAGE; k++)
+			if (memcmp((uint8_t *)g->regions[i].hva + k * PAGE, (uint8_t *)d->src->regions[i].hva + k * PAGE,
+				   PAGE))
+				d->differ++;
+	d->wait_ret = mig_pc_wait(pc, 60000, d->why, sizeof(d->why));
+	mig_pc_get_stats(pc, &d->st);
+	return NULL;
+}
+
+START_TEST(postcopy_recovers)
+{
+	const struct pc_recovery_case *c = &pc_recovery_cases[_i];
+	struct mig_testvm_opts o = { .mib = 32, .vcpus = 2, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 16 };
+	struct mig_send_opts so = send_opts;
+	struct lanes_net ln = { .sealed = c->psk };
+	struct pc_dest d = { .read_all = true, .read_page = UINT64_MAX };
+	struct chaos ch = { .d = &d, .ln = &ln, .cut = c->cut };
+	struct mig_guest g, dg;
+	struct testvm *tv, *dtv;
+	struct mig_result r;
+	struct mig_psk psk;
+	char keypath[128], err[512];
+	pthread_t th, cth;
+	unsigned int i;
+	int fd, ret;
+
+	make_key("pcrec", keypath, sizeof(keypath), &psk);
+	ck_assert_msg(mig_testvm_new(&o, false, &dtv, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dtv, &dg));
+	ck_assert_ok(mig_guest_zero_known(&dg));
+	tv = running_source(&o, &g);
+	make_addr("unix", ln.addr, sizeof(ln.addr));
+	ln.lfd = mig_listen(ln.addr, err, sizeof(err));
+	ck_assert_msg(ln.lfd >= 0, "%s", err);
+	d.rv.g = &dg;
+	d.src = &g;
+	d.rv.o = (struct mig_recv_opts){ .timeout_ms = 60000, .psk = c->psk ? &psk : NULL, .accept = lanes_accept,
+					 .accept_ctx = &ln, .postcopy = true };
+	mig_recv_session_opts(&d.rv.o, &ch.so);
+	ch.psk = c->psk ? &psk : NULL;
+	so.downtime_ms = 0;
+	so.postcopy = true;
+	so.postcopy_after = 1;
+	so.max_bandwidth = 16;
+	so.psk = c->psk ? &psk : NULL;
+	so.connections = 2;
+	so.connect = lanes_connect;
+	so.connect_ctx = &ln;
+	fd = mig_connect(ln.addr, 10000, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	d.rv.fd = mig_accept(ln.lfd, err, sizeof(err));
+	ck_assert_msg(d.rv.fd >= 0, "%s", err);
+	ck_assert_int_eq(pthread_create(&th, NULL, pc_dest_listening, &ch), 0);
+	ck_assert_int_eq(pthread_create(&cth, NULL, chaos_run, &ch), 0);
+	ret = mig_send(&g, fd, &so, &r, err, sizeof(err));
+	pthread_join(th, NULL);
+	__atomic_store_n(&ch.done, true, __ATOMIC_RELEASE);
+	pthread_join(cth, NULL);
+	ck_assert_msg(ret == 0 && d.rv.ret == 0 && d.wait_ret == 0,
+		      "cut %d, psk %d: source %d (%s), destination %d (%s), post-copy %d (%s)", c->cut, c->psk, ret, err,
+		      d.rv.ret, d.rv.err, d.wait_ret, d.why);
+	ck_assert_msg(ch.cut_made, "the cut never came");
+	ck_assert_msg(r.postcopy_recoveries >= 1, "cut %d: no recovery (%" PRIu64 ")", c->cut, r.postcopy_recoveries);
+	ck_assert_uint_eq(r.lost_pages, 0);
+	ck_assert_msg(d.differ == 0, "%" PRIu64 " pages read during post-copy differ from the source's", d.differ);
+	for (i = 0; i < g.nr_regions; i++)
+		ck_assert_msg(!memcmp(g.regions[i].hva, dg.regions[i].hva, g.regions[i].size),
+			      "region %u differs between the source and the destination", i);
+	/* each LEFT page placed once: a recovery sends nothing that was placed */
+	ck_assert_uint_eq(d.st.placed, d.st.left);
+	printf("post-copy cut %d (psk %d): %" PRIu64 " recoveries, %" PRIu64 " pages left, %" PRIu64 " faults, %" PRIu64
+	       " copies passed over, exact\n", c->cut, c->psk, r.postcopy_recoveries, d.st.left, d.st.faults, d.st.dups);
+	mig_pc_free(d.rv.res.pc);
+	for (i = 0; i < ln.n; i++)
+		relay_stop(&ln.relay[i]);
+	close(fd);
+	close(d.rv.fd);
+	close(ln.lfd);
+	drop_addr(ln.addr);
+	mig_guest_release(&dg);
+	mig_testvm_free(dtv);
+	mig_guest_release(&g);
+	mig_testvm_free(tv);
+	unlink(keypath);
+	mig_psk_clear(&psk);
+}
+END_TEST
+
 /* A destination that did not agree to post-copy refuses the session by name; the guest runs on at the source. */
 START_TEST(postcopy_refused_unasked)
 {
@@ -2388,6 +2572,7 @@ int main(void)
 	tcase_add_loop_test(tc, postcopy_exact, 0, (int)(sizeof(pc_cases) / sizeof(pc_cases[0])));
 	tcase_add_test(tc, postcopy_damaged_page_never_placed);
 	tcase_add_test(tc, postcopy_refused_unasked);
+	tcase_add_loop_test(tc, postcopy_recovers, 0, (int)(sizeof(pc_recovery_cases) / sizeof(pc_recovery_cases[0])));
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -91,6 +91,7 @@ struct mig_pc {
 	struct mig_session_opts so;
 	struct mig_psk psk;
 	uint8_t id[32];
+	char name[MIG_NAME_MAX]; /* the name the session agreed: a recovery must mean it */
 	pthread_t rec_thread;
 	bool rec_started;
 	uint64_t recoveries;
@@ -389,17 +390,9 @@ static int rx_get(struct rx *x, void *buf, size_t len, bool at_record)
 
 	if (ret == (int)len)
 		return 0;
-	/* a lane's clean end between records: the source sent it all (or post-copy is over) */
-	if (ret == 0 && at_record && !x->fault)
+	/* an end between records once post-copy is over (its ALL_IN acknowledged, or not: recover_main() knows) */
+	if (ret == 0 && at_record && over(x->pc))
 		return 1;
-	/* the fault channel's, after ALL_IN: the source knows every page is in */
-	if (ret == 0 && at_record && x->fault && over(x->pc)) {
-		pthread_mutex_lock(&x->pc->lock);
-		x->pc->acked = true;
-		pthread_cond_broadcast(&x->pc->cond);
-		pthread_mutex_unlock(&x->pc->lock);
-		return 1;
-	}
 	if (!over(x->pc))
 		link_down(x->pc, x->ch, x->i, ret > 0 ? 0 : ret);
 	return -EPIPE;
@@ -426,6 +419,16 @@ static void *rx_main(void *arg)
 		if (mig_pc_check(pc->regs, pc->nr, &rec, nrec, true, err, sizeof(err)) < 0) {
 			pc_fail(pc, -EPROTO, "connection %u: %s", x->i, err);
 			break;
+		}
+		if (rec.kind == MIG_END && !x->fault)
+			break; /* the lane's part is out: its end follows */
+		if (rec.kind == MIG_ALL_IN) {
+			/* the source heard ALL_IN: no recovery is needed any more */
+			pthread_mutex_lock(&pc->lock);
+			pc->acked = pc->complete;
+			pthread_cond_broadcast(&pc->cond);
+			pthread_mutex_unlock(&pc->lock);
+			continue;
 		}
 		rg = &pc->r[rec.index];
 		if (rx_get(x, hashes, rec.count * sizeof(uint64_t), false) || rx_get(x, buf, rec.count * PAGE, false))
@@ -906,6 +909,8 @@ int mig_pc_listen(struct mig_pc *pc, int lfd, const struct mig_session_opts *so,
 	}
 	pc->so.postcopy = true;
 	pc->so.wipe_psk = false;
+	/* set once post-copy started (mig_pc_start() before this): the name the first session agreed */
+	pc->so.name = pc->name[0] ? pc->name : NULL;
 	rc = pthread_create(&pc->rec_thread, NULL, recover_main, pc);
 	if (rc)
 		return -rc;
@@ -945,6 +950,7 @@ int mig_pc_start(struct mig_pc *pc, struct mig_session *s, struct mig_status *st
 	pc->s = own;
 	pc->nconns = own->conns;
 	memcpy(pc->id, own->id, sizeof(pc->id));
+	memcpy(pc->name, own->name, sizeof(pc->name));
 	pc->fch = own->chan[own->conns - 1];
 	pthread_cond_broadcast(&pc->cond);
 	pthread_mutex_unlock(&pc->lock);

@@ -1463,6 +1463,7 @@ int mig_gate_take(struct mig_gate *gate, struct mig_session *ret_s, char *err, s
 			*ret_s = done->first.s;
 			ret_s->conns = done->conns;
 			memcpy(ret_s->id, done->first.session, sizeof(ret_s->id));
+			memcpy(ret_s->name, done->first.hello.name, sizeof(ret_s->name));
 			/* from now, the stream's own bound */
 			for (i = 0; i < ret_s->conns; i++)
 				mig_conn_set_deadline(ret_s->conn[i], gate->o.deadline_ms);

@@ -507,6 +507,7 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 	mig_conn_set_deadline(s->conn[0], 2 * handshake_ms(o));
 	ret = source_hello(s, 0, o, session, secret, name, err, len);
 	memcpy(s->id, session, sizeof(s->id));
+	memcpy(s->name, name, sizeof(s->name));
 	/* the key is not needed again: the session's keys exist, and joins prove the session's secret */
 	if (o->wipe_psk && o->psk)
 		mig_psk_clear((struct mig_psk *)o->psk);
@@ -971,6 +972,7 @@ int mig_session_accept(int fd, const struct mig_session_opts *o,
 	*ret_s = first.s;
 	ret_s->conns = first.hello.conns ? first.hello.conns : 1;
 	memcpy(ret_s->id, first.session, sizeof(ret_s->id));
+	memcpy(ret_s->name, first.hello.name, sizeof(ret_s->name));
 	OPENSSL_cleanse(&first, sizeof(first));
 	return 0;
 fail:

@@ -150,6 +150,7 @@ struct mig_session {
 	int fd[MIG_MAX_CONNS];
 	bool own_fd[MIG_MAX_CONNS]; /* fd[i] was opened for the session: free closes it */
 	uint8_t id[32]; /* the session's id (the destination's, in the hellos; zero for a plain stream) */
+	char name[MIG_NAME_MAX]; /* the destination's name both agreed on ("" for a plain stream) */
 };
 
 /* Whether a source with these options opens a session (else: a plain stream on one connection). */

@@ -48,6 +48,7 @@ struct spc {
 	uint64_t answered, requests, bulk;
 	struct spc_lane lane[MIG_MAX_CONNS];
 	uint8_t id[32];	 /* the session the migration began on: a recovery names it */
+	char name[MIG_NAME_MAX]; /* ... and the destination's name it agreed */
 	uint64_t **next; /* [nr_regions]: a recovery's map, built before it replaces s->left */
 };
 
@@ -151,9 +152,11 @@ static void *lane_main(void *arg)
 	struct mig_chan *ch = s->sess.chan[l->i];
 	int ret = 0;
 
+	uint64_t n = 0;
+
 	for (;;) {
 		uint32_t r = 0;
-		uint64_t p = 0, n;
+		uint64_t p = 0;
 
 		pthread_mutex_lock(&pc->lock);
 		n = pc->stop || !s->g->nr_regions ? 0 : next_run(pc, l, &r, &p);
@@ -177,9 +180,17 @@ static void *lane_main(void *arg)
 		pc->bulk += n;
 		pthread_mutex_unlock(&pc->lock);
 	}
-	/* this lane's part is out: its direction ends (the destination's thread for it then ends too) */
-	if (ret == 0)
-		mig_chan_close_write(ch);
+	/* this lane's part is out: END says so (a lane that ends without it was cut), then its direction ends */
+	if (ret == 0 && !n) {
+		struct mig_record end = { .kind = MIG_END };
+		struct iovec iov = { &end, sizeof(end) };
+
+		pthread_mutex_lock(&pc->lock);
+		ret = pc->stop ? -ECANCELED : 0;
+		pthread_mutex_unlock(&pc->lock);
+		if (ret == 0 && mig_chan_writev(ch, &iov, 1) == 0)
+			mig_chan_close_write(ch);
+	}
 	return NULL;
 }
 
@@ -329,6 +340,8 @@ static int reconnect(struct spc *pc, const struct mig_region *regs, char *err, s
 	if (fd < 0)
 		return fd;
 	src_session_opts(s, &so);
+	/* the destination the migration began with, whatever address this connection reached it by */
+	so.name = pc->name;
 	ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s2, err, len);
 	if (ret < 0) {
 		close(fd);
@@ -452,6 +465,7 @@ int src_postcopy(struct source *s, struct mig_result *res, char *err, size_t len
 	pc->s = s;
 	pc->remaining = s->left_pages;
 	memcpy(pc->id, s->sess.id, sizeof(pc->id));
+	memcpy(pc->name, s->sess.name, sizeof(pc->name));
 	pthread_mutex_init(&pc->lock, NULL);
 	s->pc = pc;
 	mig_status_set_state(s->st, "postcopy");
@@ -495,8 +509,13 @@ int src_postcopy(struct source *s, struct mig_result *res, char *err, size_t len
 	res->postcopy_answered = pc->answered;
 	res->postcopy_bulk = pc->bulk;
 	if (how == SERVED_ALL_IN) {
+		struct mig_record ack = { .kind = MIG_ALL_IN };
+		struct iovec iov = { &ack, sizeof(ack) };
+
 		ret = 0;
 		mig_status_postcopy_progress(s->st, 0, res->postcopy_faults, res->fault_p50_us, res->fault_p99_us);
+		/* heard: the destination may stop listening for a recovery (best effort: it has every page) */
+		mig_chan_writev(s->sess.chan[s->sess.conns - 1], &iov, 1);
 		mig_chan_close_write(s->sess.chan[s->sess.conns - 1]);
 	} else {
 		char esc[2 * MIG_EVENT_LINE / 3];

@@ -425,9 +425,11 @@ int mig_pc_check(const struct mig_region *regions, uint32_t nr, const struct mig
 
 	if ((rec->kind == MIG_ALL_IN || rec->kind == MIG_PC_FAILED) && !to_dest)
 		return 0; /* its figures (errno) are the destination's word, printed, never acted on */
+	if ((rec->kind == MIG_ALL_IN || rec->kind == MIG_END) && to_dest && !rec->index && !rec->first && !rec->count)
+		return 0; /* the source's acknowledgment of ALL_IN; a lane's end */
 	if (rec->kind != (to_dest ? MIG_DATA : MIG_REQ))
 		return refuse(err, len, "post-copy record %" PRIu64 ".kind: %" PRIu32 " (%s), %s", nrec, rec->kind, k,
-			      to_dest ? "the source sends DATA only" : "the destination sends REQ and ALL_IN only");
+			      to_dest ? "the source sends DATA and ALL_IN only" : "the destination sends REQ and ALL_IN only");
 	if (rec->index >= nr)
 		return refuse(err, len, "post-copy record %" PRIu64 " (%s).index: region %" PRIu32 ", the guest has %" PRIu32,
 			      nrec, k, rec->index, nr);

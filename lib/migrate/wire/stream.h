@@ -63,6 +63,8 @@
  *               PC_FAILED (index = 0, first = the errno, count = 0): a
  *               page failed its hash or a record was out of form, the
  *               guest there was paused for good; nothing follows
+ *     source -> destination, fault channel   ALL_IN (all zero): the
+ *               destination's ALL_IN heard; then the source ends
  *   post-copy recovery  a connection lost pauses post-copy; the source
  *             opens a new session (same key, same connections) and, on
  *             its fault channel, sends RECOVER (index = first = 0, count =
@@ -74,7 +76,9 @@
  *               for, hashes first, as in the stream
  *     source -> destination, each lane       DATA: the other LEFT pages,
  *               in the lane's chunks (the chunk rule), nearest to recent
- *               faults first; each page at most once a connection
+ *               faults first; each page at most once a connection; then
+ *               END (all zero): the lane's part is out (a lane that ends
+ *               without it was cut)
  *   A page is placed only if it was LEFT, is still missing and matches
  *   its hash; another copy of a page placed already is passed over.
  *   The source sends nothing after END until READY arrives.  Who may run
