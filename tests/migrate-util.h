@@ -49,6 +49,7 @@ struct fake_guest {
 	char order[8];
 	unsigned int loads;
 	int fail_load; /* vCPU whose next load fails with -EIO, or -1 */
+	uint64_t left; /* a post-copy input's stream: the pages it left at the source */
 };
 
 /* A VM's own state as a stream of the fake guest carries it: the clock alone. */
@@ -258,6 +259,8 @@ static inline void mem_describe(void *ctx, int ret, char *buf, size_t len)
  * under FAKE_SEAL_KEY, the source's direction.
  */
 #define FAKE_SEALED_MAGIC "KVMDSEAL"
+/* an input of the fuzzer's that is a post-copy stream, then post-copy's records (fuzz-dest.c) */
+#define FAKE_POSTCOPY_MAGIC "KVMDPCP"
 #define FAKE_SEALED_HDR 9
 
 static inline struct mig_chan_keys fake_seal_keys(bool encrypt, bool source)
@@ -284,6 +287,15 @@ static inline int fake_receive(struct fake_guest *f, const uint8_t *buf, size_t 
 	int ret;
 
 	f->loads = 0;
+	f->left = 0;
+	/* a stream of a session that agreed to post-copy (LEFT taken); post-copy's records may follow it */
+	if (len >= 8 && !memcmp(buf, FAKE_POSTCOPY_MAGIC, 8)) {
+		m.off = 8;
+		ret = mig_recv_stream_postcopy(&f->g, &rd, inline_hash, &f->left, &res, err, elen);
+		if (ret_used)
+			*ret_used = m.off;
+		return ret;
+	}
 	if (len >= FAKE_SEALED_HDR && !memcmp(buf, FAKE_SEALED_MAGIC, 8)) {
 		struct mig_chan_keys k = fake_seal_keys(buf[8] & 1, false);
 

@@ -1703,8 +1703,10 @@ static int lanes_connect(void *ctx, char *err, size_t len)
 		return fd;
 	/* ln->n 0: the session's connection 1 */
 	*r = (struct relay){ .sealed = ln->sealed, .late_ms = ln->n == 0 ? 100 : 0 };
-	ln->n++;
-	return relay_start(r, fd);
+	fd = relay_start(r, fd);
+	/* published: a chaos thread may take the relay from here */
+	__atomic_store_n(&ln->n, ln->n + 1, __ATOMIC_RELEASE);
+	return fd;
 }
 
 static int lanes_accept(void *ctx, uint64_t timeout_ms, char *err, size_t len)
@@ -1892,6 +1894,7 @@ struct pc_dest {
 	uint64_t differ; /* pages that differed from the source's */
 	uint8_t seen[MIG_PAGE_SIZE]; /* read_page as the destination's reader saw it */
 	char why[512];
+	struct mig_pc *pub; /* the post-copy, once its recovery listens (__atomic: the chaos thread's) */
 };
 
 static void *pc_dest_run(void *p)
@@ -2157,7 +2160,7 @@ struct chaos {
 
 static struct mig_pc *dest_pc(struct pc_dest *d)
 {
-	return __atomic_load_n(&d->rv.res.pc, __ATOMIC_ACQUIRE);
+	return __atomic_load_n(&d->pub, __ATOMIC_ACQUIRE);
 }
 
 static void *chaos_run(void *p)
@@ -2169,9 +2172,10 @@ static void *chaos_run(void *p)
 	struct mig_pc *pc;
 	int i;
 
-	for (i = 0; i < 60000 && !(pc = dest_pc(c->d)) && !__atomic_load_n(&c->done, __ATOMIC_ACQUIRE); i++)
+	for (i = 0; i < 60000 && (!(pc = dest_pc(c->d)) || __atomic_load_n(&c->ln->n, __ATOMIC_ACQUIRE) < 2) &&
+		    !__atomic_load_n(&c->done, __ATOMIC_ACQUIRE); i++)
 		usleep(1000);
-	if (!pc)
+	if (!pc || __atomic_load_n(&c->ln->n, __ATOMIC_ACQUIRE) < 2)
 		return NULL;
 	if (c->cut == CUT_AFTER_ALL_IN)
 		__atomic_store_n(&fault->drop_down, true, __ATOMIC_RELEASE);
@@ -2203,7 +2207,7 @@ static void *pc_dest_listening(void *p)
 		return NULL;
 	/* the recovery's listener: the test's listening socket, a copy */
 	ck_assert_int_eq(mig_pc_listen(pc, fcntl(c->ln->lfd, F_DUPFD_CLOEXEC, 0), &c->so, c->psk), 0);
-	__atomic_store_n(&d->rv.res.pc, pc, __ATOMIC_RELEASE);
+	__atomic_store_n(&d->pub, pc, __ATOMIC_RELEASE);
 	for (i = 0; i < g->nr_regions; i++)
 		for (k = 0; k < g->regions[i].size / PAGE; k++)
 			if (memcmp((uint8_t *)g->regions[i].hva + k * PAGE, (uint8_t *)d->src->regions[i].hva + k * PAGE,

@@ -277,6 +277,37 @@ START_TEST(seeds_accepted)
 }
 END_TEST
 
+/*
+ * The fuzzer's post-copy seed (postcopy-seed.py): its stream accepted with
+ * two pages left at the source, post-copy's records after END read, none
+ * refused without a reason; the same stream without post-copy's consent
+ * refused by name (a LEFT the decoder would otherwise take).
+ */
+START_TEST(postcopy_seed_reaches)
+{
+	struct fake_guest f;
+	char err[256];
+	size_t len, used;
+	uint8_t *buf = slurp("seeds", "postcopy.bin", &len);
+	int ret;
+
+	ck_assert_ok(fake_guest_init(&f));
+	ck_assert(len > 8 && !memcmp(buf, FAKE_POSTCOPY_MAGIC, 8));
+	ret = fake_receive(&f, buf, len, true, err, sizeof(err), &used);
+	ck_assert_msg(ret == 0, "the post-copy seed refused: %s", err);
+	ck_assert_uint_eq(f.left, 2);
+	ck_assert_uint_eq(f.loads, FAKE_NR_VCPUS);
+	/* post-copy's records follow, as fuzz-dest reads them */
+	ck_assert_uint_gt(len - used, 4 * sizeof(struct mig_record));
+	/* without the magic: a plain stream, whose header's post-copy flag is refused */
+	ret = fake_receive(&f, buf + 8, len - 8, true, err, sizeof(err), &used);
+	ck_assert_int_eq(ret, -EPROTO);
+	ck_assert_msg(strstr(err, "post-copy"), "%s", err);
+	fake_guest_free(&f);
+	free(buf);
+}
+END_TEST
+
 /* Where the DEVICES record of a stream is (the walk's callback). */
 static int find_devices(size_t off, const struct mig_record *rec, void *opaque)
 {
@@ -740,6 +771,7 @@ int main(int argc, char **argv)
 	tcase_add_test(tc, decode_header_fields);
 	tcase_add_loop_test(tc, sealed_seeds_accepted, 0, 2);
 	tcase_add_loop_test(tc, seeds_accepted, 0, (int)(sizeof(seeds) / sizeof(seeds[0])));
+	tcase_add_test(tc, postcopy_seed_reaches);
 	tcase_add_test(tc, seed_pages_land);
 	tcase_add_test(tc, refusal_leaves_nothing);
 	tcase_add_test(tc, devices_carried);

@@ -489,14 +489,18 @@ static int load_psk(const char *path, struct mig_psk *psk, char *err, size_t len
 struct send_ctx {
 	const char *addr;
 	uint64_t timeout_ms;
+	struct mig_status *st; /* the control's: a post-copy's recover may name another address */
 };
 
-/* A session's next connection. */
+/* A session's next connection (a post-copy recovery's: at the address a recover gave, where one did). */
 static int connect_again(void *ctx, char *err, size_t len)
 {
 	const struct send_ctx *c = ctx;
+	char addr[256] = "";
 
-	return mig_connect(c->addr, c->timeout_ms, err, len);
+	if (c->st)
+		mig_status_recover_addr(c->st, addr, sizeof(addr));
+	return mig_connect(addr[0] ? addr : c->addr, c->timeout_ms, err, len);
 }
 
 /* What kvmdirty_mig_send() refuses before it loads a key or dials: 0, or -EINVAL with err. */
@@ -566,6 +570,7 @@ static void send_opts_of(const struct kvmdirty_mig_send_opts *u, const struct mi
 				     .postcopy_after = u->postcopy_after,
 				     .recover_ms = u->postcopy_recover_ms };
 	c->timeout_ms = o->peer_timeout_ms;
+	c->st = u->control ? &u->control->d.st : NULL;
 	if (u->control) {
 		o->status = &u->control->d.st;
 		o->unknown = mig_daemon_unknown;

@@ -49,6 +49,13 @@ struct mig_recv_result {
  */
 int mig_recv_stream(const struct mig_guest *g, const struct mig_reader *rd, bool inline_hash,
 		    struct mig_recv_result *res, char *err, size_t len);
+/*
+ * The same for a stream of a session that agreed to post-copy (LEFT
+ * records taken): *ret_left the pages it left at the source (tests, the
+ * fuzzer; nothing of post-copy runs).
+ */
+int mig_recv_stream_postcopy(const struct mig_guest *g, const struct mig_reader *rd, bool inline_hash,
+			     uint64_t *ret_left, struct mig_recv_result *res, char *err, size_t len);
 
 struct mig_recv_opts {
 	uint64_t timeout_ms;  /* each wait for the peer (0: none) */

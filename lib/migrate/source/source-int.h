@@ -165,6 +165,8 @@ struct source {
 	bool postcopy;
 	bool go_postcopy;
 	uint64_t prev_remaining; /* the rest after the pass before, for post-copy's rule */
+	double pc_sync_ms;	 /* post-copy's rule within a pass: its last sync */
+	bool postcopy_rule;	 /* ... which found the guest outrunning the link */
 	bool left_mode; /* stop-and-copy of a post-copy: pages still dirty go as LEFT */
 	uint64_t **left; /* [nr_regions]: pages the destination lacks, cleared as they go (under the post-copy lock) */
 	uint64_t left_pages;

@@ -356,7 +356,6 @@ static int reconnect(struct spc *pc, const struct mig_region *regs, char *err, s
 		memset(pc->next[i], 0, KVMDIRTY_BITMAP_WORDS(regs[i].size / PAGE) * sizeof(uint64_t));
 	/* the destination's word on what it lacks: LEFT runs, then END with their count */
 	for (nrec = 0; ret == 0; nrec++) {
-		uint64_t np;
 		int n = mig_chan_read(fch, &rec, sizeof(rec));
 
 		if (n != (int)sizeof(rec)) {
@@ -364,20 +363,16 @@ static int reconnect(struct spc *pc, const struct mig_region *regs, char *err, s
 				       "destination lacks: %s", n < 0 ? strerror(-n) : "the connection ended");
 			break;
 		}
-		if (rec.kind == MIG_END) {
+		ret = mig_pc_map_check(regs, s->g->nr_regions, &rec, nrec, err, len);
+		if (ret > 0) {
+			ret = 0;
 			if (rec.first != total)
 				ret = mig_errf(err, len, -EPROTO, "post-copy recovery: END says %" PRIu64 " pages, the runs "
 					       "before it %" PRIu64, rec.first, total);
 			break;
 		}
-		np = rec.index < s->g->nr_regions ? regs[rec.index].size / PAGE : 0;
-		if (rec.kind != MIG_LEFT || rec.index >= s->g->nr_regions || !rec.count || rec.first >= np ||
-		    rec.count > np - rec.first) {
-			ret = mig_errf(err, len, -EPROTO, "post-copy recovery: record %" PRIu64 " (%s): region %" PRIu32
-				       " pages [%" PRIu64 ", +%" PRIu64 "): not a run of the guest's", nrec,
-				       mig_kind_name(rec.kind), rec.index, rec.first, rec.count);
+		if (ret < 0)
 			break;
-		}
 		kvmdirty_bitmap_set(pc->next[rec.index], rec.first, rec.first + rec.count);
 		total += rec.count;
 	}
@@ -464,6 +459,13 @@ int src_postcopy(struct source *s, struct mig_result *res, char *err, size_t len
 		regs[i] = (struct mig_region){ s->g->regions[i].gpa, s->g->regions[i].size };
 	pc->s = s;
 	pc->remaining = s->left_pages;
+	/*
+	 * The bulk held to nine tenths of the link as pre-copy measured it
+	 * (unless a cap holds it lower): a fault's answer then finds the
+	 * link's queues nearly empty instead of waiting behind the bulk.
+	 */
+	if (!__atomic_load_n(&s->cap_bps, __ATOMIC_RELAXED) && src_link(s) > 0)
+		__atomic_store_n(&s->cap_bps, (uint64_t)(0.9 * src_link(s)), __ATOMIC_RELAXED);
 	memcpy(pc->id, s->sess.id, sizeof(pc->id));
 	memcpy(pc->name, s->sess.name, sizeof(pc->name));
 	pthread_mutex_init(&pc->lock, NULL);

@@ -126,6 +126,37 @@ static void measure_vcpus(struct source *s, double dt)
 	}
 }
 
+/*
+ * Post-copy's rule within a pass: every POSTCOPY_SYNC_MS a sync, whose new
+ * pages are what the guest dirtied again; where that outruns nine tenths
+ * of the link (measured), pre-copy can never converge: the switch is due
+ * now (src_drain() ends the pass), not at the pass's end.
+ */
+#define POSTCOPY_SYNC_MS 300.0
+
+static int postcopy_tick(struct source *s)
+{
+	double t = mig_clock_msf(), dt = t - s->pc_sync_ms, link = src_link(s);
+	int64_t fresh;
+
+	if (!s->postcopy || !s->pass || s->go_postcopy || !(link > 0) || dt < POSTCOPY_SYNC_MS)
+		return 0;
+	if (!s->pc_sync_ms) {
+		s->pc_sync_ms = t;
+		return 0;
+	}
+	fresh = kvmdirty_consumer_sync(s->cons);
+	if (fresh < 0)
+		return s->sync_err = (int)fresh;
+	s->pc_sync_ms = t;
+	s->redirty = (double)fresh / (dt / 1e3);
+	if (s->redirty * PAGE > 0.9 * link) {
+		s->go_postcopy = true;
+		s->postcopy_rule = true;
+	}
+	return 0;
+}
+
 /* Throttling in pre-copy: a sync, whose new pages are the guest's re-dirtying, and the throttle's answer. */
 static int throttle_tick(struct source *s, double dt)
 {
@@ -171,6 +202,8 @@ int src_tick(struct source *s)
 	s->tick_ms = t;
 	measure_vcpus(s, dt);
 	ret = throttle_tick(s, dt);
+	if (ret == 0)
+		ret = postcopy_tick(s);
 	if (ret < 0)
 		return ret;
 	if (s->o->stats)
@@ -379,7 +412,7 @@ static bool precopy_done(struct source *s, struct mig_result *res)
 	if (s->postcopy && mig_status_postcopy_asked(s->st))
 		s->go_postcopy = true;
 	if (s->go_postcopy) {
-		res->postcopy_why = "asked";
+		res->postcopy_why = s->postcopy_rule ? "rule" : "asked";
 		res->reason = "postcopy";
 		return true;
 	}

@@ -263,6 +263,15 @@ void src_end_line(struct source *s, const struct mig_result *res, int ret, const
 		res->throttled ? "true" : "false");
 	fprintf(s->o->stats, ",\"outcome\":\"%s\",\"resolved\":%s,\"ready_ms\":%.3f,\"handoff_ms\":%.3f",
 		mig_outcome_name(res->outcome), res->resolved ? "true" : "false", res->ready_ms, res->handoff_ms);
+	fprintf(s->o->stats, ",\"postcopy\":%s", res->postcopy ? "true" : "false");
+	if (res->postcopy)
+		fprintf(s->o->stats,
+			",\"postcopy_why\":\"%s\",\"switch_pause_ms\":%.3f,\"postcopy_ms\":%.3f,\"postcopy_pages\":%" PRIu64
+			",\"postcopy_requests\":%" PRIu64 ",\"postcopy_bulk\":%" PRIu64 ",\"postcopy_faults\":%" PRIu64
+			",\"fault_p50_us\":%.1f,\"fault_p99_us\":%.1f,\"postcopy_recoveries\":%" PRIu64,
+			res->postcopy_why ? res->postcopy_why : "asked", res->switch_pause_ms, res->postcopy_ms,
+			res->postcopy_pages, res->postcopy_requests, res->postcopy_bulk, res->postcopy_faults,
+			res->fault_p50_us, res->fault_p99_us, res->postcopy_recoveries);
 	end_vcpus(s, res);
 	fprintf(s->o->stats, "}\n");
 }

@@ -417,6 +417,20 @@ int mig_decode_left(struct mig_decoder *d, const struct mig_record *rec, char *e
 	return check_run(d, rec, UINT64_MAX, err, len);
 }
 
+int mig_pc_map_check(const struct mig_region *regions, uint32_t nr, const struct mig_record *rec, uint64_t nrec,
+		     char *err, size_t len)
+{
+	uint64_t np = rec->index < nr ? regions[rec->index].size / MIG_PAGE_SIZE : 0;
+
+	if (rec->kind == MIG_END)
+		return 1;
+	if (rec->kind != MIG_LEFT || rec->index >= nr || !rec->count || rec->first >= np || rec->count > np - rec->first)
+		return refuse(err, len, "post-copy recovery: record %" PRIu64 " (%s): region %" PRIu32 " pages [%" PRIu64
+			      ", +%" PRIu64 "): not a run of the guest's", nrec, mig_kind_name(rec->kind), rec->index,
+			      rec->first, rec->count);
+	return 0;
+}
+
 int mig_pc_check(const struct mig_region *regions, uint32_t nr, const struct mig_record *rec, uint64_t nrec,
 		 bool to_dest, char *err, size_t len)
 {

@@ -403,6 +403,13 @@ int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *er
  */
 int mig_pc_check(const struct mig_region *regions, uint32_t nr, const struct mig_record *rec, uint64_t nrec,
 		 bool to_dest, char *err, size_t len);
+/*
+ * A record of a recovery's answer (the pages the destination lacks): a
+ * LEFT run inside a region (any count), or END.  0 (1 for END), or
+ * -EPROTO with "post-copy recovery: record N (KIND): why" in err.
+ */
+int mig_pc_map_check(const struct mig_region *regions, uint32_t nr, const struct mig_record *rec, uint64_t nrec,
+		     char *err, size_t len);
 /* A VCPU record's payload, after its record was decoded. */
 int mig_decode_vcpu_state(struct mig_decoder *d, const struct mig_vcpu_state *st, char *err, size_t len);
 /* A DEVICES or DEVICES_LIVE record's payload, after its record was decoded: summed. */
