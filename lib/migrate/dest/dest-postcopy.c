@@ -199,6 +199,15 @@ static void pc_fail(struct mig_pc *pc, int ret, const char *fmt, ...)
 	}
 }
 
+/* query's post-copy figures (the status's), from the stats now. */
+static void pc_progress(struct mig_pc *pc)
+{
+	struct mig_pc_stats st;
+
+	mig_pc_get_stats(pc, &st);
+	mig_status_postcopy_progress(pc->st, st.missing, st.faults, st.fault_p50_us, st.fault_p99_us);
+}
+
 /*
  * A connection ended or failed before every page was in: post-copy waits
  * (a vCPU that touches a missing page waits), the pages in stay, and the
@@ -231,6 +240,7 @@ static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, in
 	pthread_cond_broadcast(&pc->cond);
 	pthread_mutex_unlock(&pc->lock);
 	mig_status_postcopy_paused(pc->st, true);
+	pc_progress(pc);
 	mig_event_str(esc, sizeof(esc), why);
 	mig_status_event(pc->st, "postcopy-paused",
 			 "\"side\":\"destination\",\"missing_pages\":%" PRIu64 ",\"why\":\"%s\"", pc->stt.missing, esc);
@@ -304,11 +314,12 @@ static void all_in(struct mig_pc *pc)
 static void mark(struct mig_pc *pc, uint32_t r, uint64_t p, uint64_t n)
 {
 	struct pc_region *rg = &pc->r[r];
-	uint64_t now = mig_clock_ns(), k;
-	bool done = false;
+	uint64_t now = mig_clock_ns(), k, placed0;
+	bool done = false, progress;
 	unsigned int j;
 
 	pthread_mutex_lock(&pc->lock);
+	placed0 = pc->stt.placed;
 	for (k = p; k < p + n; k++) {
 		if (!bit(rg->left, k)) {
 			pc->stt.dups++;
@@ -332,12 +343,16 @@ static void mark(struct mig_pc *pc, uint32_t r, uint64_t p, uint64_t n)
 		}
 	}
 	pc->stt.missing = pc->missing;
+	/* query's figures every 256 pages placed */
+	progress = pc->stt.placed / 256 != placed0 / 256;
 	if (!pc->missing && !pc->complete && !pc->failed) {
 		pc->complete = done = true;
 		pc->stt.complete = true;
 		pc->stt.complete_ms = mig_clock_msf() - pc->t0;
 	}
 	pthread_mutex_unlock(&pc->lock);
+	if (progress || done)
+		pc_progress(pc);
 	if (done) {
 		all_in(pc);
 		pthread_mutex_lock(&pc->lock);
@@ -944,6 +959,7 @@ int mig_pc_start(struct mig_pc *pc, struct mig_session *s, struct mig_status *st
 		mig_conn_set_timeout(own->conn[i], 0);
 	}
 	mig_status_set_state(st, "postcopy");
+	mig_status_postcopy_progress(st, pc->missing, 0, 0, 0);
 	mig_status_event(st, "postcopy-started", "\"side\":\"destination\",\"missing_pages\":%" PRIu64, pc->missing);
 	/* the fault thread may send its requests now */
 	pthread_mutex_lock(&pc->lock);
