@@ -214,9 +214,10 @@ static void pc_progress(struct mig_pc *pc)
  * whole session is cut, so that the source hears it on every connection;
  * a recovery makes a new one (recover_main()).
  */
-static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, int ret)
+static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, int ret, bool reader)
 {
 	char why[200], esc[300];
+	uint64_t missing;
 	unsigned int k;
 
 	if (ret >= 0)
@@ -224,7 +225,11 @@ static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, in
 	else {
 		char what[120];
 
-		mig_chan_strerror(ch, ret, what, sizeof(what));
+		/* the channel's own words are its reader's to ask for (a writer would race the reading thread) */
+		if (reader)
+			mig_chan_strerror(ch, ret, what, sizeof(what));
+		else
+			snprintf(what, sizeof(what), "sending: %s", strerror(-ret));
 		snprintf(why, sizeof(why), "connection %u: %s", i, what);
 	}
 	pthread_mutex_lock(&pc->lock);
@@ -235,6 +240,7 @@ static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, in
 	}
 	pc->paused = true;
 	snprintf(pc->stt.why, sizeof(pc->stt.why), "%s", why);
+	missing = pc->missing;
 	for (k = 0; pc->s && k < pc->s->conns; k++)
 		shutdown(pc->s->fd[k], SHUT_RDWR);
 	pthread_cond_broadcast(&pc->cond);
@@ -243,7 +249,7 @@ static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, in
 	pc_progress(pc);
 	mig_event_str(esc, sizeof(esc), why);
 	mig_status_event(pc->st, "postcopy-paused",
-			 "\"side\":\"destination\",\"missing_pages\":%" PRIu64 ",\"why\":\"%s\"", pc->stt.missing, esc);
+			 "\"side\":\"destination\",\"missing_pages\":%" PRIu64 ",\"why\":\"%s\"", missing, esc);
 	mig_status_set_state(pc->st, "postcopy-paused");
 }
 
@@ -299,14 +305,17 @@ static void all_in(struct mig_pc *pc)
 	for (r = 0; r < pc->nr; r++)
 		mig_uffd_unregister(pc->uffd, pc->r[r].hva, pc->r[r].size);
 	/* paused: the recovered session carries ALL_IN (resume_with()) */
+	struct mig_pc_stats st;
+
 	pthread_mutex_lock(&pc->lock);
 	ch = pc->paused ? NULL : pc->fch;
 	pthread_mutex_unlock(&pc->lock);
 	if (ch)
 		send_all_in(pc, ch);
+	mig_pc_get_stats(pc, &st);
 	mig_status_event(pc->st, "postcopy-completed",
-			 "\"side\":\"destination\",\"pages\":%" PRIu64 ",\"faults\":%" PRIu64 ",\"ms\":%.1f",
-			 pc->stt.left, pc->stt.faults, pc->stt.complete_ms);
+			 "\"side\":\"destination\",\"pages\":%" PRIu64 ",\"faults\":%" PRIu64 ",\"ms\":%.1f", st.left,
+			 st.faults, st.complete_ms);
 	mig_status_set_state(pc->st, "completed");
 }
 
@@ -409,7 +418,7 @@ static int rx_get(struct rx *x, void *buf, size_t len, bool at_record)
 	if (ret == 0 && at_record && over(x->pc))
 		return 1;
 	if (!over(x->pc))
-		link_down(x->pc, x->ch, x->i, ret > 0 ? 0 : ret);
+		link_down(x->pc, x->ch, x->i, ret > 0 ? 0 : ret, true);
 	return -EPIPE;
 }
 
@@ -529,7 +538,7 @@ static void on_fault(struct mig_pc *pc, uint64_t a, uint64_t t_ns)
 		while (n--)
 			bit_clear(rg->req, p + n);
 		pthread_mutex_unlock(&pc->lock);
-		link_down(pc, ch, pc->nconns - 1, ret);
+		link_down(pc, ch, pc->nconns - 1, ret, false);
 	}
 }
 
@@ -830,6 +839,7 @@ static void resume_with(struct mig_pc *pc, struct mig_session *s2)
 {
 	struct mig_session *own = malloc(sizeof(*own)), *old;
 	struct mig_chan *fch = s2->chan[s2->conns - 1];
+	uint64_t missing, recoveries;
 	unsigned int i, j;
 	bool complete;
 	int ret;
@@ -884,12 +894,14 @@ static void resume_with(struct mig_pc *pc, struct mig_session *s2)
 		send_rec(pc, (struct mig_record){ .kind = MIG_REQ, .index = pd.r, .first = pd.p, .count = 1 });
 		pthread_mutex_lock(&pc->lock);
 	}
+	missing = pc->missing;
+	recoveries = pc->recoveries;
 	pthread_mutex_unlock(&pc->lock);
 	mig_status_postcopy_paused(pc->st, false);
 	mig_status_set_state(pc->st, complete ? "completed" : "postcopy");
 	mig_status_event(pc->st, "postcopy-recovered",
-			 "\"side\":\"destination\",\"missing_pages\":%" PRIu64 ",\"recoveries\":%" PRIu64, pc->stt.missing,
-			 pc->recoveries);
+			 "\"side\":\"destination\",\"missing_pages\":%" PRIu64 ",\"recoveries\":%" PRIu64, missing,
+			 recoveries);
 }
 
 /* Recoveries, for as long as post-copy may need one: paused, or complete and the source not yet told. */

@@ -291,11 +291,13 @@ static void recv_zero(struct dest *d, const struct mig_record *rec)
 /*
  * LEFT: the pages' latest copies come after the handoff; what an earlier
  * pass brought is stale (emptied before the guest runs) and no longer
- * checked (a hash still queued for them is waited out first).
+ * checked (the hashes still queued are waited out first: LEFT records come
+ * together, at the switch, so the wait is paid once).
  */
 static void recv_left(struct dest *d, const struct mig_record *rec)
 {
-	verifier_fence(d, rec->index, rec->first, rec->count);
+	/* every hash queued checked first, zero runs' too: the verifier writes words of bad[] this clears */
+	verifier_drain(d);
 	kvmdirty_bitmap_clear(d->bad[rec->index], rec->first, rec->first + rec->count);
 	kvmdirty_bitmap_clear(d->missing[rec->index], rec->first, rec->first + rec->count);
 	kvmdirty_bitmap_set(d->left[rec->index], rec->first, rec->first + rec->count);
