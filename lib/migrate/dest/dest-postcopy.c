@@ -52,6 +52,7 @@ struct pend {
 struct rx {
 	struct mig_pc *pc;
 	unsigned int i;
+	uint64_t gen;	     /* the session it reads */
 	struct mig_chan *ch; /* its connection's channel, of the session it was started on */
 	bool fault;	     /* ... the fault channel */
 	pthread_t thread;
@@ -66,7 +67,8 @@ struct mig_pc {
 	uint32_t *by_hva; /* region indexes in address order */
 	int uffd, stop_fd;
 	struct mig_session *s;
-	struct mig_chan *fch; /* the fault channel: the session's last connection */
+	struct mig_chan *fch; /* the fault channel: the session's last connection (read and written under wlock) */
+	uint64_t gen;	      /* the session's number: 1, then one more at each recovery (under lock and wlock) */
 	unsigned int nconns;  /* the session's connections (every recovered one has as many) */
 	struct mig_status *st;
 	struct mig_status own_st; /* st where the caller gave none */
@@ -131,7 +133,7 @@ static uint32_t region_of(const struct mig_pc *pc, uint64_t a)
 	return UINT32_MAX;
 }
 
-static int send_rec_on(struct mig_pc *pc, struct mig_record rec, struct mig_chan **ret_ch);
+static int send_rec_on(struct mig_pc *pc, struct mig_record rec, uint64_t *ret_gen);
 
 static int send_rec(struct mig_pc *pc, struct mig_record rec)
 {
@@ -139,7 +141,7 @@ static int send_rec(struct mig_pc *pc, struct mig_record rec)
 }
 
 /*
- * Failed, the guest paused for good: a thread waiting on a page asked for
+ * Failed, the guest paused for good: a thread waiting on a missing page
  * (a VMM thread reading guest memory) gets zeroes, not a wait for ever;
  * later faults too (on_fault()).  Never the copy that failed.
  */
@@ -155,7 +157,8 @@ static void zero_waiters(struct mig_pc *pc)
 			bool want;
 
 			pthread_mutex_lock(&pc->lock);
-			want = bit(rg->req, p) && bit(rg->left, p);
+			/* every missing page: a waiter's request may have been cleared by a recovery */
+			want = bit(rg->left, p);
 			pthread_mutex_unlock(&pc->lock);
 			if (want)
 				mig_uffd_place(pc->uffd, rg->hva + p * PAGE, NULL, PAGE);
@@ -214,7 +217,7 @@ static void pc_progress(struct mig_pc *pc)
  * whole session is cut, so that the source hears it on every connection;
  * a recovery makes a new one (recover_main()).
  */
-static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, int ret, bool reader)
+static void link_down(struct mig_pc *pc, struct mig_chan *ch, uint64_t gen, unsigned int i, int ret)
 {
 	char why[200], esc[300];
 	uint64_t missing;
@@ -226,15 +229,15 @@ static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, in
 		char what[120];
 
 		/* the channel's own words are its reader's to ask for (a writer would race the reading thread) */
-		if (reader)
+		if (ch)
 			mig_chan_strerror(ch, ret, what, sizeof(what));
 		else
 			snprintf(what, sizeof(what), "sending: %s", strerror(-ret));
 		snprintf(why, sizeof(why), "connection %u: %s", i, what);
 	}
 	pthread_mutex_lock(&pc->lock);
-	if (pc->complete || pc->failed || pc->stopping || pc->paused || (ch && pc->s && ch != pc->s->chan[i])) {
-		/* over, paused already, or a connection of a session recovered since */
+	if (pc->complete || pc->failed || pc->stopping || pc->paused || gen != pc->gen) {
+		/* over, paused already (this session: resume_with() unpauses before its threads start), or an old session */
 		pthread_mutex_unlock(&pc->lock);
 		return;
 	}
@@ -258,48 +261,64 @@ static void link_down(struct mig_pc *pc, struct mig_chan *ch, unsigned int i, in
  * the ACK waits for it, and one while paused for the recovered session's);
  * *ret_ch (may be NULL): the channel it went on.
  */
-static int send_rec_on(struct mig_pc *pc, struct mig_record rec, struct mig_chan **ret_ch)
+static int send_rec_on(struct mig_pc *pc, struct mig_record rec, uint64_t *ret_gen)
 {
 	struct iovec iov = { &rec, sizeof(rec) };
-	struct mig_chan *ch;
 	int ret;
 
-	/* not before the channel exists, nor while post-copy is paused: the recovered session's then */
-	pthread_mutex_lock(&pc->lock);
-	while ((!pc->fch || pc->paused) && !pc->stopping && !pc->pause_done)
-		pthread_cond_wait(&pc->cond, &pc->lock);
-	ch = pc->stopping ? NULL : pc->fch;
-	pthread_mutex_unlock(&pc->lock);
-	if (ret_ch)
-		*ret_ch = ch;
-	if (!ch)
-		return -ECANCELED;
-	pthread_mutex_lock(&pc->wlock);
-	ret = mig_chan_writev(ch, &iov, 1);
-	pthread_mutex_unlock(&pc->wlock);
-	return ret;
+	for (;;) {
+		struct mig_chan *ch;
+		uint64_t gen;
+
+		/* not before the channel exists, nor while post-copy is paused: the recovered session's then */
+		pthread_mutex_lock(&pc->lock);
+		while ((!pc->fch || pc->paused) && !pc->stopping && !pc->pause_done)
+			pthread_cond_wait(&pc->cond, &pc->lock);
+		pthread_mutex_unlock(&pc->lock);
+		/* the channel read where it is written, under wlock: a recovery swaps (and frees) it under wlock too */
+		pthread_mutex_lock(&pc->wlock);
+		pthread_mutex_lock(&pc->lock);
+		ch = pc->stopping || (pc->paused && !pc->pause_done) ? NULL : pc->fch;
+		gen = pc->gen;
+		ret = pc->stopping ? -ECANCELED : 0;
+		pthread_mutex_unlock(&pc->lock);
+		if (ch)
+			ret = mig_chan_writev(ch, &iov, 1);
+		pthread_mutex_unlock(&pc->wlock);
+		if (ret_gen)
+			*ret_gen = gen;
+		if (ch || ret < 0)
+			return ret;
+	}
 }
 
 /* Every LEFT page is in: ALL_IN, the regions unregistered (called once, outside the lock). */
-/* ALL_IN on ch, with the figures, and this end of the fault channel closed (the source acknowledges by closing its). */
-static void send_all_in(struct mig_pc *pc, struct mig_chan *ch)
+/*
+ * ALL_IN on the fault channel, with the figures, and this end of it closed
+ * (the source acknowledges with its own ALL_IN); not while paused (the
+ * recovered session carries it: resume_with()).
+ */
+static void send_all_in(struct mig_pc *pc)
 {
 	struct mig_pc_stats st;
 	struct mig_record rec;
 	struct iovec iov = { &rec, sizeof(rec) };
+	struct mig_chan *ch;
 
 	mig_pc_get_stats(pc, &st);
 	rec = (struct mig_record){ .kind = MIG_ALL_IN, .index = st.faults > UINT32_MAX ? UINT32_MAX : (uint32_t)st.faults,
 				   .first = (uint64_t)(st.fault_p50_us * 1e3), .count = (uint64_t)(st.fault_p99_us * 1e3) };
 	pthread_mutex_lock(&pc->wlock);
-	if (mig_chan_writev(ch, &iov, 1) == 0)
+	pthread_mutex_lock(&pc->lock);
+	ch = pc->paused ? NULL : pc->fch;
+	pthread_mutex_unlock(&pc->lock);
+	if (ch && mig_chan_writev(ch, &iov, 1) == 0)
 		mig_chan_close_write(ch);
 	pthread_mutex_unlock(&pc->wlock);
 }
 
 static void all_in(struct mig_pc *pc)
 {
-	struct mig_chan *ch;
 	uint32_t r;
 
 	for (r = 0; r < pc->nr; r++)
@@ -307,11 +326,7 @@ static void all_in(struct mig_pc *pc)
 	/* paused: the recovered session carries ALL_IN (resume_with()) */
 	struct mig_pc_stats st;
 
-	pthread_mutex_lock(&pc->lock);
-	ch = pc->paused ? NULL : pc->fch;
-	pthread_mutex_unlock(&pc->lock);
-	if (ch)
-		send_all_in(pc, ch);
+	send_all_in(pc);
 	mig_pc_get_stats(pc, &st);
 	mig_status_event(pc->st, "postcopy-completed",
 			 "\"side\":\"destination\",\"pages\":%" PRIu64 ",\"faults\":%" PRIu64 ",\"ms\":%.1f", st.left,
@@ -418,7 +433,7 @@ static int rx_get(struct rx *x, void *buf, size_t len, bool at_record)
 	if (ret == 0 && at_record && over(x->pc))
 		return 1;
 	if (!over(x->pc))
-		link_down(x->pc, x->ch, x->i, ret > 0 ? 0 : ret, true);
+		link_down(x->pc, x->ch, x->gen, x->i, ret > 0 ? 0 : ret);
 	return -EPIPE;
 }
 
@@ -488,7 +503,7 @@ static void on_fault(struct mig_pc *pc, uint64_t a, uint64_t t_ns)
 	struct pc_region *rg;
 	uint64_t p, n = 0;
 	bool zero = false, failed;
-	struct mig_chan *ch = NULL;
+	uint64_t gen = 0;
 	int ret;
 
 	if (r == UINT32_MAX)
@@ -531,14 +546,14 @@ static void on_fault(struct mig_pc *pc, uint64_t a, uint64_t t_ns)
 		pthread_mutex_unlock(&pc->lock);
 		return;
 	}
-	ret = send_rec_on(pc, (struct mig_record){ .kind = MIG_REQ, .index = r, .first = p, .count = n }, &ch);
+	ret = send_rec_on(pc, (struct mig_record){ .kind = MIG_REQ, .index = r, .first = p, .count = n }, &gen);
 	if (ret < 0 && !over(pc)) {
 		/* not gone: asked again after the recovery (this fault is pending: a recovery asks for those) */
 		pthread_mutex_lock(&pc->lock);
 		while (n--)
 			bit_clear(rg->req, p + n);
 		pthread_mutex_unlock(&pc->lock);
-		link_down(pc, ch, pc->nconns - 1, ret, false);
+		link_down(pc, NULL, gen, pc->nconns - 1, ret);
 	}
 }
 
@@ -684,7 +699,7 @@ static int start_rx(struct mig_pc *pc, struct mig_session *s)
 	int rc;
 
 	for (i = 0; i < s->conns; i++) {
-		pc->rx[i] = (struct rx){ .pc = pc, .i = i, .ch = s->chan[i], .fault = i + 1 == s->conns };
+		pc->rx[i] = (struct rx){ .pc = pc, .i = i, .ch = s->chan[i], .fault = i + 1 == s->conns, .gen = pc->gen };
 		mig_conn_keepalive(s->conn[i]);
 		rc = pthread_create(&pc->rx[i].thread, NULL, rx_main, &pc->rx[i]);
 		if (rc) {
@@ -785,7 +800,8 @@ static int take_recovery(struct mig_pc *pc, struct mig_session *ret_s)
 			mig_session_free(ret_s);
 			continue;
 		}
-		mig_conn_set_timeout(ret_s->conn[ret_s->conns - 1], pc->so.timeout_ms);
+		/* RECOVER within one handshake's budget: a peer that never says it holds the listener no longer */
+		mig_conn_set_timeout(ret_s->conn[ret_s->conns - 1], MIG_HANDSHAKE_MS);
 		ret = mig_chan_read(ret_s->chan[ret_s->conns - 1], &rec, sizeof(rec));
 		if (ret == (int)sizeof(rec) && rec.kind == MIG_RECOVER && !rec.index && !rec.first &&
 		    rec.count == sizeof(id) &&
@@ -839,8 +855,9 @@ static void resume_with(struct mig_pc *pc, struct mig_session *s2)
 {
 	struct mig_session *own = malloc(sizeof(*own)), *old;
 	struct mig_chan *fch = s2->chan[s2->conns - 1];
-	uint64_t missing, recoveries;
-	unsigned int i, j;
+	struct pend again[PC_PEND];
+	uint64_t missing, recoveries, gen;
+	unsigned int i, j, n = 0;
 	bool complete;
 	int ret;
 
@@ -850,53 +867,66 @@ static void resume_with(struct mig_pc *pc, struct mig_session *s2)
 	}
 	*own = *s2;
 	join_rx(pc);
+	/* the map within the peer's time: a peer that stops reading does not hold the recovery for ever */
 	for (i = 0; i < own->conns; i++) {
 		mig_conn_set_deadline(own->conn[i], 0);
-		mig_conn_set_timeout(own->conn[i], 0);
+		mig_conn_set_timeout(own->conn[i], pc->so.timeout_ms ? pc->so.timeout_ms : 30000);
 	}
 	/* the receiving threads are stopped and the fault thread waits (paused): the map holds still */
 	ret = send_missing(pc, fch);
+	if (ret < 0) {
+		/* the new session failed at once: paused still, on the old (cut) one, for the next recovery */
+		mig_session_free(own);
+		free(own);
+		return;
+	}
+	for (i = 0; i < own->conns; i++)
+		mig_conn_set_timeout(own->conn[i], 0);
+	/*
+	 * The swap, under both locks (a writer reads the channel under wlock),
+	 * and post-copy unpaused before the new threads start: a connection of
+	 * this session that fails pauses it again (link_down() tells a session
+	 * by its number).  The faults still waiting are asked for again (their
+	 * requests may have gone with the old session).
+	 */
 	pthread_mutex_lock(&pc->wlock);
 	pthread_mutex_lock(&pc->lock);
 	old = pc->s;
 	pc->s = own;
 	pc->fch = fch;
+	gen = ++pc->gen;
 	complete = pc->complete;
 	for (i = 0; i < pc->nr; i++)
 		memset(pc->r[i].req, 0, KVMDIRTY_BITMAP_WORDS(pc->r[i].npages) * sizeof(uint64_t));
-	pthread_mutex_unlock(&pc->lock);
-	pthread_mutex_unlock(&pc->wlock);
-	mig_session_free(old);
-	free(old);
-	if (ret < 0) {
-		/* the new session failed at once: paused still, the next recovery's */
-		for (i = 0; i < own->conns; i++)
-			shutdown(own->fd[i], SHUT_RDWR);
-		return;
-	}
-	start_rx(pc, own);
-	if (complete) {
-		/* every page was in already: the source had not heard it */
-		send_all_in(pc, fch);
-	}
-	pthread_mutex_lock(&pc->lock);
-	pc->paused = false;
-	pc->recoveries++;
-	pthread_cond_broadcast(&pc->cond);
-	/* the faults still waiting, asked for again (their requests may have been lost with the old session) */
 	for (j = 0; j < pc->npend; j++) {
 		struct pend pd = pc->pend[j];
 
 		if (!bit(pc->r[pd.r].left, pd.p) || bit(pc->r[pd.r].req, pd.p))
 			continue;
 		bit_set(pc->r[pd.r].req, pd.p);
-		pthread_mutex_unlock(&pc->lock);
-		send_rec(pc, (struct mig_record){ .kind = MIG_REQ, .index = pd.r, .first = pd.p, .count = 1 });
-		pthread_mutex_lock(&pc->lock);
+		again[n++] = pd;
 	}
+	pc->paused = false;
+	recoveries = ++pc->recoveries;
 	missing = pc->missing;
-	recoveries = pc->recoveries;
+	pthread_cond_broadcast(&pc->cond);
 	pthread_mutex_unlock(&pc->lock);
+	pthread_mutex_unlock(&pc->wlock);
+	mig_session_free(old);
+	free(old);
+	start_rx(pc, own);
+	/* every page was in already: the source had not heard it */
+	if (complete)
+		send_all_in(pc);
+	for (j = 0; j < n; j++) {
+		ret = send_rec_on(pc, (struct mig_record){ .kind = MIG_REQ, .index = again[j].r, .first = again[j].p,
+							   .count = 1 }, &gen);
+		if (ret < 0) {
+			if (!over(pc))
+				link_down(pc, NULL, gen, pc->nconns - 1, ret);
+			break;
+		}
+	}
 	mig_status_postcopy_paused(pc->st, false);
 	mig_status_set_state(pc->st, complete ? "completed" : "postcopy");
 	mig_status_event(pc->st, "postcopy-recovered",
@@ -976,6 +1006,7 @@ int mig_pc_start(struct mig_pc *pc, struct mig_session *s, struct mig_status *st
 	/* the fault thread may send its requests now */
 	pthread_mutex_lock(&pc->lock);
 	pc->s = own;
+	pc->gen = 1;
 	pc->nconns = own->conns;
 	memcpy(pc->id, own->id, sizeof(pc->id));
 	memcpy(pc->name, own->name, sizeof(pc->name));
@@ -1048,8 +1079,10 @@ void mig_pc_free(struct mig_pc *pc)
 	pthread_mutex_unlock(&pc->lock);
 	if (pc->stop_fd >= 0 && write(pc->stop_fd, &one, sizeof(one)) < 0)
 		abort(); /* an eventfd takes a write below its limit */
+	pthread_mutex_lock(&pc->lock);
 	for (i = 0; pc->s && i < pc->s->conns; i++)
 		shutdown(pc->s->fd[i], SHUT_RDWR);
+	pthread_mutex_unlock(&pc->lock);
 	if (pc->rec_started)
 		pthread_join(pc->rec_thread, NULL);
 	pthread_mutex_lock(&pc->lock);

@@ -93,7 +93,7 @@ static int handoff(struct source *s, struct mig_result *res, char *err, size_t l
 {
 	struct mig_handoff h = { .ch = s->lane[0].ch, .fd = s->sess.fd[0], .timeout_ms = mig_guest_wait_ms(s->g, s->o->peer_timeout_ms),
 				 .st = s->st, .unknown = src_unknown,
-				 .ctx = s, .wait = s->o->status != NULL };
+				 .ctx = s, .wait = s->o->status != NULL || s->postcopy };
 	struct mig_handoff_times t;
 	unsigned int i;
 	int ret = 0;
