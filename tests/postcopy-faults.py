@@ -6,7 +6,7 @@ control socket) talk through a relay on a Unix socket, which takes every
 connection the source makes (the first session's and a recovery's) and
 passes it on to the destination.  The source switches to post-copy after
 its first pass (-d 0), vCPU 0 writing 16 MiB at 1000 pages/s and the bulk
-held to 2 MiB/s, so that post-copy lasts seconds and the guest's faults
+held to 1 MiB/s, so that post-copy lasts seconds and the guest's faults
 do much of the work.  Once both control sockets say "postcopy", the fault:
 
   none         nothing: both end, the destination's guest checks itself
@@ -21,7 +21,9 @@ do much of the work.  Once both control sockets say "postcopy", the fault:
   kill-dest    the destination SIGKILLed: the source keeps its memory and
                dials (postcopy-paused), never exits, never runs the guest
 
-Case names are the faults.  Exits 77 with the daemon's line where this
+A case whose post-copy ended before its cut could be made (the test's
+race with the guest, not a fault) is run again, at most three times in
+all.  Case names are the faults.  Exits 77 with the daemon's line where this
 host has no usable KVM.
 usage: postcopy-faults.py KVMDIRTY-MIGRATE [CASE...]
 """
@@ -40,9 +42,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from kvm_skip import require_kvm  # noqa: E402
 
 CASES = ["none", "cut", "cut-twice", "delay", "kill-source", "kill-dest"]
+# a case whose post-copy ended before its cut could be made is run again, at most 3 times in all
+RETRY = " (run again)"
+TRIES = 3
 GUEST = ["-m", "256", "-v", "2"]
-# vCPU 0 writes 16 MiB at 1000 pages/s (its faults last seconds), the bulk held to 2 MiB/s: post-copy lasts
-WORK = ["--vcpu", "0=dirty:16:1000", "--vcpu", "1=compute", "--max-bandwidth", "2"]
+# vCPU 0 writes 16 MiB at 1000 pages/s (its faults last seconds), the bulk held to 1 MiB/s: post-copy lasts
+WORK = ["--vcpu", "0=dirty:16:1000", "--vcpu", "1=compute", "--max-bandwidth", "1"]
 
 
 class Relay(threading.Thread):
@@ -166,20 +171,27 @@ def run_case(migrate, name, tmp):
         if qs.get("state") != "postcopy" or qd.get("state") != "postcopy":
             problems.append(f"post-copy never ran: source {qs.get('state')}, destination {qd.get('state')}")
             return problems
-        time.sleep(0.5)
+        time.sleep(0.1)
         if name in ("cut", "cut-twice"):
             for k in range(2 if name == "cut-twice" else 1):
+                # the second cut at once, as soon as the first is recovered: post-copy may not last much longer
                 if query(sctl).get("state") != "postcopy":
-                    problems.append(f"cut {k + 1}: post-copy was over before it ({query(sctl).get('state')}): no recovery tested")
+                    # a race of the test's, not a fault: the case is run again (main())
+                    problems.append(f"cut {k + 1}: post-copy was over before it ({query(sctl).get('state')}): "
+                                    "no recovery tested" + RETRY)
                     break
+                accepted = relay.accepted
                 relay.cut()
                 cuts += 1
-                wait_state(sctl, ("postcopy-paused", "completed"), src, 10)
+                # the recovery's connections (its pause may be too short for a query to see)
+                for _ in range(1500):
+                    if relay.accepted >= accepted + 2 or src.poll() is not None:
+                        break
+                    time.sleep(0.02)
                 rs = wait_state(sctl, ("postcopy", "completed"), src, 30)
                 if rs.get("state") not in ("postcopy", "completed") and src.poll() is None:
                     problems.append(f"cut {k + 1}: no recovery (source {rs.get('state')})")
                     break
-                time.sleep(0.5)
         elif name == "delay":
             relay.hold(3)
         elif name in ("kill-source", "kill-dest"):
@@ -238,10 +250,14 @@ def main():
     cases = sys.argv[2:] or CASES
     bad = 0
     for name in cases:
-        with tempfile.TemporaryDirectory(prefix="kvmdirty-pcf-") as tmp:
-            t0 = time.monotonic()
-            problems = run_case(migrate, name, tmp)
-            took = time.monotonic() - t0
+        for attempt in range(TRIES):
+            with tempfile.TemporaryDirectory(prefix="kvmdirty-pcf-") as tmp:
+                t0 = time.monotonic()
+                problems = run_case(migrate, name, tmp)
+                took = time.monotonic() - t0
+            if not any(p.endswith(RETRY) for p in problems) or attempt + 1 == TRIES:
+                break
+            print(f"postcopy-faults: {name}: attempt {attempt + 1}: {'; '.join(problems)}")
         if problems:
             bad += 1
             print(f"postcopy-faults: {name}: FAILED ({took:.1f} s): " + "; ".join(problems))
