@@ -2284,6 +2284,7 @@ END_TEST
  */
 static struct src_thread burst_src;
 static unsigned int burst_entered; /* __atomic */
+static unsigned int burst_made;	   /* __atomic: burst_src.th is written (joinable) */
 
 static void hello_during_burst(enum mig_hook_point p, void *obj)
 {
@@ -2293,6 +2294,8 @@ static void hello_during_burst(enum mig_hook_point p, void *obj)
 	if (p != MIG_HOOK_GATE_ENTERED || __atomic_add_fetch(&burst_entered, 1, __ATOMIC_ACQ_REL) != 1)
 		return;
 	ck_assert_int_eq(pthread_create(&burst_src.th, NULL, src_thread_run, &burst_src.src), 0);
+	/* burst_entered is counted before the thread exists: the joiner waits for this */
+	__atomic_store_n(&burst_made, 1, __ATOMIC_RELEASE);
 	for (k = 0; k < 10000 && avail < (int)sizeof(struct mig_hello); k++) {
 		sleep_ms(1);
 		ck_assert_int_eq(ioctl(fd, FIONREAD, &avail), 0);
@@ -2333,9 +2336,10 @@ START_TEST(hello_whole_during_burst)
 	}
 	__atomic_store_n(&mig_test_hook, hello_during_burst, __ATOMIC_RELEASE);
 	ck_assert_int_eq(pthread_create(&th, NULL, taker_run, &t), 0);
-	for (i = 0; i < 15000 && !__atomic_load_n(&burst_entered, __ATOMIC_ACQUIRE); i++)
+	for (i = 0; i < 15000 && !__atomic_load_n(&burst_made, __ATOMIC_ACQUIRE); i++)
 		sleep_ms(1);
 	ck_assert_uint_ge(__atomic_load_n(&burst_entered, __ATOMIC_ACQUIRE), 1);
+	ck_assert_msg(__atomic_load_n(&burst_made, __ATOMIC_ACQUIRE), "the hook never made the source's thread");
 	pthread_join(burst_src.th, NULL);
 	__atomic_store_n(&mig_test_hook, NULL, __ATOMIC_RELEASE);
 	printf("hello during a burst: the source %s; %u connections entered the room\n",
