@@ -122,9 +122,21 @@ START_TEST(over_limit_held)
 }
 END_TEST
 
+/* A vCPU thread kept off the CPU, as on a loaded host: the signal's handler sleeps 600 ms. */
+static void off_cpu(int sig)
+{
+	struct timespec ts = { 0, 600 * 1000 * 1000 };
+
+	(void)sig;
+	nanosleep(&ts, NULL);
+}
+
 /*
  * A vCPU that writes at a quarter of its limit, harvested seldom (every
- * 200 ms, 200 pages at once): never held, whatever the batch.
+ * 200 ms, 200 pages at once): never held, whatever the batch.  Once its
+ * thread is kept off the CPU for 600 ms (a loaded host): the guest starts
+ * its pace again (GUEST_F_PACE_STEADY) instead of writing what it owes flat
+ * out, which would be over the limit for a moment and held, rightly.
  */
 START_TEST(under_limit_not_held)
 {
@@ -142,11 +154,20 @@ START_TEST(under_limit_not_held)
 	mb0 = testvm_mailbox(g.tv, 0);
 	mb0->tsc_per_page = testvm_tsc_per_page(g.tv, rate);
 	ck_assert_uint_gt(mb0->tsc_per_page, 0);
+	/* a vCPU thread kept off the CPU (a loaded host) must not catch up flat out: that is over the limit */
+	mb0->flags |= GUEST_F_PACE_STEADY;
 	rig_add_copy(&g, g.tv->sys_region, true, false);
 	ck_assert_ok(kvmdirty_tracker_start(g.t, NULL));
 	rig_consume(&g);
 	ck_assert_ok(kvmdirty_vcpu_set_dirty_limit(g.tv->vcpu[0], limit));
 	runner_start(&r, g.tv, 0);
+	sync_while(&g, 0, 300, 200, 60.0);
+	{
+		struct sigaction sa = { .sa_handler = off_cpu };
+
+		ck_assert_int_eq(sigaction(SIGUSR2, &sa, NULL), 0);
+		ck_assert_int_eq(pthread_kill(r.th, SIGUSR2), 0);
+	}
 	sync_while(&g, 0, 1200, 200, 60.0);
 	s0 = vstats(g.tv, 0);
 	ck_assert_uint_ge(mb0->writes, 1200);

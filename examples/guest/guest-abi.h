@@ -112,6 +112,13 @@ enum guest_pattern {
  * KVM, whose own switcher owns SYSCALL (testvm_syscall_setup() refuses).
  */
 #define GUEST_F_SYSCALL (1u << 4)
+/*
+ * With tsc_per_page: a write that comes due more than one page late (the
+ * vCPU's thread was not on a CPU) starts the pace again from now instead
+ * of writing the pages it owes flat out.  A test that needs the vCPU
+ * never faster than its rate, even for a moment, sets it.
+ */
+#define GUEST_F_PACE_STEADY (1u << 5)
 enum guest_state_check {
 	GUEST_STATE_PAT = 1,
 	GUEST_STATE_KVMCLOCK_MSR,

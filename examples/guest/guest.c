@@ -141,6 +141,8 @@ static inline void pace(const struct guest_vcpu *v, uint64_t *due)
 	if (!v->tsc_per_page)
 		return;
 	*due += v->tsc_per_page;
+	if ((v->flags & GUEST_F_PACE_STEADY) && (int64_t)(rdtsc() - *due) > (int64_t)v->tsc_per_page)
+		*due = rdtsc();
 	while ((int64_t)(rdtsc() - *due) < 0)
 		cpu_relax();
 }
