@@ -405,7 +405,7 @@ struct kvmdirty_mig_send_result {
 	/* post-copy ran: why ("rule", "pass_limit", "time_limit", "postcopy_after", "asked") and how it went */
 	bool postcopy;
 	const char *postcopy_why;
-	uint64_t postcopy_pages;    /* pages left for post-copy at the switch */
+	uint64_t postcopy_pages;    /* pages left for post-copy at the switch (0: none, the destination took it whole) */
 	uint64_t postcopy_requests; /* requests the destination's faults made, answered */
 	uint64_t postcopy_bulk;	    /* pages sent on the other connections */
 	double switch_pause_ms;	    /* the guest's pause at the switch: vCPUs paused here to the ACK */
@@ -480,7 +480,11 @@ struct kvmdirty_mig_recv_opts {
 
 struct kvmdirty_mig_recv_result {
 	enum kvmdirty_mig_outcome outcome;
-	/* the guest runs in post-copy: kvmdirty_mig_postcopy_wait() says when every page is in */
+	/*
+	 * The guest runs in post-copy: kvmdirty_mig_postcopy_wait() says
+	 * when every page is in.  False after a switch that left no page
+	 * at the source: the guest is whole, as after pre-copy.
+	 */
 	bool postcopy;
 	bool hashed;	  /* pages came with hashes and every page's latest copy matched */
 	uint64_t pages;	  /* pages received, DATA and ZERO, re-sent ones counted again */

@@ -2297,6 +2297,85 @@ START_TEST(postcopy_recovers)
 }
 END_TEST
 
+/* The source's events: post-copy asked for through its status once its first pass ended. */
+static void ask_postcopy_at_pass(void *ctx, const char *line)
+{
+	if (strstr(line, "\"event\":\"pass_ended\""))
+		mig_status_postcopy_start(ctx, NULL, 0);
+}
+
+/*
+ * Post-copy asked for when the switch leaves nothing (a guest whose vCPUs
+ * never ran, the switch asked once its first pass sent every page): both
+ * ends agree that nothing is missing.  The destination takes the guest
+ * whole, the source returns with post-copy's switch and no page left.  Before, the source
+ * waited for an ALL_IN that a destination with nothing missing never
+ * sends, then dialled a recovery for ever.
+ */
+START_TEST(postcopy_nothing_left)
+{
+	struct mig_testvm_opts o = { .mib = 8, .vcpus = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .ws_mib = 0 };
+	struct mig_send_opts so = send_opts;
+	struct lanes_net ln = { 0 };
+	struct receiving rv = { 0 };
+	struct mig_status st;
+	struct mig_guest g, dg;
+	struct testvm *tv, *dtv;
+	struct mig_result r;
+	char err[512];
+	pthread_t th;
+	unsigned int i;
+	int fd, ret;
+
+	mig_status_init(&st, false);
+	ck_assert_msg(mig_testvm_new(&o, false, &dtv, err, sizeof(err)) == 0, "%s", err);
+	ck_assert_ok(mig_testvm_guest(dtv, &dg));
+	ck_assert_ok(mig_guest_zero_known(&dg));
+	/* the source's vCPUs never run: nothing is dirtied after the first pass read it */
+	ck_assert_msg(mig_testvm_new(&o, true, &tv, err, sizeof(err)) == 0, "source: %s", err);
+	mig_testvm_fill(tv, 16);
+	ck_assert_ok(mig_testvm_guest(tv, &g));
+	make_addr("unix", ln.addr, sizeof(ln.addr));
+	ln.lfd = mig_listen(ln.addr, err, sizeof(err));
+	ck_assert_msg(ln.lfd >= 0, "%s", err);
+	rv.g = &dg;
+	rv.o = (struct mig_recv_opts){ .timeout_ms = 10000, .accept = lanes_accept, .accept_ctx = &ln, .postcopy = true };
+	so.postcopy = true;
+	so.status = &st;
+	so.event = ask_postcopy_at_pass;
+	so.event_ctx = &st;
+	so.connect = lanes_connect;
+	so.connect_ctx = &ln;
+	fd = mig_connect(ln.addr, 10000, err, sizeof(err));
+	ck_assert_msg(fd >= 0, "%s", err);
+	rv.fd = mig_accept(ln.lfd, err, sizeof(err));
+	ck_assert_msg(rv.fd >= 0, "%s", err);
+	ck_assert_int_eq(pthread_create(&th, NULL, receiving_run, &rv), 0);
+	ret = mig_send(&g, fd, &so, &r, err, sizeof(err));
+	pthread_join(th, NULL);
+	ck_assert_msg(ret == 0 && rv.ret == 0, "source %d (%s), destination %d (%s)", ret, err, rv.ret, rv.err);
+	ck_assert_msg(r.postcopy && r.postcopy_why && !strcmp(r.postcopy_why, "asked"), "the switch: %s, why %s",
+		      r.postcopy ? "post-copy" : "none", r.postcopy_why ? r.postcopy_why : "-");
+	ck_assert_uint_eq(r.postcopy_pages, 0);
+	ck_assert_msg(!rv.res.pc, "the destination waits for pages the source left none of");
+	ck_assert_uint_eq(r.lost_pages, 0);
+	for (i = 0; i < g.nr_regions; i++)
+		ck_assert_msg(!memcmp(g.regions[i].hva, dg.regions[i].hva, g.regions[i].size),
+			      "region %u differs between the source and the destination", i);
+	for (i = 0; i < ln.n; i++)
+		relay_stop(&ln.relay[i]);
+	close(fd);
+	close(rv.fd);
+	close(ln.lfd);
+	drop_addr(ln.addr);
+	mig_guest_release(&dg);
+	mig_testvm_free(dtv);
+	mig_guest_release(&g);
+	mig_testvm_free(tv);
+	mig_status_destroy(&st);
+}
+END_TEST
+
 /* A destination that did not agree to post-copy refuses the session by name; the guest runs on at the source. */
 START_TEST(postcopy_refused_unasked)
 {
@@ -2576,6 +2655,7 @@ int main(void)
 	tcase_add_loop_test(tc, postcopy_exact, 0, (int)(sizeof(pc_cases) / sizeof(pc_cases[0])));
 	tcase_add_test(tc, postcopy_damaged_page_never_placed);
 	tcase_add_test(tc, postcopy_refused_unasked);
+	tcase_add_test(tc, postcopy_nothing_left);
 	tcase_add_loop_test(tc, postcopy_recovers, 0, (int)(sizeof(pc_recovery_cases) / sizeof(pc_recovery_cases[0])));
 	suite_add_tcase(s, tc);
 	return run_suite(s);

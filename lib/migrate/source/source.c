@@ -209,7 +209,13 @@ static int switchover(struct source *s, struct mig_result *res, char *err, size_
 		res->postcopy = true;
 		res->switch_pause_ms = res->downtime_ms;
 		res->postcopy_pages = s->left_pages;
-		ret = src_postcopy(s, res, err, len);
+		/*
+		 * Nothing left (the pass had sent it all when the switch came):
+		 * the destination took the guest whole, as after pre-copy, and
+		 * waits for no page; neither does this side.
+		 */
+		if (s->left_pages)
+			ret = src_postcopy(s, res, err, len);
 	}
 	return ret;
 }
