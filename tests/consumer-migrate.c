@@ -6,8 +6,9 @@
  * state) twice, a full
  * snapshot and a diff, restores the chain into a second VM (and lazily into
  * a third, the VMM reading a page at once, served), then migrates
- * the guest to a fourth VM over a Unix socket, and checks each landed
- * whole.  Exit 0 all held, 1 not (one line saying what), 77 no KVM here.
+ * the guest to a fourth VM over a Unix socket, and a second guest by
+ * post-copy (its source's control asks for the switch; the VMM reads a
+ * page at once, served) to a fifth, and checks each landed whole.  Exit 0 all held, 1 not (one line saying what), 77 no KVM here.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -285,24 +286,74 @@ static int rate_sees(struct vmm *v)
 struct recv_job {
 	struct vmm *v;
 	const char *psk;
+	bool postcopy;
 	int lfd, ret;
 	char err[512];
+	/* post-copy: a page read by the VMM as soon as the guest runs here, and the figures at the end */
+	unsigned char probe[4096];
+	struct kvmdirty_mig_recv_result res;
+	struct kvmdirty_mig_postcopy_stats st;
 };
+
+#define PROBE_OFF (MEM - 4096 * 3)
 
 static void *receive(void *p)
 {
 	struct recv_job *j = p;
-	struct kvmdirty_mig_recv_opts o = { .once = true, .psk_file = j->psk, .encrypt = true };
+	struct kvmdirty_mig_recv_opts o = { .once = true, .psk_file = j->psk, .encrypt = true, .postcopy = j->postcopy };
 
-	j->ret = kvmdirty_mig_recv(j->v->guest, j->lfd, &o, NULL, j->err, sizeof(j->err));
+	j->ret = kvmdirty_mig_recv(j->v->guest, j->lfd, &o, &j->res, j->err, sizeof(j->err));
+	if (j->ret == 0 && j->res.postcopy) {
+		/* the guest is here with pages missing: a read of one is served (a fault of the VMM's thread) */
+		memcpy(j->probe, j->v->mem + PROBE_OFF, sizeof(j->probe));
+		j->ret = kvmdirty_mig_postcopy_wait(j->v->guest, 60000, &j->st, j->err, sizeof(j->err));
+	}
 	return NULL;
 }
 
-static int migrate(struct vmm *src, const char *dir)
+/*
+ * A source's events: as its first pass begins, the VMM writes 64 pages of
+ * guest memory (a device's DMA: marked dirty with the tracker), then its
+ * control asks for post-copy (an orchestrator's force-complete): those
+ * pages at least are left for post-copy.
+ */
+struct asker {
+	struct vmm *src;
+	struct kvmdirty_mig_control *ctl;
+	int ret; /* 1: not asked yet */
+	char err[256];
+};
+
+#define DMA_PAGES 64
+
+static void ask_postcopy(void *ctx, const char *line)
 {
-	struct kvmdirty_mig_send_opts so = { .encrypt = true };
+	struct asker *a = ctx;
+	unsigned char *at = a->src->mem + PROBE_OFF - (DMA_PAGES - 1) * 4096;
+
+	if (a->ret != 1 || !strstr(line, "\"event\":\"pass_started\""))
+		return;
+	memset(at, 0x5a, DMA_PAGES * 4096);
+	if (kvmdirty_tracker_mark_dirty_hva(a->src->tracker, at, DMA_PAGES * 4096) < 0) {
+		a->ret = -EIO;
+		snprintf(a->err, sizeof(a->err), "kvmdirty_tracker_mark_dirty_hva failed");
+		return;
+	}
+	a->ret = kvmdirty_mig_control_postcopy_start(a->ctl, a->err, sizeof(a->err));
+}
+
+/*
+ * Migrate src to a new VM over a Unix socket, sealed and encrypted; with
+ * postcopy, the source's control switches it at the first pass and the
+ * destination waits for every page.  0, 77 or 1.
+ */
+static int migrate(struct vmm *src, const char *dir, bool postcopy)
+{
+	struct kvmdirty_mig_control_opts co = { 0 };
+	struct asker ask = { .src = src, .ret = 1 };
+	struct kvmdirty_mig_send_opts so = { .encrypt = true, .postcopy = postcopy };
 	struct kvmdirty_mig_send_result res;
-	struct recv_job j = { .lfd = -1 };
+	struct recv_job j = { .lfd = -1, .postcopy = postcopy };
 	struct vmm dst;
 	char addr[4200], key[4200] = "", err[512];
 	unsigned int saved = 0;
@@ -313,6 +364,16 @@ static int migrate(struct vmm *src, const char *dir)
 	if (ret) {
 		vmm_free(&dst);
 		return ret;
+	}
+	if (postcopy) {
+		ret = kvmdirty_mig_control_new(&co, &ask.ctl, err, sizeof(err));
+		if (ret < 0) {
+			vmm_free(&dst);
+			return fail("kvmdirty_mig_control_new", ret, err);
+		}
+		so.control = ask.ctl;
+		so.event = ask_postcopy;
+		so.event_ctx = &ask;
 	}
 	snprintf(addr, sizeof(addr), "unix:%s/sock", dir);
 	/* a key both ends hold (genkey never writes over one) */
@@ -340,8 +401,29 @@ static int migrate(struct vmm *src, const char *dir)
 		goto out;
 	}
 	if (j.ret != 0) {
-		ret = fail("kvmdirty_mig_recv", j.ret, j.err);
+		ret = fail(postcopy ? "kvmdirty_mig_recv or kvmdirty_mig_postcopy_wait" : "kvmdirty_mig_recv", j.ret, j.err);
 		goto out;
+	}
+	if (postcopy) {
+		char e2[256] = "";
+		int after = kvmdirty_mig_control_postcopy_start(ask.ctl, e2, sizeof(e2));
+
+		if (ask.ret != 0 || !res.postcopy || !j.res.postcopy || strcmp(res.postcopy_why, "asked") ||
+		    j.st.left < DMA_PAGES || !j.st.complete || j.st.missing || j.st.placed != j.st.left || after != -ENOENT) {
+			fprintf(stderr,
+				"consumer-migrate: post-copy: postcopy-start returned %d (%s), source post-copy %d (%s), "
+				"destination %d, complete %d, %" PRIu64 " of %" PRIu64 " pages placed, %" PRIu64
+				" missing; postcopy-start after it returned %d (%s)\n",
+				ask.ret, ask.err, res.postcopy, res.postcopy_why ? res.postcopy_why : "-", j.res.postcopy,
+				j.st.complete, j.st.placed, j.st.left, j.st.missing, after, e2);
+			ret = 1;
+			goto out;
+		}
+		if (memcmp(j.probe, src->mem + PROBE_OFF, sizeof(j.probe))) {
+			fprintf(stderr, "consumer-migrate: post-copy: the page the VMM read at once differs\n");
+			ret = 1;
+			goto out;
+		}
 	}
 	ret = same(&dst, src, "after the migration");
 	if (ret == 0 && (src->live_saved - saved != 1 || dst.live_loaded != 1 || memcmp(dst.fb, src->fb, FB))) {
@@ -349,7 +431,11 @@ static int migrate(struct vmm *src, const char *dir)
 			src->live_saved - saved, dst.live_loaded, memcmp(dst.fb, src->fb, FB) ? "differs" : "the same");
 		ret = 1;
 	}
-	if (ret == 0)
+	if (ret == 0 && postcopy)
+		printf("consumer-migrate: migrated by post-copy (its control asked): %" PRIu64 " pages left at the switch, "
+		       "%" PRIu64 " faults, every page in after %.1f ms; memory, registers and devices as the source's\n",
+		       j.st.left, j.st.faults, j.st.complete_ms);
+	else if (ret == 0)
 		printf("consumer-migrate: migrated %" PRIu64 " pages in %" PRIu64 " passes (a key of genkey's, encrypted), %.1f ms downtime; "
 		       "memory, registers, TSC_AUX, the IOAPIC and devices arrived, the frame buffer before the pause\n",
 		       res.pages, res.passes, res.downtime_ms);
@@ -360,6 +446,7 @@ out:
 		unlink(key);
 	unlink(addr + 5);
 	vmm_free(&dst);
+	kvmdirty_mig_control_free(ask.ctl);
 	return ret;
 }
 
@@ -557,12 +644,26 @@ int main(void)
 	if (ret == 0)
 		ret = snapshot_restore(&src, dir);
 	if (ret == 0)
-		ret = migrate(&src, dir);
+		ret = migrate(&src, dir, false);
 	if (ret == 0 && (src.paused < 3 || src.resumed < 2)) {
 		fprintf(stderr, "consumer-migrate: pause called %u times, resume %u\n", src.paused, src.resumed);
 		ret = 1;
 	}
 	vmm_free(&src);
+	/* a second guest, moved by post-copy */
+	if (ret == 0) {
+		ret = vmm_new(&src, true);
+		for (i = 0; ret == 0 && i < MEM / 4096; i++)
+			if (i % 5)
+				memset(src.mem + (size_t)i * 4096, (int)(i * 3 + 2), 4096);
+		if (ret == 0) {
+			strcpy(src.devices, "serial: lcr=0x07");
+			ret = vcpu_set(&src, 0xabad1dea, 0x77);
+		}
+		if (ret == 0)
+			ret = migrate(&src, dir, true);
+		vmm_free(&src);
+	}
 	rmdir(dir);
 	printf("consumer-migrate: linked against libkvmdirty-migrate %s, stream version %u: %s\n",
 	       kvmdirty_mig_version_string(), kvmdirty_mig_stream_version(), ret ? "FAILED" : "ok");
