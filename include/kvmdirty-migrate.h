@@ -307,6 +307,12 @@ int kvmdirty_mig_control_postcopy_start(struct kvmdirty_mig_control *ctl, char *
  */
 void kvmdirty_mig_control_free(struct kvmdirty_mig_control *ctl);
 
+enum kvmdirty_mig_compress {
+	KVMDIRTY_MIG_COMPRESS_OFF = 0,
+	KVMDIRTY_MIG_COMPRESS_AUTO,
+	KVMDIRTY_MIG_COMPRESS_ZSTD,
+};
+
 struct kvmdirty_mig_send_opts {
 	uint64_t downtime_ms;	  /* stop-and-copy once the rest fits this (0: 50) */
 	unsigned int max_passes;  /* ... or after this many pre-copy passes (0: 10) */
@@ -385,6 +391,16 @@ struct kvmdirty_mig_send_opts {
 	 * failed): the guest's memory is kept.
 	 */
 	uint64_t postcopy_recover_ms;
+	/*
+	 * Compression of guest pages with zstd (KVMDIRTY_MIG_COMPRESS_*, 0:
+	 * off): AUTO compresses on each connection while that moves pages
+	 * faster (a slow link and pages that shrink; never where the CPU is
+	 * the bottleneck or the pages do not shrink), ZSTD every record that
+	 * shrinks.  Either needs a destination of this version or later
+	 * (an older one refuses the session by its flags); each page is
+	 * still checked against its hash after it was decompressed.
+	 */
+	enum kvmdirty_mig_compress compress;
 };
 
 struct kvmdirty_mig_send_result {
@@ -414,6 +430,13 @@ struct kvmdirty_mig_send_result {
 	uint64_t postcopy_faults;
 	double fault_p50_us, fault_p99_us;
 	uint64_t postcopy_recoveries; /* sessions made again after a lost connection */
+	/*
+	 * Compression: pages that went compressed, their bytes before and
+	 * after (bytes above counts the latter), and the seconds the
+	 * source's threads spent compressing, probes included.
+	 */
+	uint64_t zpages, zraw_bytes, zwire_bytes;
+	double zcpu_s;
 };
 
 /*

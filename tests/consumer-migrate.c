@@ -351,7 +351,9 @@ static int migrate(struct vmm *src, const char *dir, bool postcopy)
 {
 	struct kvmdirty_mig_control_opts co = { 0 };
 	struct asker ask = { .src = src, .ret = 1 };
-	struct kvmdirty_mig_send_opts so = { .encrypt = true, .postcopy = postcopy };
+	/* pre-copy compressed (the pages are patterns: they shrink) */
+	struct kvmdirty_mig_send_opts so = { .encrypt = true, .postcopy = postcopy,
+					     .compress = postcopy ? KVMDIRTY_MIG_COMPRESS_OFF : KVMDIRTY_MIG_COMPRESS_ZSTD };
 	struct kvmdirty_mig_send_result res;
 	struct recv_job j = { .lfd = -1, .postcopy = postcopy };
 	struct vmm dst;
@@ -425,6 +427,12 @@ static int migrate(struct vmm *src, const char *dir, bool postcopy)
 			goto out;
 		}
 	}
+	if (!postcopy && (!res.zpages || res.zwire_bytes >= res.zraw_bytes)) {
+		fprintf(stderr, "consumer-migrate: compressed: %" PRIu64 " pages, %" PRIu64 " bytes in %" PRIu64 "\n",
+			res.zpages, res.zraw_bytes, res.zwire_bytes);
+		ret = 1;
+		goto out;
+	}
 	ret = same(&dst, src, "after the migration");
 	if (ret == 0 && (src->live_saved - saved != 1 || dst.live_loaded != 1 || memcmp(dst.fb, src->fb, FB))) {
 		fprintf(stderr, "consumer-migrate: the frame buffer given before the pause: saved %u times, loaded %u, %s\n",
@@ -436,9 +444,10 @@ static int migrate(struct vmm *src, const char *dir, bool postcopy)
 		       "%" PRIu64 " faults, every page in after %.1f ms; memory, registers and devices as the source's\n",
 		       j.st.left, j.st.faults, j.st.complete_ms);
 	else if (ret == 0)
-		printf("consumer-migrate: migrated %" PRIu64 " pages in %" PRIu64 " passes (a key of genkey's, encrypted), %.1f ms downtime; "
-		       "memory, registers, TSC_AUX, the IOAPIC and devices arrived, the frame buffer before the pause\n",
-		       res.pages, res.passes, res.downtime_ms);
+		printf("consumer-migrate: migrated %" PRIu64 " pages in %" PRIu64 " passes (a key of genkey's, encrypted, "
+		       "%" PRIu64 " pages compressed: %" PRIu64 " bytes in %" PRIu64 "), %.1f ms downtime; memory, registers, "
+		       "TSC_AUX, the IOAPIC and devices arrived, the frame buffer before the pause\n",
+		       res.pages, res.passes, res.zpages, res.zraw_bytes, res.zwire_bytes, res.downtime_ms);
 out:
 	if (j.lfd >= 0)
 		close(j.lfd);

@@ -112,7 +112,10 @@ static inline struct testvm *running_source(const struct mig_testvm_opts *g, str
 	int ret = mig_testvm_new(g, true, &tv, err, sizeof(err));
 
 	ck_assert_msg(ret == 0, "source: %s", err);
-	mig_testvm_fill(tv, 16);
+	if (g->text)
+		mig_testvm_fill_text_range(tv, 0, (g->mib << 20) / MIG_PAGE_SIZE, 16);
+	else
+		mig_testvm_fill(tv, 16);
 	ck_assert_ok(mig_testvm_guest(tv, ret_g));
 	ck_assert_ok(testvm_spawn(tv));
 	return tv;

@@ -21,6 +21,8 @@
 #include <pthread.h>
 #include <sys/socket.h>
 
+#include <zstd.h>
+
 #include "channel.h"
 #include "dest.h"
 
@@ -309,6 +311,164 @@ static inline int fake_receive(struct fake_guest *f, const uint8_t *buf, size_t 
 	if (ret_used)
 		*ret_used = m.off;
 	return ret;
+}
+
+/*
+ * A stream's DATA records as DATA_Z (the header gets MIG_F_ZSTD, END's
+ * checksum made right again): every second DATA record (every one with
+ * FAKE_ZIP_ALL), its pages compressed as how says.  A new buffer
+ * (*ret_len bytes, the caller's to free), or NULL.
+ */
+enum fake_zip {
+	FAKE_ZIP_OK,	    /* each frame its record's pages, as a sender makes it */
+	FAKE_ZIP_ALL,	    /* ... every DATA record */
+	FAKE_ZIP_FEWER,	    /* the frame holds a page fewer than the record says */
+	FAKE_ZIP_NO_SIZE,   /* the frame does not say its size */
+	FAKE_ZIP_TRAILER,   /* the right frame, then a second: 64 MiB of zeroes */
+	FAKE_ZIP_GIANT,	    /* a frame of 64 MiB of zeroes in place of the pages */
+	FAKE_ZIP_WRONG,	    /* the frame's pages are not those the hashes are of (first byte flipped) */
+	FAKE_ZIP_OVERBOUND, /* the record says more bytes than zstd's bound for its pages (the frame padded) */
+	FAKE_ZIP_NO_FLAG,   /* as OK, without MIG_F_ZSTD in the header */
+};
+
+struct fake_zip_walk {
+	const uint8_t *in;
+	uint8_t *out;
+	size_t len, cap;
+	uint32_t flags;
+	unsigned int n;
+	enum fake_zip how;
+	int err;
+};
+
+/* zeroes, a MiB at a time, pledged as total bytes: a frame that says it holds them */
+static inline size_t fake_zeroes_frame(ZSTD_CCtx *z, uint8_t *out, size_t cap, uint64_t total)
+{
+	static const uint8_t mib[1 << 20];
+	ZSTD_outBuffer o = { out, cap, 0 };
+	uint64_t fed;
+
+	ZSTD_CCtx_reset(z, ZSTD_reset_session_and_parameters);
+	ZSTD_CCtx_setPledgedSrcSize(z, total);
+	for (fed = 0; fed < total; fed += sizeof(mib)) {
+		ZSTD_inBuffer i = { mib, sizeof(mib), 0 };
+
+		while (i.pos < i.size)
+			if (ZSTD_isError(ZSTD_compressStream2(z, &o, &i, ZSTD_e_continue)))
+				return 0;
+	}
+	for (;;) {
+		ZSTD_inBuffer i = { NULL, 0, 0 };
+		size_t left = ZSTD_compressStream2(z, &o, &i, ZSTD_e_end);
+
+		if (ZSTD_isError(left))
+			return 0;
+		if (!left)
+			return o.pos;
+	}
+}
+
+static inline int fake_zip_one(size_t off, const struct mig_record *rec, void *opaque)
+{
+	struct fake_zip_walk *w = opaque;
+	uint64_t plen = rec->kind == MIG_END ? 0 : mig_payload_len(w->flags, rec);
+	const uint8_t *payload = w->in + off + sizeof(*rec);
+	bool zip = rec->kind == MIG_DATA && (w->how != FAKE_ZIP_OK || w->n++ % 2 == 0);
+	uint64_t hlen = zip && (w->flags & MIG_F_PAGE_HASH) ? rec->count * 8 : 0, bytes = rec->count * MIG_PAGE_SIZE;
+	size_t need = sizeof(*rec) + plen + (zip ? ZSTD_compressBound(bytes) + 4096 : 0), n = 0;
+	ZSTD_CCtx *z;
+	uint8_t *pages;
+
+	if (w->cap - w->len < need) {
+		uint8_t *o = realloc(w->out, w->len + need + (1 << 20));
+
+		if (!o)
+			return w->err = -ENOMEM;
+		w->out = o;
+		w->cap = w->len + need + (1 << 20);
+	}
+	if (!zip) {
+		memcpy(w->out + w->len, w->in + off, sizeof(*rec) + plen);
+		w->len += sizeof(*rec) + plen;
+		return 0;
+	}
+	z = ZSTD_createCCtx();
+	pages = malloc(bytes);
+	if (!z || !pages) {
+		ZSTD_freeCCtx(z);
+		free(pages);
+		return w->err = -ENOMEM;
+	}
+	memcpy(pages, payload + hlen, bytes);
+	if (w->how == FAKE_ZIP_WRONG)
+		pages[100] ^= 1;
+	{
+		uint8_t *frame = w->out + w->len + sizeof(*rec) + hlen;
+		size_t room = w->cap - w->len - sizeof(*rec) - hlen;
+
+		if (w->how == FAKE_ZIP_NO_SIZE)
+			ZSTD_CCtx_setParameter(z, ZSTD_c_contentSizeFlag, 0);
+		if (w->how == FAKE_ZIP_GIANT) {
+			n = fake_zeroes_frame(z, frame, room, 64ull << 20);
+		} else {
+			ZSTD_CCtx_setParameter(z, ZSTD_c_compressionLevel, 1);
+			n = ZSTD_compress2(z, frame, room, pages,
+					   w->how == FAKE_ZIP_FEWER ? bytes - MIG_PAGE_SIZE : bytes);
+			if (ZSTD_isError(n))
+				n = 0;
+		}
+		if (n && w->how == FAKE_ZIP_TRAILER) {
+			size_t t = fake_zeroes_frame(z, frame + n, room - n, 64ull << 20);
+
+			n = t ? n + t : 0;
+		}
+		if (n && w->how == FAKE_ZIP_OVERBOUND) {
+			size_t pad = mig_zbound(rec->count) + 1 - n;
+
+			memset(frame + n, 0, pad); /* zero bytes after a frame: never read, the length refused first */
+			n += pad;
+		}
+	}
+	ZSTD_freeCCtx(z);
+	free(pages);
+	if (!n)
+		return w->err = -EIO;
+	{
+		struct mig_record zr = mig_data_z(rec, n);
+
+		memcpy(w->out + w->len, &zr, sizeof(zr));
+		memcpy(w->out + w->len + sizeof(zr), payload, hlen);
+		w->len += sizeof(zr) + hlen + n;
+	}
+	return 0;
+}
+
+static inline uint8_t *fake_zip(const uint8_t *buf, size_t len, enum fake_zip how, size_t *ret_len)
+{
+	struct fake_zip_walk w = { .in = buf, .how = how };
+	struct mig_header h;
+	size_t table;
+
+	if (len < sizeof(h))
+		return NULL;
+	memcpy(&h, buf, sizeof(h));
+	w.flags = h.flags;
+	table = sizeof(h) + h.nr_regions * sizeof(struct mig_region);
+	w.cap = table + (1 << 20);
+	w.out = malloc(w.cap);
+	if (!w.out)
+		return NULL;
+	memcpy(w.out, buf, table);
+	if (how != FAKE_ZIP_NO_FLAG)
+		h.flags |= MIG_F_ZSTD;
+	memcpy(w.out, &h, sizeof(h));
+	w.len = table;
+	if (mig_stream_walk(buf, len, fake_zip_one, &w, NULL) || w.err || mig_stream_reseal(w.out, w.len)) {
+		free(w.out);
+		return NULL;
+	}
+	*ret_len = w.len;
+	return w.out;
 }
 
 struct fake_drain {

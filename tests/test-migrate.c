@@ -1743,6 +1743,7 @@ struct lanes_case {
 	unsigned int conns;
 	enum kvmdirty_mode mode;
 	bool psk, encrypt;
+	enum mig_compress compress; /* with it, a text-like fill: DATA_Z records among DATA */
 };
 
 static const struct lanes_case lanes_cases[] = {
@@ -1752,6 +1753,9 @@ static const struct lanes_case lanes_cases[] = {
 	{ .conns = 3, .mode = KVMDIRTY_MODE_CLEAR_LOG, .psk = true },
 	{ .conns = 3, .mode = KVMDIRTY_MODE_DIRTY_RING, .psk = true, .encrypt = true },
 	{ .conns = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .psk = true, .encrypt = true },
+	{ .conns = 1, .mode = KVMDIRTY_MODE_CLEAR_LOG, .compress = MIG_COMPRESS_ZSTD },
+	{ .conns = 2, .mode = KVMDIRTY_MODE_DIRTY_LOG, .psk = true, .compress = MIG_COMPRESS_ZSTD },
+	{ .conns = 3, .mode = KVMDIRTY_MODE_DIRTY_RING, .psk = true, .encrypt = true, .compress = MIG_COMPRESS_AUTO },
 };
 
 /*
@@ -1790,7 +1794,7 @@ static void writes_after_pass(void *ctx, const char *line)
 START_TEST(connections_digest_exact)
 {
 	const struct lanes_case *c = &lanes_cases[_i];
-	struct mig_testvm_opts o = { .mib = 32, .vcpus = 2, .mode = c->mode, .ws_mib = 8 };
+	struct mig_testvm_opts o = { .mib = 32, .vcpus = 2, .mode = c->mode, .ws_mib = 8, .text = c->compress };
 	struct mig_send_opts so = send_opts;
 	struct lanes_net ln = { .sealed = c->psk };
 	struct receiving rv = { 0 };
@@ -1838,6 +1842,7 @@ START_TEST(connections_digest_exact)
 	so.connect_ctx = &ln;
 	so.event = writes_after_pass;
 	so.event_ctx = tv;
+	so.compress = c->compress;
 	fd = mig_connect(ln.addr, 10000, err, sizeof(err));
 	ck_assert_msg(fd >= 0, "%s", err);
 	rv.fd = mig_accept(ln.lfd, err, sizeof(err));
@@ -1865,8 +1870,13 @@ START_TEST(connections_digest_exact)
 	ck_assert_uint_ge(r.passes, 2);
 	ck_assert_uint_gt(r.pages, guest_pages);
 	ck_assert_uint_eq(rv.res.pages, r.pages);
-	printf("%u connections, mode %d, psk %d, encrypt %d: %" PRIu64 " pages in %" PRIu64 " passes, %" PRIu64
-	       " records, digest-exact\n", c->conns, c->mode, c->psk, c->encrypt, r.pages, r.passes, rv.res.records);
+	/* compressed: the destination took as many pages from DATA_Z records as the source sent so */
+	ck_assert_uint_eq(rv.res.zpages, r.zpages);
+	ck_assert(c->compress ? r.zpages > 0 && r.zwire_bytes < r.zraw_bytes : r.zpages == 0);
+	printf("%u connections, mode %d, psk %d, encrypt %d, compress %d: %" PRIu64 " pages (%" PRIu64
+	       " compressed) in %" PRIu64 " passes, %" PRIu64 " records, %.1f MiB on the wire, digest-exact\n", c->conns,
+	       c->mode, c->psk, c->encrypt, c->compress, r.pages, r.zpages, r.passes, rv.res.records,
+	       r.bytes / 1048576.0);
 	mig_guest_release(&dg);
 	mig_testvm_free(dtv);
 	mig_guest_release(&g);

@@ -252,7 +252,7 @@ END_TEST
 
 /* ---- streams in memory: the fuzzer's seeds and regressions ---- */
 
-static const char *const seeds[] = { "hashed.bin", "plain.bin", "passes.bin" };
+static const char *const seeds[] = { "hashed.bin", "plain.bin", "passes.bin", "zstd.bin" };
 
 START_TEST(seeds_accepted)
 {
@@ -687,6 +687,98 @@ START_TEST(seed_pages_land)
 }
 END_TEST
 
+/*
+ * Compressed records (DATA_Z, stream.h), made from hashed.bin: every
+ * second DATA record, or every one, compressed: the guest the stream
+ * leaves is hashed.bin's, page for page.  A frame that lies about its
+ * size (a page fewer, or nothing said), a second frame of 64 MiB after
+ * the right one, a frame of 64 MiB of zeroes, a length past zstd's bound
+ * and DATA_Z without the header's flag are each refused by name, no
+ * vCPU loaded, nothing written past the record's pages; pages whose
+ * frame decompresses to other bytes than their hashes are caught at END.
+ */
+START_TEST(zstd_records)
+{
+	static const struct {
+		enum fake_zip how;
+		const char *refusal; /* NULL: accepted */
+	} cases[] = {
+		{ FAKE_ZIP_OK, NULL },
+		{ FAKE_ZIP_ALL, NULL },
+		{ FAKE_ZIP_FEWER, "(DATA_Z): its frame says" },
+		{ FAKE_ZIP_NO_SIZE, "(DATA_Z): its frame does not say its size" },
+		{ FAKE_ZIP_TRAILER, "(DATA_Z): its frame does not decompress to its" },
+		{ FAKE_ZIP_GIANT, "(DATA_Z): its frame says 67108864 bytes" },
+		{ FAKE_ZIP_WRONG, "does not match its hash" },
+		{ FAKE_ZIP_OVERBOUND, "(DATA_Z).count: a frame of" },
+		{ FAKE_ZIP_NO_FLAG, "(DATA_Z).kind: DATA_Z in a stream without compression" },
+	};
+	struct fake_guest plain, f;
+	char err[256];
+	size_t len, zlen;
+	uint8_t *buf = slurp("seeds", "hashed.bin", &len);
+	unsigned int i, r;
+
+	ck_assert_ok(fake_guest_init(&plain));
+	ck_assert_msg(fake_receive(&plain, buf, len, true, err, sizeof(err), NULL) == 0, "hashed.bin: %s", err);
+	for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		uint8_t *z = fake_zip(buf, len, cases[i].how, &zlen);
+		int ret;
+
+		ck_assert_msg(z, "case %u: the stream could not be compressed", i);
+		ck_assert_ok(fake_guest_init(&f));
+		/* a byte no stream writes: what a refused record must leave past its pages */
+		for (r = 0; r < FAKE_NR_REGIONS; r++)
+			memset(f.g.regions[r].hva, 0xee, f.g.regions[r].size);
+		ret = fake_receive(&f, z, zlen, i % 2, err, sizeof(err), NULL);
+		if (!cases[i].refusal) {
+			ck_assert_msg(ret == 0 && f.loads == FAKE_NR_VCPUS, "case %u: %d '%s'", i, ret, err);
+			for (r = 0; r < FAKE_NR_REGIONS; r++)
+				ck_assert_msg(!memcmp(f.g.regions[r].hva, plain.g.regions[r].hva, f.g.regions[r].size),
+					      "case %u: region %u is not what the plain stream leaves", i, r);
+			printf("compressed (%s): %zu bytes for hashed.bin's %zu, the guest as the plain stream's\n",
+			       cases[i].how == FAKE_ZIP_ALL ? "every DATA record" : "every second", zlen, len);
+		} else {
+			ck_assert_msg(ret < 0 && strstr(err, cases[i].refusal), "case %u: %d '%s', expected '%s'", i, ret,
+				      err, cases[i].refusal);
+			ck_assert_uint_eq(f.loads, 0);
+			printf("refused: %s\n", err);
+		}
+		if (cases[i].how == FAKE_ZIP_TRAILER || cases[i].how == FAKE_ZIP_GIANT) {
+			/* hashed.bin's first DATA record is region 0's from page 0: nothing after its pages was written */
+			const uint8_t *m = f.g.regions[1].hva;
+			size_t k;
+
+			for (k = 0; k < f.g.regions[1].size && m[k] == 0xee; k++)
+				;
+			ck_assert_msg(k == f.g.regions[1].size, "case %u: region 1 written at byte %zu", i, k);
+		}
+		fake_guest_free(&f);
+		free(z);
+	}
+	fake_guest_free(&plain);
+	free(buf);
+}
+END_TEST
+
+/* A header with compression from a session that did not agree to it (and a decoder that did), by name. */
+START_TEST(zstd_header_agreed)
+{
+	struct mig_decoder d;
+	struct mig_encoder e;
+	struct mig_header h;
+	char err[256];
+
+	mig_encode_header(&e, &h, layout, 2, 2, MIG_F_PAGE_HASH | MIG_F_ZSTD);
+	mig_decoder_init(&d, layout, 2, 2);
+	ck_assert_int_eq(mig_decode_header(&d, &h, err, sizeof(err)), -EPROTO);
+	ck_assert_msg(strstr(err, "header.flags: compression, which this session did not agree to"), "%s", err);
+	mig_decoder_init(&d, layout, 2, 2);
+	d.zstd_ok = true;
+	ck_assert_int_eq(mig_decode_header(&d, &h, err, sizeof(err)), 0);
+}
+END_TEST
+
 /* One input a stream defect of issue 10, and the refusal it must get. */
 static const struct {
 	const char *file, *refusal;
@@ -773,6 +865,8 @@ int main(int argc, char **argv)
 	tcase_add_loop_test(tc, seeds_accepted, 0, (int)(sizeof(seeds) / sizeof(seeds[0])));
 	tcase_add_test(tc, postcopy_seed_reaches);
 	tcase_add_test(tc, seed_pages_land);
+	tcase_add_test(tc, zstd_records);
+	tcase_add_test(tc, zstd_header_agreed);
 	tcase_add_test(tc, refusal_leaves_nothing);
 	tcase_add_test(tc, devices_carried);
 	tcase_add_test(tc, devices_live_carried);

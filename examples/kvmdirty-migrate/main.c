@@ -117,7 +117,7 @@ struct args {
 };
 
 /* Long options without a short one. */
-enum { OPT_REGIONS = 0x100, OPT_LAZY, OPT_EVERY, OPT_POSTCOPY, OPT_POSTCOPY_AFTER };
+enum { OPT_REGIONS = 0x100, OPT_LAZY, OPT_EVERY, OPT_POSTCOPY, OPT_POSTCOPY_AFTER, OPT_COMPRESS, OPT_FILL_DATA };
 
 static void usage(void)
 {
@@ -126,11 +126,11 @@ static void usage(void)
 			"                                [--psk FILE] [--encrypt] [--name NAME] [--control PATH] [--postcopy]\n"
 			"       kvmdirty-migrate send ADDR [-m MIB] [-v VCPUS] [--regions N] [-M MODE] [-w MIB] [-r PAGES_PER_SEC]\n"
 			"                              [--vcpu I=dirty:MIB[:PAGES_PER_SEC]|I=compute|I=idle]...\n"
-			"                              [--fill ws|all|MIB] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
+			"                              [--fill ws|all|MIB] [--fill-data random|text] [-d DOWNTIME_MS] [-p MAX_PASSES]\n"
 			"                              [-t TIMEOUT_S] [-T|--peer-timeout MS] [--no-verify] [--no-throttle] [--force-switchover]\n"
 			"                              [--stats FILE] [--baseline MS] [--run-ms MS] [--psk FILE] [--encrypt]\n"
 			"                              [--peer-name NAME] [--connections N] [--control PATH] [--max-bandwidth MIB_PER_S]\n"
-			"                              [--postcopy [--postcopy-after PASSES]]\n"
+			"                              [--postcopy [--postcopy-after PASSES]] [--compress auto|zstd|off]\n"
 			"       kvmdirty-migrate demo [send options]     (both ends here, over a Unix socket)\n"
 			"       kvmdirty-migrate rate [guest options] [--interval MS] [--count N] [--json]\n"
 			"                             [--during-migration [send options]]   (the test guest's dirty rate)\n"
@@ -354,6 +354,30 @@ static int set_postcopy_after(struct args *a, const char *arg)
 	return 0;
 }
 
+static int set_fill_data(struct args *a, const char *arg)
+{
+	if (strcmp(arg, "random") && strcmp(arg, "text")) {
+		fprintf(stderr, "kvmdirty-migrate: --fill-data '%s': random or text\n", arg);
+		return -1;
+	}
+	a->guest.text = !strcmp(arg, "text");
+	return 0;
+}
+
+static int set_compress(struct args *a, const char *arg)
+{
+	static const char *const names[] = { "off", "auto", "zstd" };
+	unsigned int i;
+
+	for (i = 0; i < 3; i++)
+		if (!strcmp(arg, names[i])) {
+			a->send.compress = (enum kvmdirty_mig_compress)i;
+			return 0;
+		}
+	fprintf(stderr, "kvmdirty-migrate: --compress '%s': auto, zstd or off\n", arg);
+	return -1;
+}
+
 static int set_connections(struct args *a, const char *arg)
 {
 	uint64_t v;
@@ -524,6 +548,8 @@ static const struct opt {
 	{ "every", required_argument, OPT_EVERY, set_every },
 	{ "postcopy", no_argument, OPT_POSTCOPY, NULL },
 	{ "postcopy-after", required_argument, OPT_POSTCOPY_AFTER, set_postcopy_after },
+	{ "compress", required_argument, OPT_COMPRESS, set_compress },
+	{ "fill-data", required_argument, OPT_FILL_DATA, set_fill_data },
 	{ "help", no_argument, 'h', NULL },
 };
 
@@ -892,10 +918,18 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 			guest_runs_on(a, tv, "failed");
 		} else
 			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero, %" PRIu64 " of them never touched"
-			       " and not read) in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime, %s; %s\n",
+			       " and not read) in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime, %s; %s; wire_mib=%.1f"
+			       " guest_mib=%.1f\n",
 			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.untouched_pages, r.passes, r.total_ms, r.downtime_ms,
 			       r.converged ? "converged" : "not converged (pass or time limit)",
-			       o.no_verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified");
+			       o.no_verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified",
+			       r.bytes / 1048576.0, (double)(r.pages - r.zero_pages) * 4096 / 1048576.0);
+		if (ret >= 0 && o.compress != KVMDIRTY_MIG_COMPRESS_OFF)
+			printf("source: compression (%s): %" PRIu64 " pages went compressed, %.1f MiB in %.1f MiB on the wire"
+			       " (ratio %.3f), %.2f s compressing\n",
+			       o.compress == KVMDIRTY_MIG_COMPRESS_AUTO ? "auto" : "zstd", r.zpages, r.zraw_bytes / 1048576.0,
+			       r.zwire_bytes / 1048576.0, r.zraw_bytes ? (double)r.zwire_bytes / (double)r.zraw_bytes : 1.0,
+			       r.zcpu_s);
 		if (ret >= 0 && r.postcopy)
 			printf("source: post-copy (%s): %" PRIu64 " pages left at the switch, %" PRIu64 " requests answered, %"
 			       PRIu64 " pages sent behind them, in %.1f ms, %" PRIu64 " recoveries; postcopy_faults=%" PRIu64

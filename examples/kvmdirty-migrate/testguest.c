@@ -230,13 +230,19 @@ int mig_testvm_new(const struct mig_testvm_opts *g, bool source, struct testvm *
 		at += pages[i];
 	}
 	if (source && g->fill == MIG_FILL_ALL) {
-		mig_testvm_fill(tv, 16);
+		if (g->text)
+			mig_testvm_fill_text_range(tv, 0, (g->mib << 20) / PAGE, 16);
+		else
+			mig_testvm_fill(tv, 16);
 	} else if (source) {
 		/* what a guest with free memory holds: data where it worked, the rest never touched */
 		fill = (g->fill << 20) / PAGE;
 		if (fill > (g->mib << 20) / PAGE)
 			fill = (g->mib << 20) / PAGE;
-		mig_testvm_fill_range(tv, 0, at > fill ? at : fill, 0);
+		if (g->text)
+			mig_testvm_fill_text_range(tv, 0, at > fill ? at : fill, 0);
+		else
+			mig_testvm_fill_range(tv, 0, at > fill ? at : fill, 0);
 	}
 	*ret_tv = tv;
 	return 0;
@@ -267,6 +273,55 @@ void mig_testvm_fill_range(struct testvm *tv, uint64_t first, uint64_t count, ui
 			x ^= x >> 7;
 			x ^= x << 17;
 			w[k] = x;
+		}
+	}
+}
+
+static uint64_t xorshift(uint64_t *x)
+{
+	*x ^= *x << 13;
+	*x ^= *x >> 7;
+	*x ^= *x << 17;
+	return *x;
+}
+
+void mig_testvm_fill_text_range(struct testvm *tv, uint64_t first, uint64_t count, uint64_t zero_every)
+{
+	static const char *const syl[24] = { "ka", "ro", "mi", "te", "su", "na", "lo", "ve", "ri", "da", "po", "chi",
+					     "en", "ar", "ul", "is", "or", "an", "th", "qu", "ex", "ob", "ly", "st" };
+	char vocab[256][12];
+	uint8_t vlen[256];
+	uint64_t size, i, x = 0x9e3779b97f4a7c15ull;
+	uint8_t *p = data_mem(tv, &size) + first * PAGE;
+	unsigned int v, k;
+
+	for (v = 0; v < 256; v++) {
+		uint64_t y = xorshift(&x) >> 8;
+		unsigned int n = 1 + (unsigned int)(x % 3), l = 0;
+
+		for (k = 0; k < n; k++, y /= 24) {
+			memcpy(vocab[v] + l, syl[y % 24], strlen(syl[y % 24]));
+			l += (unsigned int)strlen(syl[y % 24]);
+		}
+		vlen[v] = (uint8_t)l;
+	}
+	x ^= first * 0x2545f4914f6cdd1dull;
+	if (!x)
+		x = 1;
+	for (i = first; i < first + count; i++, p += PAGE) {
+		size_t o = 16;
+
+		if (zero_every && i % zero_every == 0)
+			continue;
+		while (o < PAGE) {
+			uint64_t r = xorshift(&x);
+			unsigned int w = (unsigned int)(((r & 0xffff) * ((r >> 16) & 0xffff) * 256) >> 32);
+			size_t l = vlen[w] < PAGE - o ? vlen[w] : PAGE - o;
+
+			memcpy(p + o, vocab[w], l);
+			o += l;
+			if (o < PAGE)
+				p[o++] = (r >> 40) % 13 ? ' ' : '\n';
 		}
 	}
 }

@@ -71,6 +71,8 @@ struct mig_testvm_opts {
 	 * before a byte arrived.
 	 */
 	bool lazy;
+	/* Source: the fill is text-like (mig_testvm_fill_text_range()) rather than random bytes. */
+	bool text;
 };
 
 /* Whether mig_testvm_new() faults this guest's memory in beforehand (see lazy). */
@@ -94,6 +96,16 @@ void mig_testvm_fill(struct testvm *tv, uint64_t zero_every);
 
 /* Pages [first, first + count) of the data memory, the same way. */
 void mig_testvm_fill_range(struct testvm *tv, uint64_t first, uint64_t count, uint64_t zero_every);
+
+/*
+ * Pages [first, first + count) of the data memory filled with text-like
+ * bytes: words of one to three syllables (of 24) from a vocabulary of
+ * 256, each picked with a skew (the product of two uniform draws, as
+ * words of a text are), a space after each, a newline after about one in
+ * 13; about 3.1:1 with zstd -1.  Every zero_every-th page left zero; the
+ * first 16 bytes of each page the guest's tag, left to it.
+ */
+void mig_testvm_fill_text_range(struct testvm *tv, uint64_t first, uint64_t count, uint64_t zero_every);
 
 /* vCPU i's progress: the pages it wrote, or the units it computed, so far. */
 uint64_t mig_testvm_progress(struct testvm *tv, unsigned int i);

@@ -20,6 +20,11 @@
  * hashed.bin in sealed records (migrate-util.h's fake_seal(), the
  * engine's own channel), which the fuzzer opens with the same fixed key:
  * the framing of a session's records, fuzzed (no KVM needed).
+ *
+ *   build/tests/record-seeds tests/fuzz zstd
+ *
+ * writes only seeds/zstd.bin: seeds/hashed.bin with every second DATA
+ * record compressed (DATA_Z), as migrate-util.h's fake_zip() makes it.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -292,12 +297,12 @@ static void regressions(const struct recorder *hashed, const struct recorder *pl
 	put_file("regress", "6-ends-early.bin", hashed->buf, end - sizeof(struct mig_record));
 }
 
-/* hashed.bin in sealed records, both modes, records of 8 KiB and 16 KiB. */
-static void sealed_seeds(void)
+/* seeds/hashed.bin, read whole. */
+static uint8_t *hashed_seed(size_t *ret_len)
 {
 	char path[4096];
-	uint8_t *plain = NULL, *sealed;
-	size_t len = 0, n, slen;
+	uint8_t *plain = NULL;
+	size_t len = 0, n;
 	FILE *f;
 
 	snprintf(path, sizeof(path), "%s/seeds/hashed.bin", dir);
@@ -310,6 +315,29 @@ static void sealed_seeds(void)
 		len += n;
 	} while (n);
 	fclose(f);
+	*ret_len = len;
+	return plain;
+}
+
+/* hashed.bin with every second DATA record compressed (DATA_Z, migrate-util.h's fake_zip()). */
+static void zstd_seed(void)
+{
+	size_t len, zlen;
+	uint8_t *plain = hashed_seed(&len), *z = fake_zip(plain, len, FAKE_ZIP_OK, &zlen);
+
+	if (!z)
+		die("compressing hashed.bin", EIO);
+	put_file("seeds", "zstd.bin", z, zlen);
+	free(z);
+	free(plain);
+}
+
+/* hashed.bin in sealed records, both modes, records of 8 KiB and 16 KiB. */
+static void sealed_seeds(void)
+{
+	size_t len, slen;
+	uint8_t *plain = hashed_seed(&len), *sealed;
+
 	sealed = fake_seal(plain, len, false, 8192, &slen);
 	if (!sealed)
 		die("sealing hashed.bin", EIO);
@@ -335,13 +363,16 @@ int main(int argc, char **argv)
 	uint64_t k;
 	int ret;
 
-	if (argc != 2 && !(argc == 3 && !strcmp(argv[2], "sealed"))) {
-		fprintf(stderr, "usage: record-seeds DIR (tests/fuzz) [sealed]\n");
+	if (argc != 2 && !(argc == 3 && (!strcmp(argv[2], "sealed") || !strcmp(argv[2], "zstd")))) {
+		fprintf(stderr, "usage: record-seeds DIR (tests/fuzz) [sealed|zstd]\n");
 		return 2;
 	}
 	dir = argv[1];
 	if (argc == 3) {
-		sealed_seeds();
+		if (!strcmp(argv[2], "zstd"))
+			zstd_seed();
+		else
+			sealed_seeds();
 		return 0;
 	}
 	if ((ret = kvmdirty_vm_new(&vm)) < 0 || (ret = kvmdirty_tracker_new(vm, &to, &t)) < 0)

@@ -34,6 +34,9 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+_Static_assert((int)KVMDIRTY_MIG_COMPRESS_OFF == MIG_COMPRESS_OFF && (int)KVMDIRTY_MIG_COMPRESS_AUTO == MIG_COMPRESS_AUTO &&
+		       (int)KVMDIRTY_MIG_COMPRESS_ZSTD == MIG_COMPRESS_ZSTD,
+	       "the header's compression modes are the engine's");
 _Static_assert(KVMDIRTY_MIG_MAX_VCPUS == MIG_MAX_VCPUS, "the header's vCPU limit is the engine's");
 _Static_assert(KVMDIRTY_MIG_DEVICES_MAX == MIG_DEVICES_MAX, "the header's device state limit is the engine's");
 _Static_assert(KVMDIRTY_MIG_MAX_CONNS == MIG_MAX_CONNS, "the header's connections are the engine's");
@@ -519,6 +522,10 @@ static int send_check(struct kvmdirty_mig_guest *guest, const char *addr, const 
 		    !guest->g.tracker ? "tracker" : "pause and resume");
 		return -EINVAL;
 	}
+	if ((unsigned int)u->compress > KVMDIRTY_MIG_COMPRESS_ZSTD) {
+		say(err, len, "kvmdirty_mig_send: compress %u: not a KVMDIRTY_MIG_COMPRESS_ value", (unsigned int)u->compress);
+		return -EINVAL;
+	}
 	if (u->connections > MIG_MAX_CONNS || u->max_mibps > MIG_MAX_BANDWIDTH_MIBPS) {
 		say(err, len, "kvmdirty_mig_send: %s %llu: at most %llu",
 		    u->connections > MIG_MAX_CONNS ? "connections" : "max_mibps",
@@ -568,7 +575,8 @@ static void send_opts_of(const struct kvmdirty_mig_send_opts *u, const struct mi
 				     .connect_ctx = c,
 				     .postcopy = u->postcopy,
 				     .postcopy_after = u->postcopy_after,
-				     .recover_ms = u->postcopy_recover_ms };
+				     .recover_ms = u->postcopy_recover_ms,
+				     .compress = (enum mig_compress)u->compress };
 	c->timeout_ms = o->peer_timeout_ms;
 	c->st = u->control ? &u->control->d.st : NULL;
 	if (u->control) {
@@ -606,7 +614,11 @@ static void send_result(const struct mig_result *r, struct kvmdirty_mig_send_res
 						  .postcopy_faults = r->postcopy_faults,
 						  .fault_p50_us = r->fault_p50_us,
 						  .fault_p99_us = r->fault_p99_us,
-						  .postcopy_recoveries = r->postcopy_recoveries };
+						  .postcopy_recoveries = r->postcopy_recoveries,
+						  .zpages = r->zpages,
+						  .zraw_bytes = r->zraw_bytes,
+						  .zwire_bytes = r->zwire_bytes,
+						  .zcpu_s = r->zcpu_s };
 }
 
 EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,

@@ -61,6 +61,9 @@ struct dest {
 	struct mig_chan *handoff_ch;
 	struct mig_recv_result *res;
 	uint64_t hashes[MIG_RUN_PAGES];
+	/* DATA_Z: its frame as read, and the context that decompresses it (made at the first) */
+	uint8_t *zbuf;
+	void *unzip;
 	char *err;
 	size_t len;
 	/*
@@ -215,6 +218,56 @@ static void verifier_fence(struct dest *d, uint32_t region, uint64_t first, uint
 			return;
 		}
 	}
+}
+
+/*
+ * DATA_Z: the hashes and the frame read, the frame decompressed straight
+ * into guest memory (bounded by the record's pages, and only once every
+ * page of it was checked by the verifier), then each page checked
+ * against its hash as DATA's are.
+ */
+static int recv_data_z(struct dest *d, const struct mig_record *rec)
+{
+	const uint64_t nrec = d->dec.nrec - 1, pages = mig_zpages(rec), zbytes = mig_zbytes(rec);
+	uint8_t *hva = (uint8_t *)d->g->regions[rec->index].hva + rec->first * PAGE;
+	const bool hashed = d->dec.flags & MIG_F_PAGE_HASH;
+	uint64_t done, n;
+	int ret;
+
+	if (!d->zbuf)
+		d->zbuf = malloc(mig_zbound(MIG_RUN_PAGES));
+	if (!d->unzip)
+		d->unzip = mig_unzip_new();
+	if (!d->zbuf || !d->unzip)
+		return fail(d, -ENOMEM, "this destination: out of memory for record %" PRIu64 " (DATA_Z)", nrec);
+	if (hashed) {
+		ret = get(d, d->hashes, pages * sizeof(uint64_t), "record %" PRIu64 " (DATA_Z) hashes", nrec);
+		if (ret < 0)
+			return ret;
+	}
+	ret = get(d, d->zbuf, zbytes, "record %" PRIu64 " (DATA_Z) frame", nrec);
+	if (ret < 0)
+		return ret;
+	if (d->g->regions[rec->index].written)
+		kvmdirty_bitmap_set(d->g->regions[rec->index].written, rec->first, rec->first + pages);
+	verifier_fence(d, rec->index, rec->first, pages);
+	ret = mig_unzip(d->unzip, hva, pages, d->zbuf, zbytes, nrec, d->err, d->len);
+	if (ret < 0)
+		return ret;
+	for (done = 0; hashed && done < pages; done += n) {
+		struct vjob *j = job_slot(d);
+
+		n = pages - done < CHUNK_PAGES ? pages - done : CHUNK_PAGES;
+		*j = (struct vjob){ .region = rec->index, .first = rec->first + done, .count = n, .hva = hva + done * PAGE };
+		memcpy(j->hashes, d->hashes + done, n * sizeof(uint64_t));
+		job_push(d, j);
+	}
+	kvmdirty_bitmap_clear(d->missing[rec->index], rec->first, rec->first + pages);
+	if (d->left)
+		kvmdirty_bitmap_clear(d->left[rec->index], rec->first, rec->first + pages);
+	d->res->pages += pages;
+	d->res->zpages += pages;
+	return 0;
 }
 
 static int recv_data(struct dest *d, const struct mig_record *rec)
@@ -439,6 +492,8 @@ static int receive_lane(struct dest *d)
 			break;
 		if (rec.kind == MIG_DATA)
 			ret = recv_data(d, &rec);
+		else if (rec.kind == MIG_DATA_Z)
+			ret = recv_data_z(d, &rec);
 		else if (rec.kind == MIG_LEFT)
 			recv_left(d, &rec);
 		else
@@ -475,7 +530,8 @@ static int start_lanes(struct dest *d0)
 
 		d->dec = (struct mig_decoder){ .regions = d0->own, .nr_regions = d0->dec.nr_regions,
 					       .nr_vcpus = d0->dec.nr_vcpus, .flags = d0->dec.flags, .sum = MIG_SUM_INIT,
-					       .lane = i, .lanes = sh->n, .postcopy_ok = d0->dec.postcopy_ok };
+					       .lane = i, .lanes = sh->n, .postcopy_ok = d0->dec.postcopy_ok,
+					       .zstd_ok = d0->dec.zstd_ok };
 		d->left = d0->left;
 		if (pthread_create(&d->thread, NULL, lane_thread, d))
 			return fail(d0, -EAGAIN, "this destination: cannot start a thread for connection %u", i);
@@ -610,6 +666,8 @@ static int receive(struct dest *d)
 			break;
 		if (rec.kind == MIG_DATA)
 			ret = recv_data(d, &rec);
+		else if (rec.kind == MIG_DATA_Z)
+			ret = recv_data_z(d, &rec);
 		else if (rec.kind == MIG_ZERO)
 			recv_zero(d, &rec);
 		else if (rec.kind == MIG_LEFT)
@@ -722,8 +780,15 @@ static void dest_free(struct dest *d, unsigned int n, struct lanes *sh)
 {
 	unsigned int i;
 
-	for (i = 1; i < n && i < MIG_MAX_LANES; i++)
+	for (i = 1; i < n && i < MIG_MAX_LANES; i++) {
+		if (sh->d[i]) {
+			free(sh->d[i]->zbuf);
+			mig_unzip_free(sh->d[i]->unzip);
+		}
 		free(sh->d[i]);
+	}
+	free(d->zbuf);
+	mig_unzip_free(d->unzip);
 	if (d->sh)
 		pthread_mutex_destroy(&sh->lock);
 	for (i = 0; i < d->g->nr_regions && d->missing && d->bad; i++) {
@@ -740,14 +805,17 @@ static void dest_free(struct dest *d, unsigned int n, struct lanes *sh)
 	free(d);
 }
 
+/* What a stream may carry beyond DATA: what its session agreed to. */
+#define TAKES_POSTCOPY 1u /* LEFT records (post-copy) */
+#define TAKES_ZSTD 2u	  /* DATA_Z records */
+
 /*
- * postcopy: the session took post-copy (LEFT records are taken); where the
- * stream left pages at the source, *ret_left gets their maps (the
+ * takes: TAKES_*; with post-copy, where the stream left pages at the source, *ret_left gets their maps (the
  * caller's to free, left_free()), else NULL.
  */
 static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, unsigned int n, bool inline_hash,
 		      struct mig_vcpu_state *fresh, int handoff_fd, struct mig_chan *handoff_ch,
-		      void (*cancel)(void *ctx), void *cancel_ctx, bool postcopy, uint64_t ***ret_left,
+		      void (*cancel)(void *ctx), void *cancel_ctx, unsigned int takes, uint64_t ***ret_left,
 		      struct mig_recv_result *res, char *err, size_t len)
 {
 	struct dest *d = calloc(1, sizeof(*d));
@@ -777,7 +845,8 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 	if (ret < 0)
 		goto out;
 	mig_decoder_init(&d->dec, d->own, g->nr_regions, g->nr_vcpus);
-	d->dec.postcopy_ok = postcopy;
+	d->dec.postcopy_ok = takes & TAKES_POSTCOPY;
+	d->dec.zstd_ok = takes & TAKES_ZSTD;
 	ret = save_fresh(d);
 	if (ret == 0 && n > 1)
 		ret = lanes_new(d, rd, n, &sh);
@@ -789,6 +858,7 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 	join_lanes(d);
 	for (i = 1; i < sh.n; i++) {
 		res->pages += sh.d[i]->res->pages;
+		res->zpages += sh.d[i]->res->zpages;
 		res->records += sh.d[i]->res->records;
 	}
 	for (i = 1; i < sh.n; i++)
@@ -820,7 +890,9 @@ int mig_recv_stream_postcopy(const struct mig_guest *g, const struct mig_reader 
 		*ret_left = 0;
 	if (!fresh)
 		return mig_errf(err, len, -ENOMEM, "this destination: out of memory");
-	ret = recv_lanes(g, rd, 1, inline_hash, fresh, -1, NULL, NULL, NULL, ret_left != NULL, &left, res, err, len);
+	/* a stream held in memory (tests, the fuzzer) may carry whatever a session could agree to */
+	ret = recv_lanes(g, rd, 1, inline_hash, fresh, -1, NULL, NULL, NULL, (ret_left ? TAKES_POSTCOPY : 0) | TAKES_ZSTD,
+			 &left, res, err, len);
 	for (i = 0; left && ret_left && i < g->nr_regions; i++)
 		*ret_left += kvmdirty_bitmap_count(left[i], 0, g->regions[i].size / PAGE);
 	left_free(left, g->nr_regions);
@@ -964,7 +1036,8 @@ int mig_recv_session(const struct mig_guest *g, struct mig_session *s, const str
 	}
 	/* post-copy's fault channel, the last connection, carries nothing of the stream */
 	ret = recv_lanes(g, rd, s->conns - (postcopy ? 1 : 0), o->inline_hash, fresh, s->fd[0], s->chan[0],
-			 cancel_session, s, postcopy, &pcc.left, res, err, len);
+			 cancel_session, s, (postcopy ? TAKES_POSTCOPY : 0) | (s->flags & MIG_S_ZSTD ? TAKES_ZSTD : 0),
+			 &pcc.left, res, err, len);
 	res->outcome = MIG_OUTCOME_THERE;
 	if (ret < 0) {
 		/* the answer has its own wait (-T): a stream refused for its deadline still hears why */

@@ -21,6 +21,7 @@ struct mig_recv_result {
 	bool hashed;	  /* pages came with hashes, and every page's latest copy matched */
 	uint64_t records; /* records before END */
 	uint64_t pages;	  /* pages received, DATA and ZERO, re-sent ones counted again */
+	uint64_t zpages;  /* ... of them, pages that came compressed (DATA_Z) */
 	/* mig_recv(): HERE (run the guest), THERE (dropped), UNKNOWN (paused; without a status only) */
 	enum mig_outcome outcome;
 	/*

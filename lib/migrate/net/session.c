@@ -248,7 +248,7 @@ static int recv_all(struct mig_conn *c, void *buf, size_t n, const char *what, c
 
 bool mig_session_needed(const struct mig_session_opts *o)
 {
-	return o->psk || o->conns > 1 || o->postcopy;
+	return o->psk || o->conns > 1 || o->postcopy || o->compress;
 }
 
 void mig_session_free(struct mig_session *s)
@@ -484,7 +484,7 @@ int mig_session_connect(int fd, const struct mig_session_opts *o, int (*connect)
 	session_init(s);
 	s->conns = o->conns ? o->conns : 1;
 	s->flags = (o->psk ? MIG_S_PSK : 0) | (o->psk && o->encrypt ? MIG_S_ENCRYPT : 0) |
-		   (o->postcopy ? MIG_S_POSTCOPY : 0);
+		   (o->postcopy ? MIG_S_POSTCOPY : 0) | (o->compress ? MIG_S_ZSTD : 0);
 	if (o->postcopy && s->conns < 2)
 		return mig_errf(err, len, -EINVAL, "post-copy needs a fault channel besides the stream's connections");
 	if (s->conns > MIG_MAX_CONNS || (s->conns > 1 && !connect))

@@ -78,7 +78,13 @@
  * one).  A destination that did not agree to post-copy refuses it.
  */
 #define MIG_S_POSTCOPY (1u << 4)
-#define MIG_S_FLAGS (MIG_S_PSK | MIG_S_ENCRYPT | MIG_S_JOIN | MIG_S_POSTCOPY)
+/*
+ * The source may compress DATA records (DATA_Z, stream.h's MIG_F_ZSTD);
+ * a destination that knows it takes it (echoing the flag), an older one
+ * refuses the hello by its flags.
+ */
+#define MIG_S_ZSTD (1u << 5)
+#define MIG_S_FLAGS (MIG_S_PSK | MIG_S_ENCRYPT | MIG_S_JOIN | MIG_S_POSTCOPY | MIG_S_ZSTD)
 
 struct mig_hello {
 	char magic[8];	  /* MIG_SESSION_MAGIC, NUL-padded */
@@ -105,6 +111,8 @@ struct mig_session_opts {
 	unsigned int conns;	   /* source: connections, 1 .. MIG_MAX_CONNS (the fault channel counted) */
 	/* source: post-copy may follow (MIG_S_POSTCOPY); destination: it is taken */
 	bool postcopy;
+	/* source: DATA may come compressed (MIG_S_ZSTD; a session even for one plain connection) */
+	bool compress;
 	uint64_t timeout_ms;	   /* each wait for the peer */
 	uint64_t deadline_ms;	   /* destination: each connection's stream (0: none); a handshake is bounded by timeout_ms */
 	/* destination: a line for each connection refused on the way (or NULL) */

@@ -68,11 +68,32 @@ struct hash_run {
 
 struct batch {
 	struct mig_record hdr[BATCH_RECORDS];
+	int piov[BATCH_RECORDS]; /* the iov of each record's payload (-1: none) */
 	struct iovec iov[3 * BATCH_RECORDS];
 	struct hash_run runs[BATCH_RECORDS];
 	uint64_t hashes[BATCH_HASHES];
 	int nh, ni, nruns, nhashes;
 	uint64_t bytes;
+	/* compressed payloads (source-zip.c): room for a batch's worth, zused of it taken */
+	uint8_t *zbuf;
+	size_t zcap, zused;
+};
+
+/*
+ * A lane's compression (source-zip.c): its zstd context and, for
+ * MIG_COMPRESS_AUTO, what it measured: the ratio (wire bytes / raw) of
+ * what it compressed, how fast it compresses (raw bytes a second) and
+ * how fast its connection takes bytes (wire bytes a second, pacing
+ * included), each a moving average; whether it compresses now.
+ */
+struct lane_zip {
+	void *cctx;
+	double ratio, zbps, wbps;
+	bool on;
+	uint64_t batches;
+	/* totals: records and pages compressed, their raw and wire bytes, the time it took */
+	uint64_t pages, raw, wire;
+	uint64_t ns;
 };
 
 struct source;
@@ -89,6 +110,7 @@ struct lane {
 	struct batch *todo; /* handed to the worker, not yet done */
 	int err;	    /* the worker failed to send: -errno */
 	uint64_t hashed;    /* the worker's (or the main thread's without one) */
+	struct lane_zip z;  /* the worker's (or the main thread's without one) */
 };
 
 struct source {
@@ -151,6 +173,8 @@ struct source {
 	/* the parameters as last taken from the status (each sample), and what they make */
 	struct mig_params par;
 	uint64_t cap_bps;  /* bytes/s on the wire (0: none); read by the lanes' workers, atomically */
+	/* compression (enum mig_compress) while the session agreed to it; read by the lanes' workers, atomically */
+	int zmode;
 	bool can_throttle; /* the guest's vCPUs can be slowed */
 	bool throttled_ever;
 	bool cancelled; /* a cancel was acted on: everything unwinds, the guest stays here */
@@ -196,6 +220,15 @@ int src_net_fail(struct source *s, int ret, const char *what, char *err, size_t 
 /* The session's options (a post-copy's recovery makes the session again with them). */
 void src_session_opts(const struct source *s, struct mig_session_opts *so);
 int src_pace(struct source *s, uint64_t bytes);
+
+/* source-zip.c */
+/* The batch's DATA records compressed where that pays (the lane's mode and measures); after hashing. */
+void src_zip_batch(struct lane *l, struct batch *b);
+/* A batch of bytes sent in ns, pacing included: the lane's connection's speed. */
+void src_zip_sent(struct lane *l, uint64_t bytes, uint64_t ns);
+void src_zip_free(struct lane *l);
+/* The totals of every lane into res. */
+void src_zip_result(const struct source *s, struct mig_result *res);
 
 /* source-precopy.c */
 void src_throttle_init(struct source *s);

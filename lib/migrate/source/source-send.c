@@ -62,7 +62,7 @@ int src_pace(struct source *s, uint64_t bytes)
 
 static int send_batch(struct lane *l, struct batch *b)
 {
-	uint64_t bytes = 0;
+	uint64_t bytes = 0, t0 = mig_clock_ns();
 	int i, ret;
 
 	for (i = 0; i < b->ni; i++)
@@ -70,9 +70,20 @@ static int send_batch(struct lane *l, struct batch *b)
 	ret = b->ni ? src_pace(l->s, bytes) : 0;
 	if (ret == 0 && b->ni)
 		ret = mig_chan_writev(l->ch, b->iov, b->ni);
+	if (ret == 0)
+		src_zip_sent(l, bytes, mig_clock_ns() - t0);
 	b->nh = b->ni = b->nruns = b->nhashes = 0;
 	b->bytes = 0;
+	b->zused = 0;
 	return ret;
+}
+
+/* A batch made ready to send: its pages hashed, then its DATA records compressed where that pays. */
+static void prepare_batch(struct lane *l, struct batch *b)
+{
+	if (l->s->sent_hash)
+		src_hash_batch(l, b);
+	src_zip_batch(l, b);
 }
 
 /*
@@ -95,8 +106,7 @@ static void *lane_worker(void *p)
 		if (!b)
 			break;
 		pthread_mutex_unlock(&l->w.lock);
-		if (l->s->sent_hash)
-			src_hash_batch(l, b);
+		prepare_batch(l, b);
 		ret = l->s->lanes_send ? send_batch(l, b) : 0;
 		pthread_mutex_lock(&l->w.lock);
 		if (ret < 0 && !l->err)
@@ -150,8 +160,10 @@ void src_lanes_free(struct source *s)
 {
 	unsigned int i;
 
-	for (i = 0; i < s->nlanes; i++)
+	for (i = 0; i < s->nlanes; i++) {
 		mig_worker_stop(&s->lane[i].w);
+		src_zip_free(&s->lane[i]);
+	}
 	free(s->lane);
 }
 
@@ -185,8 +197,7 @@ static int ship(struct lane *l)
 	int ret = 0;
 
 	if (!l->w.running) {
-		if (l->s->sent_hash)
-			src_hash_batch(l, b);
+		prepare_batch(l, b);
 		return send_batch(l, b);
 	}
 	worker_wait(l);
@@ -260,6 +271,7 @@ int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t p
 		b = l->cur;
 	}
 	b->hdr[b->nh] = rec;
+	b->piov[b->nh] = -1;
 	b->iov[b->ni++] = (struct iovec){ &b->hdr[b->nh++], sizeof(rec) };
 	if (run && s->sent_hash) {
 		b->runs[b->nruns] = *run;
@@ -270,8 +282,10 @@ int src_put(struct lane *l, struct mig_record rec, const void *payload, size_t p
 		}
 		b->nruns++;
 	}
-	if (plen)
+	if (plen) {
+		b->piov[b->nh - 1] = b->ni;
 		b->iov[b->ni++] = (struct iovec){ (void *)payload, plen };
+	}
 	b->bytes += sizeof(rec) + plen;
 	return 0;
 }
@@ -461,7 +475,8 @@ void src_session_opts(const struct source *s, struct mig_session_opts *so)
 	*so = (struct mig_session_opts){ .psk = o->psk, .encrypt = o->encrypt,
 					 .conns = (o->connections ? o->connections : 1) + (o->postcopy ? 1 : 0),
 					 .timeout_ms = o->peer_timeout_ms, .name = o->peer_name,
-					 .wipe_psk = o->wipe_psk && !o->postcopy, .postcopy = o->postcopy };
+					 .wipe_psk = o->wipe_psk && !o->postcopy, .postcopy = o->postcopy,
+					 .compress = o->compress != MIG_COMPRESS_OFF };
 }
 
 /* A failure to send or to hear from the destination, in one line. */

@@ -73,6 +73,9 @@ static int session(struct source *s, int fd, char *err, size_t len)
 		ret = mig_session_connect(fd, &so, o->connect, o->connect_ctx, &s->sess, err, len);
 	if (ret == 0)
 		ret = src_lanes_new(s, err, len);
+	/* compression as asked, once the destination agreed to it */
+	if (ret == 0 && (s->sess.flags & MIG_S_ZSTD))
+		__atomic_store_n(&s->zmode, (int)o->compress, __ATOMIC_RELAXED);
 	/* the stream's waits, now that the session is made: -T, and what the guest's size adds */
 	for (unsigned int i = 0; ret == 0 && i < s->sess.conns; i++)
 		mig_conn_set_timeout(s->sess.conn[i], mig_guest_wait_ms(s->g, o->peer_timeout_ms));
@@ -119,7 +122,8 @@ static int header(struct source *s, char *err, size_t len)
 	for (i = 0; i < g->nr_regions; i++)
 		desc[i] = (struct mig_region){ g->regions[i].gpa, g->regions[i].size };
 	mig_encode_header(&s->lane[0].enc, &h, desc, g->nr_regions, g->nr_vcpus,
-			  (s->o->verify ? MIG_F_PAGE_HASH : 0) | (s->postcopy ? MIG_F_POSTCOPY : 0));
+			  (s->o->verify ? MIG_F_PAGE_HASH : 0) | (s->postcopy ? MIG_F_POSTCOPY : 0) |
+				  (s->sess.flags & MIG_S_ZSTD ? MIG_F_ZSTD : 0));
 	ret = mig_chan_writev(s->lane[0].ch, iov, 2);
 	free(desc);
 	/* err says why; the result stays the write's, whatever a refusing destination said */
@@ -233,6 +237,7 @@ static void results(struct source *s, struct mig_result *res, int ret)
 	/* the migration proper: from the start of tracking (a baseline measured before is not part of it) */
 	res->total_ms = mig_clock_msf() - (s->started ? s->t0 + s->before_ms : s->t0);
 	res->bytes = mig_session_sent(&s->sess);
+	src_zip_result(s, res);
 	res->pages = s->pages;
 	res->zero_pages = s->zero_pages;
 	res->untouched_pages = s->untouched_pages;

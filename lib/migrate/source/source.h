@@ -19,6 +19,13 @@
 #include "session.h"
 #include "status.h"
 
+/* Compression of DATA records (stream.h's DATA_Z). */
+enum mig_compress {
+	MIG_COMPRESS_OFF = 0, /* none: a plain session, or none at all */
+	MIG_COMPRESS_AUTO,    /* each connection compresses while that moves pages faster (source-zip.c) */
+	MIG_COMPRESS_ZSTD,    /* every DATA record that shrinks */
+};
+
 struct mig_send_opts {
 	uint64_t downtime_ms;	  /* stop-and-copy once the rest fits this */
 	unsigned int max_passes;  /* ... or after this many passes */
@@ -122,6 +129,13 @@ struct mig_send_opts {
 	 * destination failed).
 	 */
 	uint64_t recover_ms;
+	/*
+	 * Compression (MIG_COMPRESS_*): anything but OFF makes a session
+	 * that agrees to it (session.h's MIG_S_ZSTD; a destination older
+	 * than it refuses by the hello's flags) and compresses DATA records
+	 * with zstd on the connections' own threads.
+	 */
+	enum mig_compress compress;
 };
 
 struct mig_result {
@@ -167,7 +181,9 @@ struct mig_result {
 	/* the destination's figures (ALL_IN): faults that asked for a page, their waits' median and 99th percentile */
 	uint64_t postcopy_faults;
 	double fault_p50_us, fault_p99_us;
-	uint64_t postcopy_recoveries; /* sessions made again after a lost connection */
+	uint64_t postcopy_recoveries; /* sessions made again after a lost connection */	/* compression: pages that went compressed, their bytes before and after, the time spent on it */
+	uint64_t zpages, zraw_bytes, zwire_bytes;
+	double zcpu_s;
 };
 
 /*

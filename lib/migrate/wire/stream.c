@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <immintrin.h>
+#include <zstd.h>
 
 #include "errf.h"
 #include "stream.h"
@@ -190,6 +191,8 @@ uint64_t mig_payload_len(uint32_t flags, const struct mig_record *rec)
 	switch (rec->kind) {
 	case MIG_DATA:
 		return __builtin_mul_overflow(rec->count, per, &n) ? UINT64_MAX : n;
+	case MIG_DATA_Z:
+		return mig_zpages(rec) * (per - MIG_PAGE_SIZE) + mig_zbytes(rec);
 	case MIG_VCPU:
 	case MIG_VM:
 	case MIG_DEVICES:
@@ -212,7 +215,7 @@ const char *mig_kind_name(uint32_t kind)
 {
 	static const char *const n[] = { "?",	"DATA", "ZERO", "PASS",	  "VCPU",
 					 "DIGEST", "END",  "VM",   "DEVICES", "DEVICES_LIVE", "LEFT", "REQ", "ALL_IN",
-					 "PC_FAILED", "RECOVER" };
+					 "PC_FAILED", "RECOVER", "DATA_Z" };
 
 	return kind < sizeof(n) / sizeof(n[0]) ? n[kind] : "?";
 }
@@ -335,9 +338,11 @@ int mig_decode_header(struct mig_decoder *d, const struct mig_header *h, char *e
 	if (h->nr_vcpus != d->nr_vcpus)
 		return refuse(err, len, "header.nr_vcpus: %" PRIu32 ", this destination has %" PRIu32, h->nr_vcpus,
 			      d->nr_vcpus);
-	if (h->flags & ~(MIG_F_PAGE_HASH | MIG_F_POSTCOPY))
+	if (h->flags & ~(MIG_F_PAGE_HASH | MIG_F_POSTCOPY | MIG_F_ZSTD))
 		return refuse(err, len, "header.flags: unknown bits 0x%" PRIx32,
-			      h->flags & ~(MIG_F_PAGE_HASH | MIG_F_POSTCOPY));
+			      h->flags & ~(MIG_F_PAGE_HASH | MIG_F_POSTCOPY | MIG_F_ZSTD));
+	if ((h->flags & MIG_F_ZSTD) && !d->zstd_ok)
+		return refuse(err, len, "header.flags: compression, which this session did not agree to");
 	if ((h->flags & MIG_F_POSTCOPY) && !d->postcopy_ok)
 		return refuse(err, len, "header.flags: post-copy, which this session did not agree to");
 	if ((h->flags & MIG_F_POSTCOPY) && !(h->flags & MIG_F_PAGE_HASH))
@@ -372,8 +377,9 @@ static void accept_record(struct mig_decoder *d, const struct mig_record *rec)
 	d->nrec++;
 }
 
-/* DATA and ZERO: a run of pages [first, first + count) inside the region, count <= max. */
-static int check_run(struct mig_decoder *d, const struct mig_record *rec, uint64_t max, char *err, size_t len)
+/* DATA, ZERO, LEFT, DATA_Z: a run of pages [first, first + count) inside the region, count <= max. */
+static int check_pages(const struct mig_decoder *d, const struct mig_record *rec, uint64_t count, uint64_t max,
+		       char *err, size_t len)
 {
 	uint64_t npages;
 
@@ -381,28 +387,109 @@ static int check_run(struct mig_decoder *d, const struct mig_record *rec, uint64
 		return refuse_field(d, rec, "index", err, len, "region %" PRIu32 ", the stream has %" PRIu32,
 				    rec->index, d->nr_regions);
 	npages = d->regions[rec->index].size / MIG_PAGE_SIZE;
-	if (!rec->count || rec->count > max)
-		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " pages, must be 1..%" PRIu64, rec->count,
+	if (!count || count > max)
+		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " pages, must be 1..%" PRIu64, count,
 				    max);
 	if (rec->first >= npages)
 		return refuse_field(d, rec, "first", err, len, "page %" PRIu64 " outside region %" PRIu32
 				    " (%" PRIu64 " pages)", rec->first, rec->index, npages);
-	if (rec->count > npages - rec->first)
+	if (count > npages - rec->first)
 		return refuse_field(d, rec, "count", err, len, "pages [%" PRIu64 ", +%" PRIu64 ") run past region %"
-				    PRIu32 " (%" PRIu64 " pages)", rec->first, rec->count, rec->index, npages);
-	if (d->lanes > 1 && (rec->first / MIG_LANE_PAGES != (rec->first + rec->count - 1) / MIG_LANE_PAGES ||
+				    PRIu32 " (%" PRIu64 " pages)", rec->first, count, rec->index, npages);
+	if (d->lanes > 1 && (rec->first / MIG_LANE_PAGES != (rec->first + count - 1) / MIG_LANE_PAGES ||
 			     mig_lane_of(rec->index, rec->first, d->lanes) != d->lane))
 		return refuse_field(d, rec, "first", err, len, "pages [%" PRIu64 ", +%" PRIu64 ") of region %" PRIu32
 				    " on connection %" PRIu32 ": a record's pages are one chunk's, and chunk %" PRIu64
-				    " travels on connection %" PRIu32, rec->first, rec->count, rec->index, d->lane,
+				    " travels on connection %" PRIu32, rec->first, count, rec->index, d->lane,
 				    rec->first / MIG_LANE_PAGES, mig_lane_of(rec->index, rec->first, d->lanes));
-	accept_record(d, rec);
 	return 0;
+}
+
+static int check_run(struct mig_decoder *d, const struct mig_record *rec, uint64_t max, char *err, size_t len)
+{
+	int ret = check_pages(d, rec, rec->count, max, err, len);
+
+	if (ret == 0)
+		accept_record(d, rec);
+	return ret;
 }
 
 int mig_decode_data(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
 {
 	return check_run(d, rec, MIG_RUN_PAGES, err, len);
+}
+
+uint64_t mig_zbound(uint64_t pages)
+{
+	return ZSTD_COMPRESSBOUND(pages * MIG_PAGE_SIZE);
+}
+
+void *mig_unzip_new(void)
+{
+	ZSTD_DCtx *z = ZSTD_createDCtx();
+
+	/* the window a frame may ask for: a record's pages at most (a frame asking more is refused, not allocated) */
+	if (z && ZSTD_isError(ZSTD_DCtx_setParameter(z, ZSTD_d_windowLogMax, 20))) {
+		ZSTD_freeDCtx(z);
+		return NULL;
+	}
+	return z;
+}
+
+void mig_unzip_free(void *dctx)
+{
+	ZSTD_freeDCtx(dctx);
+}
+
+_Static_assert(MIG_RUN_PAGES * MIG_PAGE_SIZE <= 1u << 20, "a record's pages fit the window mig_unzip_new() allows");
+
+int mig_unzip(void *dctx, void *dst, uint64_t pages, const void *src, uint64_t zbytes, uint64_t nrec, char *err,
+	      size_t len)
+{
+	unsigned long long said = ZSTD_getFrameContentSize(src, zbytes);
+	size_t got;
+
+	if (said == ZSTD_CONTENTSIZE_ERROR)
+		return refuse(err, len, "record %" PRIu64 " (DATA_Z): not a zstd frame", nrec);
+	if (said == ZSTD_CONTENTSIZE_UNKNOWN)
+		return refuse(err, len, "record %" PRIu64 " (DATA_Z): its frame does not say its size (its %" PRIu64
+			      " pages are %" PRIu64 " bytes)", nrec, pages, pages * MIG_PAGE_SIZE);
+	if (said != pages * MIG_PAGE_SIZE)
+		return refuse(err, len, "record %" PRIu64 " (DATA_Z): its frame says %llu bytes, its %" PRIu64
+			      " pages are %" PRIu64, nrec, said, pages, pages * MIG_PAGE_SIZE);
+	got = ZSTD_decompressDCtx(dctx, dst, pages * MIG_PAGE_SIZE, src, zbytes);
+	if (ZSTD_isError(got))
+		return refuse(err, len, "record %" PRIu64 " (DATA_Z): its frame does not decompress to its %" PRIu64
+			      " pages: %s", nrec, pages, ZSTD_getErrorName(got));
+	if (got != pages * MIG_PAGE_SIZE)
+		return refuse(err, len, "record %" PRIu64 " (DATA_Z): its frame gives %zu bytes, its %" PRIu64
+			      " pages are %" PRIu64, nrec, got, pages, pages * MIG_PAGE_SIZE);
+	return 0;
+}
+
+/*
+ * DATA_Z: as the DATA record it stands for (its pages' range, the chunk
+ * rule, END's checksum), and its frame's size within zstd's bound for
+ * those pages.  The frame itself is the receiver's (mig_unzip()).
+ */
+int mig_decode_data_z(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
+{
+	struct mig_record data = { MIG_DATA, rec->index, rec->first, mig_zpages(rec) };
+	int ret;
+
+	if (!(d->flags & MIG_F_ZSTD))
+		return refuse_field(d, rec, "kind", err, len, "DATA_Z in a stream without compression (header.flags)");
+	if (!mig_zpages(rec) || mig_zpages(rec) > MIG_RUN_PAGES)
+		return refuse_field(d, rec, "count", err, len, "%" PRIu64 " pages, must be 1..%u", mig_zpages(rec),
+				    MIG_RUN_PAGES);
+	if (!mig_zbytes(rec) || mig_zbytes(rec) > mig_zbound(mig_zpages(rec)))
+		return refuse_field(d, rec, "count", err, len, "a frame of %" PRIu64 " bytes for %" PRIu64
+				    " pages, must be 1..%" PRIu64, mig_zbytes(rec), mig_zpages(rec),
+				    mig_zbound(mig_zpages(rec)));
+	ret = check_pages(d, rec, data.count, MIG_RUN_PAGES, err, len);
+	if (ret == 0)
+		accept_record(d, &data);
+	return ret;
 }
 
 int mig_decode_zero(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len)
@@ -616,6 +703,8 @@ int mig_decode_record(struct mig_decoder *d, const struct mig_record *rec, char 
 		return mig_decode_devices_live(d, rec, err, len);
 	case MIG_LEFT:
 		return mig_decode_left(d, rec, err, len);
+	case MIG_DATA_Z:
+		return mig_decode_data_z(d, rec, err, len);
 	case 5:
 		return refuse(err, len, "record %" PRIu64 ".kind: 5 (DIGEST) belongs to stream version 1", d->nrec);
 	default:
@@ -747,6 +836,13 @@ static int reseal_one(size_t off, const struct mig_record *rec, void *opaque)
 
 	if (rec->kind == MIG_END) {
 		memcpy(r->buf + off + offsetof(struct mig_record, first), &r->sum, sizeof(r->sum));
+		return 0;
+	}
+	if (rec->kind == MIG_DATA_Z) {
+		/* summed as the DATA it stands for */
+		struct mig_record data = { MIG_DATA, rec->index, rec->first, mig_zpages(rec) };
+
+		r->sum = mig_sum(r->sum, &data, sizeof(data));
 		return 0;
 	}
 	r->sum = mig_sum(r->sum, rec, sizeof(*rec));

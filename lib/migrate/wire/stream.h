@@ -37,8 +37,20 @@
  *               after the handoff (post-copy, below).  Only in a stream
  *               whose header has MIG_F_POSTCOPY, by the chunk rule of
  *               DATA; a later DATA or ZERO of a page replaces it
+ *     DATA_Z    DATA compressed (only in a stream whose header has
+ *               MIG_F_ZSTD): index = region, first = page, count = the
+ *               pages (bits 0-31, 1 .. MIG_RUN_PAGES) and the compressed
+ *               bytes (bits 32-63, 1 .. mig_zbound(pages)); payload: the
+ *               page hashes as DATA's, then one zstd frame that
+ *               decompresses to exactly the pages' bytes (a frame that
+ *               gives more or fewer, or does not say its size, is
+ *               refused by name; the output never exceeds the pages).
+ *               END's checksum covers it as the DATA record it stands
+ *               for (kind DATA, count the pages): a sender may compress a
+ *               record after it was encoded
  *     END       index = count = 0; first = FNV-1a 64 of every byte before
- *               it except DATA payloads (which the page hashes check)
+ *               it except DATA and DATA_Z payloads (which the page hashes
+ *               check)
  *   handoff     struct mig_ack messages, on connection 0 (sealed like the
  *               records when the session has a key):
  *     destination -> source   READY: the stream is complete and every vCPU
@@ -164,6 +176,8 @@ struct mig_header {
 #define MIG_F_PAGE_HASH (1u << 0) /* DATA records carry a hash per page */
 /* the stream may leave pages at the source (LEFT), to come after the handoff; needs MIG_F_PAGE_HASH */
 #define MIG_F_POSTCOPY (1u << 1)
+/* DATA may come compressed (DATA_Z, zstd); the session agreed to it (MIG_S_ZSTD) */
+#define MIG_F_ZSTD (1u << 2)
 
 struct mig_region {
 	uint64_t gpa;
@@ -186,6 +200,7 @@ enum mig_kind {
 	MIG_ALL_IN = 12,
 	MIG_PC_FAILED = 13,
 	MIG_RECOVER = 14,
+	MIG_DATA_Z = 15,
 };
 
 #define MIG_DEVICES_MAX (256ull << 20) /* device state a stream or snapshot carries at most, both parts together */
@@ -196,6 +211,40 @@ struct mig_record {
 	uint64_t first;
 	uint64_t count;
 };
+
+/* DATA_Z's count: its pages and its compressed bytes */
+static inline uint64_t mig_zpages(const struct mig_record *rec)
+{
+	return rec->count & 0xffffffffu;
+}
+
+static inline uint64_t mig_zbytes(const struct mig_record *rec)
+{
+	return rec->count >> 32;
+}
+
+/* The compressed bytes a DATA_Z of pages may carry at most: zstd's bound for that input. */
+uint64_t mig_zbound(uint64_t pages);
+
+/*
+ * A DATA_Z frame's receiver: a zstd decompression context whose window
+ * is bounded by a record's pages (NULL: out of memory); freed with
+ * mig_unzip_free().  mig_unzip(): the frame at src (zbytes) into dst
+ * (pages * MIG_PAGE_SIZE bytes, never more written): 0 when it said
+ * its size and gave exactly that, else -EPROTO with "record N (DATA_Z):
+ * why" in err (nrec: the record's number).
+ */
+void *mig_unzip_new(void);
+void mig_unzip_free(void *dctx);
+int mig_unzip(void *dctx, void *dst, uint64_t pages, const void *src, uint64_t zbytes, uint64_t nrec, char *err,
+	      size_t len);
+
+/* The DATA_Z record that stands for data (a DATA record already encoded), its frame zbytes long. */
+static inline struct mig_record mig_data_z(const struct mig_record *data, uint64_t zbytes)
+{
+	return (struct mig_record){ .kind = MIG_DATA_Z, .index = data->index, .first = data->first,
+				    .count = data->count | (zbytes << 32) };
+}
 
 /*
  * A vCPU's whole state, as KVM gives it (guest.h: mig_vcpu_save_kvm()):
@@ -378,6 +427,7 @@ struct mig_decoder {
 	bool stopped; /* a VCPU record came: the guest was paused */
 	uint32_t lane, lanes; /* which connection of how many this stream is on (0 of 1 unless set) */
 	bool postcopy_ok;     /* MIG_F_POSTCOPY is taken (the session agreed to it) */
+	bool zstd_ok;	      /* MIG_F_ZSTD is taken (the session agreed to it) */
 };
 
 void mig_decoder_init(struct mig_decoder *d, const struct mig_region *regions, uint32_t nr_regions,
@@ -394,6 +444,7 @@ int mig_decode_vm(struct mig_decoder *d, const struct mig_record *rec, char *err
 int mig_decode_devices(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_devices_live(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_left(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
+int mig_decode_data_z(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 int mig_decode_end(struct mig_decoder *d, const struct mig_record *rec, char *err, size_t len);
 /*
  * A post-copy record (after the handoff) against regions[0 .. nr):
