@@ -259,6 +259,11 @@ struct kvmdirty_mig_params {
 	uint64_t timeout_ms;  /* 1 .. 86,400,000, from the start of tracking */
 	uint64_t max_mibps;   /* 0 .. KVMDIRTY_MIG_MAX_MIBPS (0: no cap) */
 	bool throttle;
+	/*
+	 * enum kvmdirty_mig_compress: a migration under way changes it only
+	 * where it began with compression (else -EOPNOTSUPP)
+	 */
+	int compress;
 };
 
 /* Which members of a struct kvmdirty_mig_params a set gives */
@@ -267,6 +272,7 @@ struct kvmdirty_mig_params {
 #define KVMDIRTY_MIG_SET_TIMEOUT (1u << 2)
 #define KVMDIRTY_MIG_SET_MAX_MIBPS (1u << 3)
 #define KVMDIRTY_MIG_SET_THROTTLE (1u << 4)
+#define KVMDIRTY_MIG_SET_COMPRESS (1u << 5)
 
 /*
  * Set the members of p that mask names on a source's control, as the

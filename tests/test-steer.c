@@ -104,6 +104,13 @@ static void query_params(int fd, struct mig_params *p, char *cancel, size_t len)
 	thr = mig_json_get(par, "throttle");
 	ck_assert(thr && (thr->type == MIG_JSON_TRUE || thr->type == MIG_JSON_FALSE));
 	p->throttle = thr->type == MIG_JSON_TRUE;
+	{
+		const struct mig_json *z = mig_json_get(par, "compress");
+
+		ck_assert_msg(z && z->type == MIG_JSON_STRING, "no compress in %s", line);
+		p->compress = !strcmp(z->str.s, "auto") ? 1 : !strcmp(z->str.s, "zstd") ? 2 : 0;
+		ck_assert_msg(p->compress || !strcmp(z->str.s, "off"), "compress \"%s\"", z->str.s);
+	}
 	can = mig_json_get(ret, "cancel");
 	ck_assert(can && can->type == MIG_JSON_STRING);
 	snprintf(cancel, len, "%s", can->str.s);
@@ -121,6 +128,7 @@ static void expect_params(int fd, const struct mig_params *want)
 	ck_assert_uint_eq(got.timeout_ms, want->timeout_ms);
 	ck_assert_uint_eq(got.max_bandwidth, want->max_bandwidth);
 	ck_assert_int_eq(got.throttle, want->throttle);
+	ck_assert_int_eq(got.compress, want->compress);
 }
 
 /* ---- set ---- */
@@ -153,10 +161,13 @@ START_TEST(set_each_parameter)
 	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"throttle\":false}}", EMPTY_REPLY);
 	want.throttle = false;
 	expect_params(fd, &want);
+	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"compress\":\"zstd\"}}", EMPTY_REPLY);
+	want.compress = 2;
+	expect_params(fd, &want);
 	/* several at once, the bounds included */
 	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"downtime_ms\":0,\"max_bandwidth\":1048576,\"max_passes\":100000,"
 		"\"timeout_ms\":1,\"throttle\":true},\"id\":7}", "{\"return\":{},\"id\":7}\n");
-	want = (struct mig_params){ 0, 100000, 1, 1048576, true };
+	want = (struct mig_params){ 0, 100000, 1, 1048576, true, 2 };
 	expect_params(fd, &want);
 	/* the engine's view is the same */
 	mig_status_params(&d.st, &want);
@@ -181,7 +192,9 @@ static const struct {
 	{ "{\"throttle\":null}", GENERIC("Invalid parameter type for 'throttle', expected: boolean") },
 	{ "{\"bandwidth\":5}", GENERIC("Parameter 'bandwidth' is unexpected") },
 	{ "{\"downtime_ms\":5,\"downtime_ms\":6}", GENERIC("Parameter 'downtime_ms' is given twice") },
-	{ "{}", GENERIC("no parameter given: downtime_ms, max_bandwidth, max_passes, timeout_ms or throttle") },
+	{ "{}", GENERIC("no parameter given: downtime_ms, max_bandwidth, max_passes, timeout_ms, throttle or compress") },
+	{ "{\"compress\":\"lz4\"}", GENERIC("Invalid parameter value for 'compress', expected: auto, zstd or off") },
+	{ "{\"compress\":1}", GENERIC("Invalid parameter value for 'compress', expected: auto, zstd or off") },
 	/* all or nothing: the good one is not taken either */
 	{ "{\"downtime_ms\":7,\"max_passes\":0}", GENERIC("Parameter 'max_passes' must be 1 to 100000, not 0") },
 	{ "{\"max_passes\":3,\"throttle\":\"no\"}", GENERIC("Invalid parameter type for 'throttle', expected: boolean") },
@@ -197,7 +210,7 @@ START_TEST(set_refused_by_name)
 	expect_params(fd, &start_params);
 	/* no arguments at all */
 	ask(fd, "{\"execute\":\"set\"}",
-	    GENERIC("no parameter given: downtime_ms, max_bandwidth, max_passes, timeout_ms or throttle"));
+	    GENERIC("no parameter given: downtime_ms, max_bandwidth, max_passes, timeout_ms, throttle or compress"));
 	expect_params(fd, &start_params);
 	close(fd);
 }
@@ -254,6 +267,44 @@ START_TEST(cancel_before_begin)
 	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
 	ck_assert(!mig_status_cancel_asked(&d.st));
 	expect_cancel(fd, "none");
+	close(fd);
+}
+END_TEST
+
+/*
+ * compress while a migration runs: turned on in one that began without it
+ * (its session did not agree) refused by name, nothing changed; off
+ * taken; in one that began with it, any mode taken.  Red without the
+ * refusal: the set returned {} and the query said "auto" for a session
+ * that cannot carry DATA_Z.
+ */
+START_TEST(set_compress_midway)
+{
+	struct mig_params want = start_params;
+	int fd = client();
+
+	ck_assert_int_eq(mig_status_begin(&d.st, &start_params), 0);
+	mig_status_compress_able(&d.st, false);
+	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"compress\":\"auto\"}}",
+	    GENERIC("compress: this migration began without compression (its session did not agree to it); it applies "
+		    "to the next"));
+	expect_params(fd, &want);
+	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"compress\":\"off\"}}", EMPTY_REPLY);
+	expect_params(fd, &want);
+	mig_status_decide(&d.st, MIG_OUTCOME_HERE, "failed");
+	mig_status_end(&d.st);
+	/* the next one begins with it (its session offers it), and may change it as it runs */
+	want.compress = 2;
+	ck_assert_int_eq(mig_status_begin(&d.st, &want), 0);
+	mig_status_compress_able(&d.st, true);
+	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"compress\":\"auto\"}}", EMPTY_REPLY);
+	want.compress = 1;
+	expect_params(fd, &want);
+	ask(fd, "{\"execute\":\"set\",\"arguments\":{\"compress\":\"off\"}}", EMPTY_REPLY);
+	want.compress = 0;
+	expect_params(fd, &want);
+	mig_status_decide(&d.st, MIG_OUTCOME_HERE, "failed");
+	mig_status_end(&d.st);
 	close(fd);
 }
 END_TEST
@@ -750,6 +801,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, destination_refuses_set_and_cancel);
 	tcase_add_test(tc, cancel_before_begin);
 	tcase_add_test(tc, cancel_after_commit_refused);
+	tcase_add_test(tc, set_compress_midway);
 	tcase_add_test(tc, events_in_order);
 	tcase_add_test(tc, subscriber_that_never_reads);
 	tcase_add_loop_test(tc, engine_fd_never_blocks, 0, 2);

@@ -44,7 +44,7 @@ _Static_assert(KVMDIRTY_MIG_MAX_MIBPS == MIG_MAX_BANDWIDTH_MIBPS, "the header's 
 _Static_assert(KVMDIRTY_MIG_MAX_REGIONS == MIG_MAX_REGIONS, "the header's regions are the engine's");
 _Static_assert(KVMDIRTY_MIG_SET_DOWNTIME == MIG_PARAM_DOWNTIME && KVMDIRTY_MIG_SET_MAX_PASSES == MIG_PARAM_MAX_PASSES &&
 		       KVMDIRTY_MIG_SET_TIMEOUT == MIG_PARAM_TIMEOUT && KVMDIRTY_MIG_SET_MAX_MIBPS == MIG_PARAM_MAX_BANDWIDTH &&
-		       KVMDIRTY_MIG_SET_THROTTLE == MIG_PARAM_THROTTLE,
+		       KVMDIRTY_MIG_SET_THROTTLE == MIG_PARAM_THROTTLE && KVMDIRTY_MIG_SET_COMPRESS == MIG_PARAM_COMPRESS,
 	       "the header's set bits are the status's");
 _Static_assert(KVMDIRTY_MIG_NAME_MAX + 1 == MIG_NAME_MAX, "the header's names are the hello's");
 _Static_assert(KVMDIRTY_MIG_CONTROL_PATH_MAX + 1 == sizeof(((struct mig_daemon *)0)->path),
@@ -80,6 +80,7 @@ static void send_params(const struct kvmdirty_mig_send_opts *u, struct mig_param
 	p->timeout_ms = u->timeout_ms ? u->timeout_ms : send_defaults.timeout_ms;
 	p->max_bandwidth = u->max_mibps;
 	p->throttle = !u->no_throttle;
+	p->compress = (int)u->compress;
 }
 
 /* The daemon's status and control socket (daemon.h), its lines to the caller's log. */
@@ -412,7 +413,7 @@ EXPORT int kvmdirty_mig_control_set(struct kvmdirty_mig_control *ctl, const stru
 				    unsigned int mask, char *err, size_t len)
 {
 	const unsigned int all = KVMDIRTY_MIG_SET_DOWNTIME | KVMDIRTY_MIG_SET_MAX_PASSES | KVMDIRTY_MIG_SET_TIMEOUT |
-				 KVMDIRTY_MIG_SET_MAX_MIBPS | KVMDIRTY_MIG_SET_THROTTLE;
+				 KVMDIRTY_MIG_SET_MAX_MIBPS | KVMDIRTY_MIG_SET_THROTTLE | KVMDIRTY_MIG_SET_COMPRESS;
 	struct mig_params mp;
 	char why[256] = "";
 	int ret;
@@ -427,7 +428,7 @@ EXPORT int kvmdirty_mig_control_set(struct kvmdirty_mig_control *ctl, const stru
 		return -EOPNOTSUPP;
 	}
 	mp = (struct mig_params){ .downtime_ms = p->downtime_ms, .max_passes = p->max_passes, .timeout_ms = p->timeout_ms,
-				  .max_bandwidth = p->max_mibps, .throttle = p->throttle };
+				  .max_bandwidth = p->max_mibps, .throttle = p->throttle, .compress = p->compress };
 	ret = mig_status_set(&ctl->d.st, &mp, mask, why, sizeof(why));
 	if (ret < 0)
 		say(err, len, "%s", why);

@@ -181,10 +181,11 @@ static int query_locked(const struct mig_status *s, char *buf, size_t len)
 	if (!s->dest)
 		n += snprintf(buf + n, len - (size_t)n,
 			      ",\"cancel\":\"%s\",\"parameters\":{\"downtime_ms\":%" PRIu64 ",\"max_bandwidth\":%" PRIu64
-			      ",\"max_passes\":%" PRIu64 ",\"timeout_ms\":%" PRIu64 ",\"throttle\":%s}",
+			      ",\"max_passes\":%" PRIu64 ",\"timeout_ms\":%" PRIu64 ",\"throttle\":%s,\"compress\":\"%s\"}",
 			      s->cancelled ? "done" : s->cancel ? "asked" : "none", s->params.downtime_ms,
 			      s->params.max_bandwidth, s->params.max_passes, s->params.timeout_ms,
-			      s->params.throttle ? "true" : "false");
+			      s->params.throttle ? "true" : "false",
+			      s->params.compress == 1 ? "auto" : s->params.compress == 2 ? "zstd" : "off");
 	if (s->postcopy_on && (size_t)n < len)
 		n += snprintf(buf + n, len - (size_t)n,
 			      ",\"postcopy\":{\"missing_pages\":%" PRIu64 ",\"faults\":%" PRIu64
@@ -274,6 +275,13 @@ void mig_status_recover_addr(struct mig_status *s, char *addr, size_t len)
 	pthread_mutex_unlock(&s->lock);
 }
 
+void mig_status_compress_able(struct mig_status *s, bool able)
+{
+	pthread_mutex_lock(&s->lock);
+	s->compress_able = able;
+	pthread_mutex_unlock(&s->lock);
+}
+
 void mig_status_postcopy_able(struct mig_status *s, bool able)
 {
 	pthread_mutex_lock(&s->lock);
@@ -352,6 +360,8 @@ static void overlay(struct mig_params *to, const struct mig_params *from, unsign
 		to->max_bandwidth = from->max_bandwidth;
 	if (mask & MIG_PARAM_THROTTLE)
 		to->throttle = from->throttle;
+	if (mask & MIG_PARAM_COMPRESS)
+		to->compress = from->compress;
 }
 
 /* The last migration of this status ended: the next starts afresh (the lock held). */
@@ -367,6 +377,7 @@ static void afresh_locked(struct mig_status *s)
 	s->pass = s->bytes_sent = s->remaining_bytes = 0;
 	__atomic_store_n(&s->postcopy_asked, false, __ATOMIC_RELAXED);
 	s->postcopy_able = s->postcopy_on = false;
+	s->compress_able = false;
 	s->pc_paused = s->recover_asked = false;
 	s->recover_addr[0] = 0;
 	s->pc_missing = s->pc_faults = 0;
@@ -479,6 +490,7 @@ static const struct param_range {
 	{ "timeout_ms", 1, 86400000 },
 	{ "max_bandwidth", 0, MIG_MAX_BANDWIDTH_MIBPS },
 	{ "throttle", 0, 1 },
+	{ "compress", 0, 2 },
 };
 
 int mig_params_check(const char *name, double v, char *err, size_t len)
@@ -500,19 +512,26 @@ int mig_params_check(const char *name, double v, char *err, size_t len)
 
 int mig_status_set(struct mig_status *s, const struct mig_params *p, unsigned int mask, char *err, size_t len)
 {
-	const uint64_t v[] = { p->downtime_ms, p->max_passes, p->timeout_ms, p->max_bandwidth, p->throttle };
+	const uint64_t v[] = { p->downtime_ms, p->max_passes, p->timeout_ms, p->max_bandwidth, p->throttle,
+			       (uint64_t)p->compress };
 	unsigned int i;
 	int ret;
 
 	if (!mask)
 		return mig_errf(err, len, -EINVAL, "no parameter given: downtime_ms, max_bandwidth, max_passes, "
-				"timeout_ms or throttle");
+				"timeout_ms, throttle or compress");
 	for (i = 0; i < sizeof(v) / sizeof(v[0]); i++) {
 		ret = mask & (1u << i) ? mig_params_check(ranges[i].name, (double)v[i], err, len) : 0;
 		if (ret < 0)
 			return ret;
 	}
 	pthread_mutex_lock(&s->lock);
+	/* compression on where the session did not agree to it: nothing changed */
+	if ((mask & MIG_PARAM_COMPRESS) && p->compress && s->running && !decided_locked(s) && !s->compress_able) {
+		pthread_mutex_unlock(&s->lock);
+		return mig_errf(err, len, -EOPNOTSUPP, "compress: this migration began without compression (its session "
+				"did not agree to it); it applies to the next");
+	}
 	if (mask & MIG_PARAM_DOWNTIME)
 		s->params.downtime_ms = p->downtime_ms;
 	if (mask & MIG_PARAM_MAX_PASSES)
@@ -523,6 +542,8 @@ int mig_status_set(struct mig_status *s, const struct mig_params *p, unsigned in
 		s->params.max_bandwidth = p->max_bandwidth;
 	if (mask & MIG_PARAM_THROTTLE)
 		s->params.throttle = p->throttle;
+	if (mask & MIG_PARAM_COMPRESS)
+		s->params.compress = p->compress;
 	/* before a migration begins, or once its outcome is decided: the next one's too */
 	if (!s->running || decided_locked(s))
 		s->params_set |= mask;

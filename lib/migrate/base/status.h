@@ -47,6 +47,7 @@ struct mig_params {
 	uint64_t timeout_ms;
 	uint64_t max_bandwidth; /* MiB/s; 0: as fast as the link goes */
 	bool throttle;
+	int compress; /* source.h's enum mig_compress: OFF, AUTO, ZSTD */
 };
 
 /* Which members of a struct mig_params a set gives. */
@@ -56,6 +57,12 @@ enum {
 	MIG_PARAM_TIMEOUT = 1u << 2,
 	MIG_PARAM_MAX_BANDWIDTH = 1u << 3,
 	MIG_PARAM_THROTTLE = 1u << 4,
+	/*
+	 * Compression: changes a migration under way only where its session
+	 * agreed to compression (begun with it on): mig_status_set() refuses
+	 * turning it on in one that did not (-EOPNOTSUPP).
+	 */
+	MIG_PARAM_COMPRESS = 1u << 5,
 };
 
 #define MIG_MAX_BANDWIDTH_MIBPS 1048576
@@ -68,6 +75,7 @@ enum {
 struct mig_status {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
+	bool compress_able; /* the migration under way may compress (its session agreed) */
 	bool dest; /* the destination's side */
 	const char *state;
 	uint64_t stream; /* destination: streams taken so far (the one this status is about) */
@@ -220,6 +228,8 @@ void mig_status_mark_cancelled(struct mig_status *s);
 int mig_status_postcopy_start(struct mig_status *s, char *err, size_t len);
 /* The engine: the migration may switch (set at its start), whether a switch was asked, that it switched. */
 void mig_status_postcopy_able(struct mig_status *s, bool able);
+/* The engine: the migration's session agreed to compression (set at its start). */
+void mig_status_compress_able(struct mig_status *s, bool able);
 bool mig_status_postcopy_asked(struct mig_status *s);
 /* The engine: post-copy's figures for query (either side): pages still only at the source, faults, waits. */
 void mig_status_postcopy_progress(struct mig_status *s, uint64_t missing, uint64_t faults, double p50_us,

@@ -45,7 +45,7 @@ static int resolve(void *ctx, bool run_here, char *err, size_t len)
 	return ret;
 }
 
-/* One member of set's arguments into p: an integer, or a boolean for throttle; else the error, by name. */
+/* One member of set's arguments into p: an integer, a boolean for throttle, a name for compress; else the error, by name. */
 static int set_member(const struct mig_json_member *m, struct mig_params *p, unsigned int *mask, char *err,
 		      size_t len)
 {
@@ -55,7 +55,7 @@ static int set_member(const struct mig_json_member *m, struct mig_params *p, uns
 	} names[] = {
 		{ "downtime_ms", MIG_PARAM_DOWNTIME },	 { "max_passes", MIG_PARAM_MAX_PASSES },
 		{ "timeout_ms", MIG_PARAM_TIMEOUT },	 { "max_bandwidth", MIG_PARAM_MAX_BANDWIDTH },
-		{ "throttle", MIG_PARAM_THROTTLE },
+		{ "throttle", MIG_PARAM_THROTTLE },	 { "compress", MIG_PARAM_COMPRESS },
 	};
 	const char *name = m->key.str.s;
 	unsigned int i, bit = 0;
@@ -74,6 +74,16 @@ static int set_member(const struct mig_json_member *m, struct mig_params *p, uns
 			return mig_errf(err, len, -EINVAL, "Invalid parameter type for '%s', expected: boolean", name);
 		p->throttle = m->v.type == MIG_JSON_TRUE;
 		return 0;
+	}
+	if (bit == MIG_PARAM_COMPRESS) {
+		static const char *const modes[] = { "off", "auto", "zstd" };
+
+		for (i = 0; m->v.type == MIG_JSON_STRING && i < 3; i++)
+			if (strlen(modes[i]) == m->v.str.len && !strcmp(modes[i], m->v.str.s)) {
+				p->compress = (int)i;
+				return 0;
+			}
+		return mig_errf(err, len, -EINVAL, "Invalid parameter value for '%s', expected: auto, zstd or off", name);
 	}
 	if (m->v.type != MIG_JSON_NUMBER)
 		return mig_errf(err, len, -EINVAL, "Invalid parameter type for '%s', expected: integer", name);
@@ -195,7 +205,7 @@ int mig_daemon_init(struct mig_daemon *d, bool dest, const char *control_path, c
 		d->st.params = *params;
 		/* its options stand as if set: a set before the migration changes only what it names */
 		d->st.params_set = MIG_PARAM_DOWNTIME | MIG_PARAM_MAX_PASSES | MIG_PARAM_TIMEOUT |
-				   MIG_PARAM_MAX_BANDWIDTH | MIG_PARAM_THROTTLE;
+				   MIG_PARAM_MAX_BANDWIDTH | MIG_PARAM_THROTTLE | MIG_PARAM_COMPRESS;
 	}
 	d->side = dest ? "destination" : "source";
 	d->control_path = control_path;

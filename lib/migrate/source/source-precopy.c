@@ -501,6 +501,9 @@ void src_take_params(struct source *s)
 
 	mig_status_params(s->st, &p);
 	__atomic_store_n(&s->cap_bps, p.max_bandwidth << 20, __ATOMIC_RELAXED);
+	/* compression, where the session agreed to it (a set refuses turning it on where it did not) */
+	if (s->sess.flags & MIG_S_ZSTD)
+		__atomic_store_n(&s->zmode, p.compress, __ATOMIC_RELAXED);
 	if (s->started && p.throttle != s->par.throttle) {
 		if (!p.throttle && s->throttling) {
 			bool was = s->th.engaged;

@@ -272,11 +272,12 @@ void src_end_line(struct source *s, const struct mig_result *res, int ret, const
 			res->postcopy_why ? res->postcopy_why : "asked", res->switch_pause_ms, res->postcopy_ms,
 			res->postcopy_pages, res->postcopy_requests, res->postcopy_bulk, res->postcopy_faults,
 			res->fault_p50_us, res->fault_p99_us, res->postcopy_recoveries);
-	if (s->o->compress != MIG_COMPRESS_OFF)
+	if (s->o->compress != MIG_COMPRESS_OFF || res->zpages)
 		fprintf(s->o->stats,
 			",\"compress\":\"%s\",\"zpages\":%" PRIu64 ",\"zraw_bytes\":%" PRIu64 ",\"zwire_bytes\":%" PRIu64
 			",\"zcpu_s\":%.3f",
-			s->o->compress == MIG_COMPRESS_AUTO ? "auto" : "zstd", res->zpages, res->zraw_bytes, res->zwire_bytes,
+			s->par.compress == MIG_COMPRESS_AUTO ? "auto" : s->par.compress == MIG_COMPRESS_ZSTD ? "zstd" : "off",
+			res->zpages, res->zraw_bytes, res->zwire_bytes,
 			res->zcpu_s);
 	end_vcpus(s, res);
 	fprintf(s->o->stats, "}\n");

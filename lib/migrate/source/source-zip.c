@@ -36,12 +36,20 @@ static void ewma(double *v, double x)
 	*v = *v > 0 ? *v + EWMA * (x - *v) : x;
 }
 
-/* AUTO: whether compressing moves this connection's pages faster, by its measures (unknown: yes, to learn). */
+/*
+ * AUTO: whether compressing moves this connection's pages faster, by its
+ * measures (unknown: yes, to learn).  wbps is the sender's (the main
+ * thread may send while the worker compresses the next batch): read
+ * atomically; the rest is the compressing thread's own.
+ */
 static bool pays(const struct lane_zip *z)
 {
-	if (!(z->ratio > 0) || !(z->zbps > 0) || !(z->wbps > 0))
+	double w;
+
+	__atomic_load(&z->wbps, &w, __ATOMIC_RELAXED);
+	if (!(z->ratio > 0) || !(z->zbps > 0) || !(w > 0))
 		return true;
-	return z->ratio + z->wbps / z->zbps < PAYS;
+	return z->ratio + w / z->zbps < PAYS;
 }
 
 /* Record k of b compressed into b's room; false where it did not shrink enough (or no room). */
@@ -57,7 +65,8 @@ static bool zip_record(struct lane *l, struct batch *b, int k)
 	t0 = mig_clock_ns();
 	n = ZSTD_compressCCtx(z->cctx, b->zbuf + b->zused, bound, p->iov_base, p->iov_len, ZLEVEL);
 	t0 = mig_clock_ns() - t0;
-	z->ns += t0;
+	/* the totals: read by src_zip_result(), maybe while a failed migration's worker still runs */
+	__atomic_add_fetch(&z->ns, t0, __ATOMIC_RELAXED);
 	if (ZSTD_isError(n))
 		return false;
 	ewma(&z->ratio, n < p->iov_len ? (double)n / (double)p->iov_len : 1.0);
@@ -65,9 +74,9 @@ static bool zip_record(struct lane *l, struct batch *b, int k)
 		ewma(&z->zbps, (double)p->iov_len * 1e9 / (double)t0);
 	if (n > p->iov_len - p->iov_len / 32)
 		return false;
-	z->pages += b->hdr[k].count;
-	z->raw += p->iov_len;
-	z->wire += n;
+	__atomic_add_fetch(&z->pages, b->hdr[k].count, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&z->raw, p->iov_len, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&z->wire, n, __ATOMIC_RELAXED);
 	b->hdr[k] = mig_data_z(&b->hdr[k], n);
 	*p = (struct iovec){ b->zbuf + b->zused, n };
 	b->zused += n;
@@ -108,8 +117,14 @@ void src_zip_batch(struct lane *l, struct batch *b)
 
 void src_zip_sent(struct lane *l, uint64_t bytes, uint64_t ns)
 {
-	if (bytes && ns && __atomic_load_n(&l->s->zmode, __ATOMIC_RELAXED) != MIG_COMPRESS_OFF)
-		ewma(&l->z.wbps, (double)bytes * 1e9 / (double)ns);
+	double w;
+
+	if (!bytes || !ns || __atomic_load_n(&l->s->zmode, __ATOMIC_RELAXED) == MIG_COMPRESS_OFF)
+		return;
+	/* one sender a lane at a time: the load and the store need not be one */
+	__atomic_load(&l->z.wbps, &w, __ATOMIC_RELAXED);
+	ewma(&w, (double)bytes * 1e9 / (double)ns);
+	__atomic_store(&l->z.wbps, &w, __ATOMIC_RELAXED);
 }
 
 void src_zip_free(struct lane *l)
@@ -128,10 +143,12 @@ void src_zip_result(const struct source *s, struct mig_result *res)
 {
 	unsigned int i;
 
-	for (i = 0; i < s->nlanes; i++) {
-		res->zpages += s->lane[i].z.pages;
-		res->zraw_bytes += s->lane[i].z.raw;
-		res->zwire_bytes += s->lane[i].z.wire;
-		res->zcpu_s += (double)s->lane[i].z.ns / 1e9;
+	for (i = 0; s->lane && i < s->nlanes; i++) {
+		const struct lane_zip *z = &s->lane[i].z;
+
+		res->zpages += __atomic_load_n(&z->pages, __ATOMIC_RELAXED);
+		res->zraw_bytes += __atomic_load_n(&z->raw, __ATOMIC_RELAXED);
+		res->zwire_bytes += __atomic_load_n(&z->wire, __ATOMIC_RELAXED);
+		res->zcpu_s += (double)__atomic_load_n(&z->ns, __ATOMIC_RELAXED) / 1e9;
 	}
 }

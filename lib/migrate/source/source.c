@@ -19,7 +19,7 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 {
 	const struct mig_params p = { .downtime_ms = o->downtime_ms, .max_passes = o->max_passes,
 				      .timeout_ms = o->timeout_ms, .max_bandwidth = o->max_bandwidth,
-				      .throttle = o->throttle };
+				      .throttle = o->throttle, .compress = (int)o->compress };
 
 	s->g = g;
 	s->o = o;
@@ -42,6 +42,8 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 	s->begun = true;
 	mig_status_sink(s->st, o->event, o->event_ctx, o->event_to_fd ? o->event_fd : -1);
 	src_take_params(s);
+	/* compression as the parameters stand now (a set before the migration counts): the session offers it */
+	mig_status_compress_able(s->st, s->par.compress != MIG_COMPRESS_OFF);
 	if (o->postcopy && !o->verify)
 		return mig_errf(err, len, -EINVAL, "post-copy needs page hashes (verify): a page is checked before it is "
 				"placed");
@@ -75,7 +77,7 @@ static int session(struct source *s, int fd, char *err, size_t len)
 		ret = src_lanes_new(s, err, len);
 	/* compression as asked, once the destination agreed to it */
 	if (ret == 0 && (s->sess.flags & MIG_S_ZSTD))
-		__atomic_store_n(&s->zmode, (int)o->compress, __ATOMIC_RELAXED);
+		__atomic_store_n(&s->zmode, s->par.compress, __ATOMIC_RELAXED);
 	/* the stream's waits, now that the session is made: -T, and what the guest's size adds */
 	for (unsigned int i = 0; ret == 0 && i < s->sess.conns; i++)
 		mig_conn_set_timeout(s->sess.conn[i], mig_guest_wait_ms(s->g, o->peer_timeout_ms));
