@@ -443,6 +443,8 @@ struct kvmdirty_mig_send_result {
 	 */
 	uint64_t zpages, zraw_bytes, zwire_bytes;
 	double zcpu_s;
+	/* CPU seconds of the threads that sent the stream (the caller's and each connection's), post-copy's apart */
+	double cpu_s;
 };
 
 /*
@@ -518,6 +520,8 @@ struct kvmdirty_mig_recv_result {
 	bool hashed;	  /* pages came with hashes and every page's latest copy matched */
 	uint64_t pages;	  /* pages received, DATA and ZERO, re-sent ones counted again */
 	uint64_t records; /* records before END */
+	uint64_t zpages;  /* of pages, those that came compressed */
+	double cpu_s;	  /* CPU seconds of the threads that received the stream (the caller's included) */
 };
 
 /*

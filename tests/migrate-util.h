@@ -329,7 +329,61 @@ enum fake_zip {
 	FAKE_ZIP_WRONG,	    /* the frame's pages are not those the hashes are of (first byte flipped) */
 	FAKE_ZIP_OVERBOUND, /* the record says more bytes than zstd's bound for its pages (the frame padded) */
 	FAKE_ZIP_NO_FLAG,   /* as OK, without MIG_F_ZSTD in the header */
+	FAKE_ZIP_SKIPPABLE, /* the right frame, then a skippable frame of 64 bytes */
+	FAKE_ZIP_LEGACY,    /* the pages in a frame of zstd's legacy v0.7 format (raw blocks) */
+	FAKE_ZIP_WINDOW,    /* the right frame's header rewritten to ask for a window of 1 GiB */
 };
+
+static inline size_t fake_le32(uint8_t *p, uint32_t v)
+{
+	p[0] = (uint8_t)v;
+	p[1] = (uint8_t)(v >> 8);
+	p[2] = (uint8_t)(v >> 16);
+	p[3] = (uint8_t)(v >> 24);
+	return 4;
+}
+
+/* bytes in a frame of zstd's legacy v0.7 format: its magic, a 4-byte content size, raw blocks of 128 KiB, the end */
+static inline size_t fake_legacy07(uint8_t *o, const uint8_t *in, size_t bytes)
+{
+	size_t n = fake_le32(o, 0xfd2fb527u), off, b;
+
+	o[n++] = 0xa0; /* content size in 4 bytes, a single segment */
+	n += fake_le32(o + n, (uint32_t)bytes);
+	for (off = 0; off < bytes; off += b) {
+		b = bytes - off > (128u << 10) ? 128u << 10 : bytes - off;
+		o[n++] = (uint8_t)(1u << 6 | ((b >> 16) & 7)); /* a raw block */
+		o[n++] = (uint8_t)(b >> 8);
+		o[n++] = (uint8_t)b;
+		memcpy(o + n, in + off, b);
+		n += b;
+	}
+	o[n++] = 0xc0; /* the end */
+	o[n++] = 0;
+	o[n++] = 0;
+	return n;
+}
+
+/* A frame of n bytes made to ask for a window of 1 GiB: not single-segment, window byte 2^30, size in 4 bytes. */
+static inline size_t fake_big_window(uint8_t *frame, size_t n)
+{
+	static const unsigned int did_len[] = { 0, 1, 2, 4 };
+	uint8_t fhd = frame[4], *copy = malloc(n);
+	unsigned int ss = (fhd >> 5) & 1, fcs = fhd >> 6;
+	size_t hs = 5 + !ss + did_len[fhd & 3] + (fcs == 0 ? ss : fcs == 1 ? 2 : fcs == 2 ? 4 : 8), k;
+	uint64_t size = ZSTD_getFrameContentSize(frame, n);
+
+	if (!copy)
+		return 0;
+	memcpy(copy, frame, n);
+	k = fake_le32(frame, 0xfd2fb528u);
+	frame[k++] = (uint8_t)(2u << 6 | (fhd & 4)); /* content size in 4 bytes, the checksum flag as it was */
+	frame[k++] = (30 - 10) << 3;		      /* a window of 2^30 */
+	k += fake_le32(frame + k, (uint32_t)size);
+	memcpy(frame + k, copy + hs, n - hs);
+	free(copy);
+	return k + n - hs;
+}
 
 struct fake_zip_walk {
 	const uint8_t *in;
@@ -410,6 +464,8 @@ static inline int fake_zip_one(size_t off, const struct mig_record *rec, void *o
 			ZSTD_CCtx_setParameter(z, ZSTD_c_contentSizeFlag, 0);
 		if (w->how == FAKE_ZIP_GIANT) {
 			n = fake_zeroes_frame(z, frame, room, 64ull << 20);
+		} else if (w->how == FAKE_ZIP_LEGACY) {
+			n = fake_legacy07(frame, pages, bytes);
 		} else {
 			ZSTD_CCtx_setParameter(z, ZSTD_c_compressionLevel, 1);
 			n = ZSTD_compress2(z, frame, room, pages,
@@ -422,6 +478,14 @@ static inline int fake_zip_one(size_t off, const struct mig_record *rec, void *o
 
 			n = t ? n + t : 0;
 		}
+		if (n && w->how == FAKE_ZIP_SKIPPABLE) {
+			n += fake_le32(frame + n, 0x184d2a50u);
+			n += fake_le32(frame + n, 64);
+			memset(frame + n, 0x5a, 64);
+			n += 64;
+		}
+		if (n && w->how == FAKE_ZIP_WINDOW)
+			n = fake_big_window(frame, n);
 		if (n && w->how == FAKE_ZIP_OVERBOUND) {
 			size_t pad = mig_zbound(rec->count) + 1 - n;
 

@@ -554,8 +554,12 @@ START_TEST(bad_fields)
 	refuse_patch(offsetof(struct mig_header, nr_regions), &u32, 4, false, "header.nr_regions", "region count");
 	u32 = 1;
 	refuse_patch(offsetof(struct mig_header, nr_vcpus), &u32, 4, true, "header.nr_vcpus", "vCPU count");
-	u32 = 0xd;
-	refuse_patch(offsetof(struct mig_header, flags), &u32, 4, true, "header.flags: unknown bits 0xc", "flags");
+	u32 = 0x19;
+	refuse_patch(offsetof(struct mig_header, flags), &u32, 4, true, "header.flags: unknown bits 0x18", "flags");
+	/* compression's flag where the session did not agree to it (a plain stream cannot) */
+	u32 = MIG_F_PAGE_HASH | MIG_F_ZSTD;
+	refuse_patch(offsetof(struct mig_header, flags), &u32, 4, true,
+		     "header.flags: compression, which this session did not agree to", "compression flag");
 	/* post-copy's flag where the session did not agree to it (a plain stream cannot) */
 	u32 = MIG_F_PAGE_HASH | MIG_F_POSTCOPY;
 	refuse_patch(offsetof(struct mig_header, flags), &u32, 4, true,

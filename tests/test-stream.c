@@ -693,7 +693,9 @@ END_TEST
  * leaves is hashed.bin's, page for page.  A frame that lies about its
  * size (a page fewer, or nothing said), a second frame of 64 MiB after
  * the right one, a frame of 64 MiB of zeroes, a length past zstd's bound
- * and DATA_Z without the header's flag are each refused by name, no
+ * and DATA_Z without the header's flag, a skippable frame after the right
+ * one, a frame of zstd's legacy format and a frame asking for a window
+ * of 1 GiB are each refused by name, no
  * vCPU loaded, nothing written past the record's pages; pages whose
  * frame decompresses to other bytes than their hashes are caught at END.
  */
@@ -707,11 +709,14 @@ START_TEST(zstd_records)
 		{ FAKE_ZIP_ALL, NULL },
 		{ FAKE_ZIP_FEWER, "(DATA_Z): its frame says" },
 		{ FAKE_ZIP_NO_SIZE, "(DATA_Z): its frame does not say its size" },
-		{ FAKE_ZIP_TRAILER, "(DATA_Z): its frame does not decompress to its" },
-		{ FAKE_ZIP_GIANT, "(DATA_Z): its frame says 67108864 bytes" },
+		{ FAKE_ZIP_TRAILER, "its frame's end is not theirs" },
+		{ FAKE_ZIP_GIANT, "(DATA_Z): its frame asks for a window of" },
 		{ FAKE_ZIP_WRONG, "does not match its hash" },
 		{ FAKE_ZIP_OVERBOUND, "(DATA_Z).count: a frame of" },
 		{ FAKE_ZIP_NO_FLAG, "(DATA_Z).kind: DATA_Z in a stream without compression" },
+		{ FAKE_ZIP_SKIPPABLE, "its frame's end is not theirs" },
+		{ FAKE_ZIP_LEGACY, "(DATA_Z): not a zstd frame" },
+		{ FAKE_ZIP_WINDOW, "(DATA_Z): its frame asks for a window of 1073741824 bytes" },
 	};
 	struct fake_guest plain, f;
 	char err[256];

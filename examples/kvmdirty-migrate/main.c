@@ -818,6 +818,8 @@ static int destination(const struct args *a, int lfd)
 	kvmdirty_mig_guest_free(g);
 	printf("destination: stream complete, every page arrived%s; resuming the guest\n",
 	       res.hashed ? " and matched its hash" : " (no hashes sent)");
+	printf("destination: %" PRIu64 " pages received, %" PRIu64 " of them compressed; cpu_s=%.2f\n", res.pages,
+	       res.zpages, res.cpu_s);
 	fflush(stdout);
 	ret = mig_testvm_resume_check(tv, a->run_ms, err, sizeof(err));
 checked:
@@ -918,12 +920,12 @@ static int migrate_to(const struct args *a, struct testvm *tv)
 			guest_runs_on(a, tv, "failed");
 		} else
 			printf("source: migrated %.1f MiB (%" PRIu64 " pages, %" PRIu64 " zero, %" PRIu64 " of them never touched"
-			       " and not read) in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime, %s; %s; wire_mib=%.1f"
-			       " guest_mib=%.1f\n",
+			       " and not read) in %" PRIu64 " passes, %.1f ms total, %.1f ms downtime, %s; wire_mib=%.1f"
+			       " guest_mib=%.1f cpu_s=%.2f; %s\n",
 			       r.bytes / 1048576.0, r.pages, r.zero_pages, r.untouched_pages, r.passes, r.total_ms, r.downtime_ms,
-			       r.converged ? "converged" : "not converged (pass or time limit)",
-			       o.no_verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified",
-			       r.bytes / 1048576.0, (double)(r.pages - r.zero_pages) * 4096 / 1048576.0);
+			       r.converged ? "converged" : "not converged (pass or time limit)", r.bytes / 1048576.0,
+			       (double)(r.pages - r.zero_pages) * 4096 / 1048576.0, r.cpu_s,
+			       o.no_verify ? "not verified (--no-verify)" : ret ? "VERIFICATION FAILED" : "verified");
 		if (ret >= 0 && o.compress != KVMDIRTY_MIG_COMPRESS_OFF)
 			printf("source: compression (%s): %" PRIu64 " pages went compressed, %.1f MiB in %.1f MiB on the wire"
 			       " (ratio %.3f), %.2f s compressing\n",

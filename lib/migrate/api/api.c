@@ -619,7 +619,8 @@ static void send_result(const struct mig_result *r, struct kvmdirty_mig_send_res
 						  .zpages = r->zpages,
 						  .zraw_bytes = r->zraw_bytes,
 						  .zwire_bytes = r->zwire_bytes,
-						  .zcpu_s = r->zcpu_s };
+						  .zcpu_s = r->zcpu_s,
+						  .cpu_s = r->cpu_s };
 }
 
 EXPORT int kvmdirty_mig_send(struct kvmdirty_mig_guest *guest, const char *addr,
@@ -816,7 +817,9 @@ EXPORT int kvmdirty_mig_recv(struct kvmdirty_mig_guest *guest, int listen_fd, co
 							  .postcopy = r.pc != NULL,
 							  .hashed = r.hashed,
 							  .pages = r.pages,
-							  .records = r.records };
+							  .records = r.records,
+							  .zpages = r.zpages,
+							  .cpu_s = r.cpu_s };
 	return ret;
 }
 

@@ -7,6 +7,7 @@
  * the wall clock must move no deadline and no figure).  In nanoseconds,
  * whole milliseconds (deadlines) or fractional milliseconds (figures).
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -26,6 +27,17 @@ static inline uint64_t mig_clock_ms(void)
 static inline double mig_clock_msf(void)
 {
 	return (double)mig_clock_ns() / 1e6;
+}
+
+/* CPU time a thread has used (a live or not yet joined one), in ns; 0 where it cannot be read. */
+static inline uint64_t mig_thread_cpu_ns(pthread_t t)
+{
+	struct timespec ts;
+	clockid_t c;
+
+	if (pthread_getcpuclockid(t, &c) || clock_gettime(c, &ts))
+		return 0;
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
 #endif

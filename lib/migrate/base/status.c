@@ -282,6 +282,16 @@ void mig_status_compress_able(struct mig_status *s, bool able)
 	pthread_mutex_unlock(&s->lock);
 }
 
+bool mig_status_compress_is_able(struct mig_status *s)
+{
+	bool able;
+
+	pthread_mutex_lock(&s->lock);
+	able = s->compress_able;
+	pthread_mutex_unlock(&s->lock);
+	return able;
+}
+
 void mig_status_postcopy_able(struct mig_status *s, bool able)
 {
 	pthread_mutex_lock(&s->lock);
@@ -428,6 +438,8 @@ int mig_status_begin(struct mig_status *s, const struct mig_params *from_opts)
 		overlay(&p, &s->params, s->params_set);
 		s->params = p;
 		s->params_set = 0;
+		/* the session offers compression as these say: a set from now on is judged by it (under this lock) */
+		s->compress_able = p.compress != 0;
 	}
 	s->running = true;
 	s->n_cancel_fd = 0;

@@ -228,8 +228,13 @@ void mig_status_mark_cancelled(struct mig_status *s);
 int mig_status_postcopy_start(struct mig_status *s, char *err, size_t len);
 /* The engine: the migration may switch (set at its start), whether a switch was asked, that it switched. */
 void mig_status_postcopy_able(struct mig_status *s, bool able);
-/* The engine: the migration's session agreed to compression (set at its start). */
+/*
+ * Whether the migration under way may compress: mig_status_begin() sets it
+ * from the parameters it begins with (its session offers compression as
+ * they say); tests set it by hand.
+ */
 void mig_status_compress_able(struct mig_status *s, bool able);
+bool mig_status_compress_is_able(struct mig_status *s);
 bool mig_status_postcopy_asked(struct mig_status *s);
 /* The engine: post-copy's figures for query (either side): pages still only at the source, faults, waits. */
 void mig_status_postcopy_progress(struct mig_status *s, uint64_t missing, uint64_t faults, double p50_us,

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/socket.h>
 
+#include "clock.h"
 #include "dest-postcopy.h"
 #include "dest.h"
 #include "errf.h"
@@ -61,6 +62,7 @@ struct dest {
 	struct mig_chan *handoff_ch;
 	struct mig_recv_result *res;
 	uint64_t hashes[MIG_RUN_PAGES];
+	uint64_t cpu_ns; /* a lane's thread's CPU time, as it ended; connection 0's: its verifier's */
 	/* DATA_Z: its frame as read, and the context that decompresses it (made at the first) */
 	uint8_t *zbuf;
 	void *unzip;
@@ -157,6 +159,8 @@ static void *verifier(void *p)
 		pthread_cond_broadcast(&d->w.cond);
 	}
 	pthread_mutex_unlock(&d->w.lock);
+	/* read once the thread is joined (mig_worker_stop()) */
+	d->cpu_ns = mig_thread_cpu_ns(pthread_self());
 	return NULL;
 }
 
@@ -516,6 +520,8 @@ static void *lane_thread(void *p)
 
 	if (ret < 0)
 		lane_failed(d, ret);
+	/* read once the thread is joined (join_lanes()) */
+	d->cpu_ns = mig_thread_cpu_ns(pthread_self());
 	return NULL;
 }
 
@@ -820,6 +826,7 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 {
 	struct dest *d = calloc(1, sizeof(*d));
 	struct lanes sh = { .n = n, .cancel = cancel, .cancel_ctx = cancel_ctx };
+	uint64_t cpu0 = mig_thread_cpu_ns(pthread_self()), cpu;
 	unsigned int i;
 	int ret = 0;
 
@@ -868,6 +875,12 @@ static int recv_lanes(const struct mig_guest *g, const struct mig_reader *rd, un
 		ret = sh.ret;
 	}
 	mig_worker_stop(&d->w);
+	/* the CPU of the threads that received it: this one's since it began, each lane's, the verifier's */
+	cpu = mig_thread_cpu_ns(pthread_self());
+	cpu = (cpu > cpu0 ? cpu - cpu0 : 0) + d->cpu_ns;
+	for (i = 1; i < sh.n; i++)
+		cpu += sh.d[i]->cpu_ns;
+	res->cpu_s = (double)cpu / 1e9;
 	/* pages left at the source: the caller's, for post-copy */
 	if (ret == 0 && d->left && d->left_pages && ret_left) {
 		*ret_left = d->left;

@@ -22,6 +22,7 @@ struct mig_recv_result {
 	uint64_t records; /* records before END */
 	uint64_t pages;	  /* pages received, DATA and ZERO, re-sent ones counted again */
 	uint64_t zpages;  /* ... of them, pages that came compressed (DATA_Z) */
+	double cpu_s;	  /* CPU seconds of the threads that received the stream (the caller's, lanes', verifier's) */
 	/* mig_recv(): HERE (run the guest), THERE (dropped), UNKNOWN (paused; without a status only) */
 	enum mig_outcome outcome;
 	/*

@@ -81,22 +81,25 @@ struct batch {
 
 /*
  * A lane's compression (source-zip.c): its zstd context and, for
- * MIG_COMPRESS_AUTO, what it measured: the ratio (wire bytes / raw) of
- * what it compressed, how fast it compresses (raw bytes a second) and
- * how fast its connection takes bytes (wire bytes a second, pacing
- * included), each a moving average; whether it compresses now.
+ * MIG_COMPRESS_AUTO, what it measured: the ratio (wire bytes / raw) and
+ * speed (raw bytes a second) of what it compressed, its connection's
+ * speed (wire bytes a second, pacing included), each from decayed sums;
+ * the raw bytes a second its batches went at, compressed and not, over
+ * the last window of each (auto_on()); whether it compresses now.
  */
 struct lane_zip {
 	void *cctx;
-	double ratio, zbps, wbps;
+	double ratio, zbps, wbps; /* the figures, read atomically across threads */
+	double zraw_acc, zwire_acc, zraw_acc2, zns_acc; /* the compressing thread's */
+	double wbytes_acc, wns_acc;			/* the sender's */
+	double rate_on, rate_off;
+	uint64_t win_at, last_at, win_raw, windows;
 	bool on;
 	uint64_t batches;
-	/* totals: records and pages compressed, their raw and wire bytes, the time it took */
+	/* totals: pages compressed, their raw and wire bytes, the time it took */
 	uint64_t pages, raw, wire;
 	uint64_t ns;
 };
-
-struct source;
 
 /* One connection of the migration: its stream's encoder, its batches, its worker. */
 struct lane {
@@ -173,6 +176,8 @@ struct source {
 	/* the parameters as last taken from the status (each sample), and what they make */
 	struct mig_params par;
 	uint64_t cap_bps;  /* bytes/s on the wire (0: none); read by the lanes' workers, atomically */
+	uint64_t cpu0_ns; /* the calling thread's CPU time when mig_send() began */
+	bool z_offer;	  /* the session offers compression (the status's compress_able as the migration began) */
 	/* compression (enum mig_compress) while the session agreed to it; read by the lanes' workers, atomically */
 	int zmode;
 	bool can_throttle; /* the guest's vCPUs can be slowed */
@@ -227,8 +232,10 @@ void src_zip_batch(struct lane *l, struct batch *b);
 /* A batch of bytes sent in ns, pacing included: the lane's connection's speed. */
 void src_zip_sent(struct lane *l, uint64_t bytes, uint64_t ns);
 void src_zip_free(struct lane *l);
-/* The totals of every lane into res. */
+/* The totals of every lane into res, and the CPU time of the threads that sent (res->cpu_s). */
 void src_zip_result(const struct source *s, struct mig_result *res);
+/* Each lane's measures as the stats' end line gives them: ,"zlanes":[{...},...] */
+void src_zip_lanes_json(const struct source *s, FILE *f);
 
 /* source-precopy.c */
 void src_throttle_init(struct source *s);
@@ -238,6 +245,9 @@ int src_drain(struct source *s, uint64_t max_pages);
 int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len);
 void src_take_params(struct source *s);
 double src_link(const struct source *s);
+/* Pages' bytes per wire byte so far (compression), and the link in pages' bytes a second. */
+double src_expansion(const struct source *s);
+double src_link_raw(const struct source *s);
 
 /* source-stop.c */
 int src_stop_and_copy(struct source *s, struct mig_result *res, char *err, size_t len);

@@ -136,7 +136,7 @@ static void measure_vcpus(struct source *s, double dt)
 
 static int postcopy_tick(struct source *s)
 {
-	double t = mig_clock_msf(), dt = t - s->pc_sync_ms, link = src_link(s);
+	double t = mig_clock_msf(), dt = t - s->pc_sync_ms, link = src_link_raw(s);
 	int64_t fresh;
 
 	if (!s->postcopy || !s->pass || s->go_postcopy || !(link > 0) || dt < POSTCOPY_SYNC_MS)
@@ -160,7 +160,7 @@ static int postcopy_tick(struct source *s)
 /* Throttling in pre-copy: a sync, whose new pages are the guest's re-dirtying, and the throttle's answer. */
 static int throttle_tick(struct source *s, double dt)
 {
-	struct mig_throttle_sample smp = { .link_pages_per_s = src_link(s) / PAGE };
+	struct mig_throttle_sample smp = { .link_pages_per_s = src_link_raw(s) / PAGE };
 	bool was = s->th.engaged;
 	int64_t fresh;
 
@@ -371,10 +371,11 @@ static int estimate(struct source *s, const struct pass_mark *m, struct mig_resu
 		return mig_errf(err, len, ret, "dirty log sync: %s", strerror(-ret));
 	ts = mig_clock_msf() - ts;
 	pending = kvmdirty_consumer_pending(s->cons);
-	/* the link as measured, or the pass's rate; never above the cap */
+	/* the link as measured, or the pass's rate; never above the cap; in pages' bytes (compression carries more) */
 	link = s->link > 0 ? s->link / 1048576.0 : mib_s;
 	if (s->cap_bps && (!(link > 0) || link > s->cap_bps / 1048576.0))
 		link = s->cap_bps / 1048576.0;
+	link *= src_expansion(s);
 	/* what the pause sends at the link's rate, the final sync (as long as this one), a round trip */
 	est = link > 0 ? pending * PAGE / 1048576.0 / link * 1e3 + ts + mig_session_rtt_us(&s->sess) / 1e3 : 0;
 	src_pass_line(s, s->pages - m->pages, s->zero_pages - m->zero, s->untouched_pages - m->untouched,
@@ -480,7 +481,7 @@ int src_precopy(struct source *s, struct mig_result *res, char *err, size_t len)
 	return 0;
 }
 
-/* The link's rate for the estimate and the throttle: as measured, never above the cap (bytes/s). */
+/* The link's rate on the wire: as measured, never above the cap (bytes/s). */
 double src_link(const struct source *s)
 {
 	double cap = (double)s->cap_bps;
@@ -488,6 +489,29 @@ double src_link(const struct source *s)
 	if (cap > 0 && (!(s->link > 0) || s->link > cap))
 		return cap;
 	return s->link;
+}
+
+/*
+ * How many bytes of pages a wire byte has carried so far: 1 without
+ * compression; with it, the pages' bytes over what they took on the wire
+ * (the link counts compressed bytes, the guest dirties raw ones).
+ */
+double src_expansion(const struct source *s)
+{
+	struct mig_result z = { 0 };
+	uint64_t sent = mig_session_sent(&s->sess);
+
+	if (__atomic_load_n(&s->zmode, __ATOMIC_RELAXED) == MIG_COMPRESS_OFF && !s->lane)
+		return 1.0;
+	src_zip_result(s, &z);
+	return sent > 0 && z.zraw_bytes > z.zwire_bytes ? (double)(sent + z.zraw_bytes - z.zwire_bytes) / (double)sent
+							 : 1.0;
+}
+
+/* The link's rate in pages' bytes, for the estimate, the throttle and post-copy's rule. */
+double src_link_raw(const struct source *s)
+{
+	return src_link(s) * src_expansion(s);
 }
 
 /*

@@ -476,7 +476,7 @@ void src_session_opts(const struct source *s, struct mig_session_opts *so)
 					 .conns = (o->connections ? o->connections : 1) + (o->postcopy ? 1 : 0),
 					 .timeout_ms = o->peer_timeout_ms, .name = o->peer_name,
 					 .wipe_psk = o->wipe_psk && !o->postcopy, .postcopy = o->postcopy,
-					 .compress = s->par.compress != MIG_COMPRESS_OFF };
+					 .compress = s->z_offer };
 }
 
 /* A failure to send or to hear from the destination, in one line. */

@@ -279,6 +279,9 @@ void src_end_line(struct source *s, const struct mig_result *res, int ret, const
 			s->par.compress == MIG_COMPRESS_AUTO ? "auto" : s->par.compress == MIG_COMPRESS_ZSTD ? "zstd" : "off",
 			res->zpages, res->zraw_bytes, res->zwire_bytes,
 			res->zcpu_s);
+	fprintf(s->o->stats, ",\"cpu_s\":%.3f", res->cpu_s);
+	if (s->o->compress != MIG_COMPRESS_OFF || res->zpages)
+		src_zip_lanes_json(s, s->o->stats);
 	end_vcpus(s, res);
 	fprintf(s->o->stats, "}\n");
 }

@@ -7,17 +7,20 @@
  * it was.  The record header is rewritten in place: END's checksum covers
  * a DATA_Z as the DATA it stands for, so the encoder's sum stands.
  *
- * MIG_COMPRESS_AUTO decides per connection, from what the connection
- * measured: sending a raw byte costs 1/W (W: the connection's speed in
- * wire bytes a second, the time in the cap's pacing and in the write
- * both counted); compressed it costs 1/Z + R/W (Z: raw bytes compressed a
- * second on this thread, R: wire bytes per raw byte).  Compression pays
- * when R + W/Z < 0.9 (a tenth kept for what the figures miss): on a slow
- * link (W small) with a fill that compresses (R small); never on a fast
- * one (W large: the CPU is the bottleneck) nor on data that does not
- * shrink (R near 1).  While off, one record in PROBE_EVERY batches is
- * compressed to keep R and Z current (and sent so, if it shrank); the
- * first PROBE_FIRST batches are compressed whole, to decide soon.
+ * MIG_COMPRESS_AUTO decides per connection, by what the connection
+ * delivers: the raw bytes of its batches per second of wall time, over
+ * windows of WIN_NS, measured both ways.  It runs in one mode and, one
+ * window in EXPLORE, tries the other; it keeps the mode whose last window
+ * delivered more (by a margin of HYSTERESIS to change).  Whatever holds
+ * the connection back (the link, the cap's pacing, the CPU, the guest's
+ * vCPUs beside it) is in that figure, where a model of it (link speed,
+ * compression speed, ratio) misjudged a link whose socket buffers swallow
+ * bursts.  The first window compresses, the second does not, then it
+ * decides.  Pages that do not shrink (R, wire bytes per raw byte of what
+ * it compressed, above NO_GAIN) are not tried compressed at all; while off,
+ * the smallest record of one batch in PROBE_EVERY is compressed to keep R
+ * current (and sent so if it shrank).  A pause longer than GAP_NS between
+ * two batches (a sync between passes) starts the window again.
  */
 #include <stdlib.h>
 
@@ -26,30 +29,78 @@
 #include "source-int.h"
 
 #define ZLEVEL 1
-#define PROBE_FIRST 4
-#define PROBE_EVERY 16
-#define EWMA 0.2
-#define PAYS 0.9
+#define PROBE_EVERY 16		/* batches between probes while off */
+#define DECAY 0.8		/* each sample, what the sums keep of the ones before */
+#define WIN_NS 50000000ull	/* a window of measure */
+#define GAP_NS 100000000ull	/* a pause between batches that a window does not count */
+#define EXPLORE 8		/* one window in this many tries the other mode */
+#define HYSTERESIS 1.03		/* how much more the other mode must deliver to be taken */
+#define NO_GAIN 0.9		/* a ratio above this: compression is not tried */
 
-static void ewma(double *v, double x)
+/*
+ * A ratio of decayed sums (num/den, each sample adding to both): a
+ * speed averaged over bytes and time, as a link's is, where an average
+ * of each batch's speed would let the many batches a socket's buffer
+ * swallows at once outweigh the few that wait for the link.  Stored
+ * atomically: the end line (and, for wbps, the compressing thread)
+ * reads it from another thread.
+ */
+static void decayed(double *num, double *den, double x_num, double x_den, double *out)
 {
-	*v = *v > 0 ? *v + EWMA * (x - *v) : x;
+	double v;
+
+	*num = *num * DECAY + x_num;
+	*den = *den * DECAY + x_den;
+	v = *den > 0 ? *num / *den : 0;
+	__atomic_store(out, &v, __ATOMIC_RELAXED);
 }
 
 /*
- * AUTO: whether compressing moves this connection's pages faster, by its
- * measures (unknown: yes, to learn).  wbps is the sender's (the main
- * thread may send while the worker compresses the next batch): read
- * atomically; the rest is the compressing thread's own.
+ * AUTO, at each batch: the window's bytes counted; a window over, its
+ * delivery kept for its mode and the next window's mode chosen.  Returns
+ * whether this batch is to be compressed whole.
  */
-static bool pays(const struct lane_zip *z)
+static bool auto_on(struct lane_zip *z, uint64_t raw)
 {
-	double w;
+	uint64_t now = mig_clock_ns();
+	bool shrinks = !(z->ratio > 0) || z->ratio < NO_GAIN;
 
-	__atomic_load(&z->wbps, &w, __ATOMIC_RELAXED);
-	if (!(z->ratio > 0) || !(z->zbps > 0) || !(w > 0))
-		return true;
-	return z->ratio + w / z->zbps < PAYS;
+	if (!z->win_at || now - z->last_at > GAP_NS) {
+		/* the first batch, or after a pause: the window starts afresh (this batch's time unknown) */
+		z->win_at = z->last_at = now;
+		z->win_raw = 0;
+		if (!z->windows)
+			__atomic_store_n(&z->on, true, __ATOMIC_RELAXED); /* the first window compresses */
+		return z->on && shrinks;
+	}
+	z->last_at = now;
+	z->win_raw += raw;
+	if (now - z->win_at >= WIN_NS) {
+		double rate = (double)z->win_raw * 1e9 / (double)(now - z->win_at);
+		bool was = z->on, next;
+
+		*(was ? &z->rate_on : &z->rate_off) = rate;
+		z->windows++;
+		if (!(z->rate_off > 0))
+			next = false; /* the second window: without */
+		else if (!shrinks)
+			next = false;
+		else if (!(z->rate_on > 0))
+			next = true;
+		else if (z->windows % EXPLORE == 0)
+			next = !was; /* a window the other way */
+		else if (was)
+			next = !(z->rate_off > z->rate_on * HYSTERESIS);
+		else
+			next = z->rate_on > z->rate_off * HYSTERESIS;
+		/* after a window the other way, back unless it delivered more */
+		if (z->windows % EXPLORE == 1 && z->windows > 2)
+			next = was ? z->rate_on > z->rate_off : !(z->rate_on > z->rate_off);
+		__atomic_store_n(&z->on, next, __ATOMIC_RELAXED);
+		z->win_at = now;
+		z->win_raw = 0;
+	}
+	return z->on && shrinks;
 }
 
 /* Record k of b compressed into b's room; false where it did not shrink enough (or no room). */
@@ -69,9 +120,8 @@ static bool zip_record(struct lane *l, struct batch *b, int k)
 	__atomic_add_fetch(&z->ns, t0, __ATOMIC_RELAXED);
 	if (ZSTD_isError(n))
 		return false;
-	ewma(&z->ratio, n < p->iov_len ? (double)n / (double)p->iov_len : 1.0);
-	if (t0)
-		ewma(&z->zbps, (double)p->iov_len * 1e9 / (double)t0);
+	decayed(&z->zwire_acc, &z->zraw_acc, (double)(n < p->iov_len ? n : p->iov_len), (double)p->iov_len, &z->ratio);
+	decayed(&z->zraw_acc2, &z->zns_acc, (double)p->iov_len * 1e9, (double)t0, &z->zbps);
 	if (n > p->iov_len - p->iov_len / 32)
 		return false;
 	__atomic_add_fetch(&z->pages, b->hdr[k].count, __ATOMIC_RELAXED);
@@ -87,6 +137,7 @@ void src_zip_batch(struct lane *l, struct batch *b)
 {
 	int mode = __atomic_load_n(&l->s->zmode, __ATOMIC_RELAXED);
 	struct lane_zip *z = &l->z;
+	uint64_t raw = 0;
 	bool all;
 	int k;
 
@@ -101,30 +152,54 @@ void src_zip_batch(struct lane *l, struct batch *b)
 	if (!z->cctx || !b->zbuf)
 		return; /* out of memory: sent as it is */
 	z->batches++;
-	if (mode == MIG_COMPRESS_AUTO)
-		z->on = pays(z);
-	all = mode == MIG_COMPRESS_ZSTD || z->on || z->batches <= PROBE_FIRST;
-	if (!all && z->batches % PROBE_EVERY)
+	for (k = 0; k < b->nh; k++)
+		if (b->hdr[k].kind == MIG_DATA && b->piov[k] >= 0)
+			raw += b->iov[b->piov[k]].iov_len;
+	all = mode == MIG_COMPRESS_ZSTD || auto_on(z, raw);
+	if (!all) {
+		/* a probe: the batch's smallest record, to keep the ratio current */
+		int best = -1;
+
+		if (z->batches % PROBE_EVERY)
+			return;
+		for (k = 0; k < b->nh; k++)
+			if (b->hdr[k].kind == MIG_DATA && b->piov[k] >= 0 &&
+			    (best < 0 || b->iov[b->piov[k]].iov_len < b->iov[b->piov[best]].iov_len))
+				best = k;
+		if (best >= 0)
+			zip_record(l, b, best);
 		return;
-	for (k = 0; k < b->nh; k++) {
-		if (b->hdr[k].kind != MIG_DATA || b->piov[k] < 0)
-			continue;
-		zip_record(l, b, k);
-		if (!all)
-			break; /* a probe: one record */
 	}
+	for (k = 0; k < b->nh; k++)
+		if (b->hdr[k].kind == MIG_DATA && b->piov[k] >= 0)
+			zip_record(l, b, k);
 }
 
 void src_zip_sent(struct lane *l, uint64_t bytes, uint64_t ns)
 {
-	double w;
-
 	if (!bytes || !ns || __atomic_load_n(&l->s->zmode, __ATOMIC_RELAXED) == MIG_COMPRESS_OFF)
 		return;
-	/* one sender a lane at a time: the load and the store need not be one */
-	__atomic_load(&l->z.wbps, &w, __ATOMIC_RELAXED);
-	ewma(&w, (double)bytes * 1e9 / (double)ns);
-	__atomic_store(&l->z.wbps, &w, __ATOMIC_RELAXED);
+	/* one sender a lane at a time: its sums are its own */
+	decayed(&l->z.wbytes_acc, &l->z.wns_acc, (double)bytes * 1e9, (double)ns, &l->z.wbps);
+}
+
+void src_zip_lanes_json(const struct source *s, FILE *f)
+{
+	unsigned int i;
+
+	fprintf(f, ",\"zlanes\":[");
+	for (i = 0; s->lane && i < s->nlanes; i++) {
+		const struct lane_zip *z = &s->lane[i].z;
+		double w, r, zb;
+
+		/* the compressing thread's figures: it is idle by now, or a failed migration's (approximate) */
+		__atomic_load(&z->wbps, &w, __ATOMIC_RELAXED);
+		__atomic_load(&z->ratio, &r, __ATOMIC_RELAXED);
+		__atomic_load(&z->zbps, &zb, __ATOMIC_RELAXED);
+		fprintf(f, "%s{\"on\":%s,\"ratio\":%.3f,\"z_mibps\":%.1f,\"w_mibps\":%.1f}", i ? "," : "",
+			__atomic_load_n(&z->on, __ATOMIC_RELAXED) ? "true" : "false", r, zb / 1048576.0, w / 1048576.0);
+	}
+	fputc(']', f);
 }
 
 void src_zip_free(struct lane *l)
@@ -141,7 +216,14 @@ void src_zip_free(struct lane *l)
 
 void src_zip_result(const struct source *s, struct mig_result *res)
 {
+	uint64_t now = mig_thread_cpu_ns(pthread_self()), cpu = now > s->cpu0_ns ? now - s->cpu0_ns : 0;
 	unsigned int i;
+
+	/* the lanes' workers are alive (not yet joined) until the lanes are freed */
+	for (i = 0; s->lane && i < s->nlanes; i++)
+		if (s->lane[i].w.running)
+			cpu += mig_thread_cpu_ns(s->lane[i].w.thread);
+	res->cpu_s = (double)cpu / 1e9;
 
 	for (i = 0; s->lane && i < s->nlanes; i++) {
 		const struct lane_zip *z = &s->lane[i].z;

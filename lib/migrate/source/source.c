@@ -23,6 +23,7 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 
 	s->g = g;
 	s->o = o;
+	s->cpu0_ns = mig_thread_cpu_ns(pthread_self());
 	mig_status_init(&s->own, false);
 	/*
 	 * Its own status until the caller's is begun: a call refused here
@@ -42,8 +43,8 @@ static int source_init(struct source *s, const struct mig_guest *g, const struct
 	s->begun = true;
 	mig_status_sink(s->st, o->event, o->event_ctx, o->event_to_fd ? o->event_fd : -1);
 	src_take_params(s);
-	/* compression as the parameters stand now (a set before the migration counts): the session offers it */
-	mig_status_compress_able(s->st, s->par.compress != MIG_COMPRESS_OFF);
+	/* the session offers compression as the migration began (a set refuses turning it on otherwise) */
+	s->z_offer = mig_status_compress_is_able(s->st);
 	if (o->postcopy && !o->verify)
 		return mig_errf(err, len, -EINVAL, "post-copy needs page hashes (verify): a page is checked before it is "
 				"placed");
@@ -301,8 +302,9 @@ static void source_free(struct source *s)
 	if (s->begun)
 		mig_status_end(s->st);
 	mig_status_destroy(&s->own);
-	pthread_mutex_destroy(&s->pace_lock);
+	/* the lanes' workers joined first: a worker of a failed migration may still be in src_pace() */
 	src_lanes_free(s);
+	pthread_mutex_destroy(&s->pace_lock);
 	mig_session_free(&s->sess);
 	src_untouched_close(s);
 	free(s->vs);

@@ -184,6 +184,8 @@ struct mig_result {
 	uint64_t postcopy_recoveries; /* sessions made again after a lost connection */	/* compression: pages that went compressed, their bytes before and after, the time spent on it */
 	uint64_t zpages, zraw_bytes, zwire_bytes;
 	double zcpu_s;
+	/* CPU seconds of the threads that sent the stream: the caller's since mig_send() began, each lane's worker */
+	double cpu_s;
 };
 
 /*

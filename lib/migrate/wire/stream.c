@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include <immintrin.h>
+/* ZSTD_getFrameHeader(): the window a frame asks for, read before it is decoded */
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
 #include "errf.h"
@@ -447,10 +449,20 @@ int mig_unzip(void *dctx, void *dst, uint64_t pages, const void *src, uint64_t z
 	      size_t len)
 {
 	unsigned long long said = ZSTD_getFrameContentSize(src, zbytes);
+	ZSTD_frameHeader fh;
 	size_t got;
 
-	if (said == ZSTD_CONTENTSIZE_ERROR)
+	/* one frame of today's format, nothing after it: not a legacy or skippable one, not a run of them */
+	if (zbytes < 4 || ((const uint8_t *)src)[0] != 0x28 || ((const uint8_t *)src)[1] != 0xb5 ||
+	    ((const uint8_t *)src)[2] != 0x2f || ((const uint8_t *)src)[3] != 0xfd || said == ZSTD_CONTENTSIZE_ERROR ||
+	    ZSTD_getFrameHeader(&fh, src, zbytes) != 0 || fh.frameType != ZSTD_frame)
 		return refuse(err, len, "record %" PRIu64 " (DATA_Z): not a zstd frame", nrec);
+	if (ZSTD_findFrameCompressedSize(src, zbytes) != zbytes)
+		return refuse(err, len, "record %" PRIu64 " (DATA_Z): %" PRIu64 " bytes, its frame's end is not theirs (a "
+			      "frame is cut short, or something follows it)", nrec, zbytes);
+	if (fh.windowSize > MIG_RUN_PAGES * MIG_PAGE_SIZE)
+		return refuse(err, len, "record %" PRIu64 " (DATA_Z): its frame asks for a window of %llu bytes, a "
+			      "record's pages are at most %u", nrec, fh.windowSize, MIG_RUN_PAGES * MIG_PAGE_SIZE);
 	if (said == ZSTD_CONTENTSIZE_UNKNOWN)
 		return refuse(err, len, "record %" PRIu64 " (DATA_Z): its frame does not say its size (its %" PRIu64
 			      " pages are %" PRIu64 " bytes)", nrec, pages, pages * MIG_PAGE_SIZE);
