@@ -94,7 +94,7 @@ struct lane_zip {
 	double wbytes_acc, wns_acc;			/* the sender's */
 	double rate_on, rate_off;
 	uint64_t win_at, last_at, win_raw, windows;
-	bool on;
+	bool on, trying; /* compressing now; ... in a short window that tries it */
 	uint64_t batches;
 	/* totals: pages compressed, their raw and wire bytes, the time it took */
 	uint64_t pages, raw, wire;

@@ -15,8 +15,10 @@
  * the connection back (the link, the cap's pacing, the CPU, the guest's
  * vCPUs beside it) is in that figure, where a model of it (link speed,
  * compression speed, ratio) misjudged a link whose socket buffers swallow
- * bursts.  The first window compresses, the second does not, then it
- * decides.  Pages that do not shrink (R, wire bytes per raw byte of what
+ * bursts.  The first window does not compress, the second does, then it
+ * decides; a window that tries compression while it is off lasts
+ * TRY_ON_NS only (where the CPU is the bottleneck such a window is the
+ * price of looking).  Pages that do not shrink (R, wire bytes per raw byte of what
  * it compressed, above NO_GAIN) are not tried compressed at all; while off,
  * the smallest record of one batch in PROBE_EVERY is compressed to keep R
  * current (and sent so if it shrank).  A pause longer than GAP_NS between
@@ -32,6 +34,7 @@
 #define PROBE_EVERY 16		/* batches between probes while off */
 #define DECAY 0.8		/* each sample, what the sums keep of the ones before */
 #define WIN_NS 50000000ull	/* a window of measure */
+#define TRY_ON_NS 10000000ull	/* ... a window that tries compression while off: short, it may cost */
 #define GAP_NS 100000000ull	/* a pause between batches that a window does not count */
 #define EXPLORE 8		/* one window in this many tries the other mode */
 #define HYSTERESIS 1.03		/* how much more the other mode must deliver to be taken */
@@ -69,33 +72,31 @@ static bool auto_on(struct lane_zip *z, uint64_t raw)
 		/* the first batch, or after a pause: the window starts afresh (this batch's time unknown) */
 		z->win_at = z->last_at = now;
 		z->win_raw = 0;
-		if (!z->windows)
-			__atomic_store_n(&z->on, true, __ATOMIC_RELAXED); /* the first window compresses */
 		return z->on && shrinks;
 	}
 	z->last_at = now;
 	z->win_raw += raw;
-	if (now - z->win_at >= WIN_NS) {
+	if (now - z->win_at >= (z->on && z->trying ? TRY_ON_NS : WIN_NS)) {
 		double rate = (double)z->win_raw * 1e9 / (double)(now - z->win_at);
 		bool was = z->on, next;
 
 		*(was ? &z->rate_on : &z->rate_off) = rate;
 		z->windows++;
-		if (!(z->rate_off > 0))
-			next = false; /* the second window: without */
-		else if (!shrinks)
+		z->trying = false;
+		if (!shrinks)
 			next = false;
 		else if (!(z->rate_on > 0))
-			next = true;
+			next = z->trying = true; /* the second window: compressed, a try */
 		else if (z->windows % EXPLORE == 0)
 			next = !was; /* a window the other way */
+		else if (z->windows % EXPLORE == 1 && z->windows > 2)
+			next = z->rate_on > z->rate_off; /* after a window the other way: the better */
 		else if (was)
 			next = !(z->rate_off > z->rate_on * HYSTERESIS);
 		else
 			next = z->rate_on > z->rate_off * HYSTERESIS;
-		/* after a window the other way, back unless it delivered more */
-		if (z->windows % EXPLORE == 1 && z->windows > 2)
-			next = was ? z->rate_on > z->rate_off : !(z->rate_on > z->rate_off);
+		if (next && !was)
+			z->trying = z->windows % EXPLORE == 0 || z->windows == 1;
 		__atomic_store_n(&z->on, next, __ATOMIC_RELAXED);
 		z->win_at = now;
 		z->win_raw = 0;
